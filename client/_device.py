@@ -216,8 +216,15 @@ class Device:
         return out
 
     # --- sync and statistics --------------------------------------------------------------
+    def flush(self) -> None:
+        """Submit what is recorded as one graph without waiting for it (a step boundary).
+
+        On a local device this runs it; on a remote one it sends one message.
+        """
+        self._rec.flush()
+
     def sync(self) -> None:
-        """Run everything recorded so far; raises OpFailed for a failed op."""
+        """Run everything recorded so far and wait; raises OpFailed for a failed op."""
         self._rec.flush()
 
     def stats(self) -> dict[str, int]:

@@ -20,8 +20,8 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         raise IndexError("an index can only have a single ellipsis")
     if n_real > x.ndim:
         raise IndexError(f"too many indices for a tensor of shape {x.shape}: {n_real}")
-    if Ellipsis in key:
-        at = key.index(Ellipsis)
+    if any(k is Ellipsis for k in key):  # identity: `in` would call Tensor.__eq__
+        at = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:at] + (slice(None),) * (x.ndim - n_real) + key[at + 1 :]
     else:
         key = key + (slice(None),) * (x.ndim - n_real)

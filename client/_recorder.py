@@ -141,9 +141,11 @@ class Recorder:
         self.failed.pop(tensor_id, None)
 
     def add(self, node: Node) -> None:
-        self.pending.append(node)
+        # Flush before appending: every pending output already has its Tensor, so the ones
+        # still referenced are kept as outputs.
         if len(self.pending) >= MAX_PENDING_OPS:
             self.flush()
+        self.pending.append(node)
 
     def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
         self.runtime.upload(tensor_id, array)
@@ -155,6 +157,9 @@ class Recorder:
         if not nodes:
             return None
         self.pending = []
+        nodes = self._live_nodes(nodes)
+        if not nodes:
+            return None
         rel: dict[int, int] = {}
         input_ids: list[int] = []
         produced: set[int] = set()
@@ -195,6 +200,24 @@ class Recorder:
         return Capture(
             key, cached[0], nodes, input_ids, values, output_ids, output_specs, cached[1]
         )
+
+    def _live_nodes(self, nodes: list[Node]) -> list[Node]:
+        """Dead-code elimination: keep nodes that feed a tensor somebody still holds.
+
+        Gradients nobody asked for (of inputs that need none) and values dropped before the
+        sync disappear here, so no engine computes them.
+        """
+        refs = self.refs
+        needed: set[int] = set()
+        keep: list[Node] = []
+        for n in reversed(nodes):
+            if any(o in refs or o in needed for o in n.outputs):
+                keep.append(n)
+                needed.update(n.inputs)
+        if len(keep) == len(nodes):
+            return nodes
+        keep.reverse()
+        return keep
 
     def _check_inputs(self, input_ids: list[int], nodes: list[Node]) -> None:
         for i in input_ids:
