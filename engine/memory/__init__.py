@@ -12,6 +12,7 @@ from ._cupy import CupyPageAllocator, install_cupy_allocator, uninstall_cupy_all
 from ._device import Arena, DeviceMemory
 from ._errors import MemoryQuotaExceeded
 from ._format import fmt_bytes, parse_bytes
+from ._graph import GraphMemory, GraphRun
 from ._pages import HostPageAllocator, Page, PageAllocator, VirtualPageAllocator
 from ._source import PageSource
 from ._static import StaticPool
@@ -31,6 +32,8 @@ __all__ = [
     "CupyPageAllocator",
     "DeviceMemory",
     "Free",
+    "GraphMemory",
+    "GraphRun",
     "HostPageAllocator",
     "MemoryQuotaExceeded",
     "MemoryStats",
