@@ -1,1 +1,28 @@
-"""burn_remote: pick a device at run time, and the same tensor code runs there."""
+"""burn_remote: pick a device at run time, and the same tensor code runs there.
+
+The public surface is re-exported here from private modules; tests/test_exports.py keeps it
+honest. Transport, server and GPU stacks load only when a device needs them.
+"""
+
+from . import functional, nn, optim
+from ._autograd import no_grad
+from ._device import Device
+from ._ops import RecordError
+from ._recorder import OpFailed
+from ._tensor import Tensor, matmul
+
+float16, bfloat16, float32, float64 = "float16", "bfloat16", "float32", "float64"
+int8, uint8, int32, int64 = "int8", "uint8", "int32", "int64"
+bool_ = "bool"
+
+__all__ = [
+    "Device",
+    "OpFailed",
+    "RecordError",
+    "Tensor",
+    "functional",
+    "matmul",
+    "nn",
+    "no_grad",
+    "optim",
+]

@@ -1,0 +1,227 @@
+"""Devices: chosen at run time by string, each with its own recorder and runtime."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from burn_remote.protocol import dtypes
+
+from . import _ops
+from ._recorder import OpFailed, Recorder, op_failure
+from ._tensor import Tensor, make_tensor
+
+
+class LocalRuntime:
+    """Runs captured graphs in-process through the engine, exactly as a server does."""
+
+    def __init__(self, spec: str) -> None:
+        from burn_remote.engine.backend import get_backend
+        from burn_remote.engine.executor import ExecutionError, Executor
+
+        self.backend = get_backend(spec)
+        self.executor = Executor(self.backend)
+        self._execution_error = ExecutionError
+        self.store: dict[int, Any] = {}
+
+    def upload(self, tensor_id: int, array: np.ndarray) -> None:
+        self.store[tensor_id] = self.backend.from_numpy(array)
+
+    def execute(self, capture: Any) -> None:
+        ex = self.executor
+        plan = ex.plan(capture.digest) or ex.register(capture.digest, capture.graph)
+        store = self.store
+        try:
+            outs = ex.run(plan, [store[i] for i in capture.input_ids], capture.values)
+        except self._execution_error as exc:
+            raise op_failure(capture, exc.node, exc.op, str(exc)) from exc
+        store.update(zip(capture.output_ids, outs))
+
+    def read(self, tensor_id: int) -> np.ndarray:
+        return self.backend.to_numpy(self.store[tensor_id])
+
+    def drop(self, ids: Sequence[int]) -> None:
+        for i in ids:
+            self.store.pop(i, None)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "graphs_registered": self.executor.compiled,
+            "replays": self.executor.replays,
+            "tensors": len(self.store),
+        }
+
+
+def _as_array(data: Any, dtype: Any) -> np.ndarray:
+    if dtype is not None:
+        return np.asarray(data, dtype=dtypes.to_numpy(dtypes.normalize(dtype)))
+    if isinstance(data, np.ndarray | np.generic):
+        arr = np.asarray(data)
+        dtypes.from_numpy(arr.dtype)  # refuses unsupported dtypes with a clear message
+        return arr
+    arr = np.asarray(data)
+    if arr.dtype.kind == "f":
+        return arr.astype(np.float32)
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "b":
+        return arr
+    raise TypeError(f"cannot make a tensor from {type(data).__name__} of dtype {arr.dtype}")
+
+
+class Device:
+    """A place where tensors live and graphs run. `Device.cpu()` is the default.
+
+    Devices with the same string are the same object, so tensors made through
+    `Device.cpu()` in different modules work together.
+    """
+
+    _instances: dict[str, Device] = {}
+
+    def __init__(self, spec: str, runtime: Any) -> None:
+        self.spec = spec
+        self._rec = Recorder(runtime)
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def parse(cls, spec: str | Device) -> Device:
+        """'cpu', 'cuda:0', 'opencl' (or a Device, returned as is)."""
+        if isinstance(spec, Device):
+            return spec
+        from burn_remote.engine.backend import parse_device
+
+        kind, index = parse_device(spec)
+        key = "cpu" if kind == "cpu" else f"{kind}:{index}"
+        dev = cls._instances.get(key)
+        if dev is None:
+            dev = cls._instances[key] = cls(key, LocalRuntime(key))
+        return dev
+
+    @classmethod
+    def cpu(cls) -> Device:
+        return cls.parse("cpu")
+
+    @classmethod
+    def cuda(cls, index: int = 0) -> Device:
+        return cls.parse(f"cuda:{index}")
+
+    @classmethod
+    def opencl(cls, index: int = 0) -> Device:
+        return cls.parse(f"opencl:{index}")
+
+    def __repr__(self) -> str:
+        return f"Device({self.spec!r})"
+
+    # --- tensors --------------------------------------------------------------------------
+    def tensor(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        """Upload array-like data. Python floats default to float32, ints to int64."""
+        if isinstance(data, Tensor):
+            data = data.numpy()
+        arr = np.ascontiguousarray(_as_array(data, dtype))
+        name = dtypes.from_numpy(arr.dtype)
+        rec = self._rec
+        tid = rec.new_id()
+        rec.upload(tid, arr, (arr.shape, name))
+        t = make_tensor(self, tid, arr.shape, name)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def scalar(self, value: float | int, dtype: Any = "float32") -> Tensor:
+        """A 0-d tensor whose value is a graph binding: changing it never re-registers a graph."""
+        from ._recorder import Node, user_location
+
+        dtype = dtypes.normalize(dtype)
+        rec = self._rec
+        tid = rec.new_id()
+        rec.add(
+            Node("value", (), (("dtype", dtype),), (tid,), (((), dtype),), user_location(), value)
+        )
+        return make_tensor(self, tid, (), dtype)
+
+    def full(
+        self, shape: Sequence[int], value: float | int | bool, dtype: Any = "float32"
+    ) -> Tensor:
+        return _ops.call(
+            "full", _device=self, shape=tuple(shape), value=value, dtype=dtypes.normalize(dtype)
+        )
+
+    def zeros(self, shape: Sequence[int], dtype: Any = "float32") -> Tensor:
+        return self.full(shape, 0, dtype)
+
+    def ones(self, shape: Sequence[int], dtype: Any = "float32") -> Tensor:
+        return self.full(shape, 1, dtype)
+
+    def _key(self, key: int | Tensor) -> Tensor:
+        return key if isinstance(key, Tensor) else self.scalar(int(key), "int64")
+
+    def uniform(
+        self,
+        shape: Sequence[int],
+        key: int | Tensor,
+        low: float = 0.0,
+        high: float = 1.0,
+        dtype: Any = "float32",
+    ) -> Tensor:
+        """Reproducible uniform draws from an explicit key (same key, same numbers, any backend)."""
+        return _ops.call(
+            "uniform",
+            self._key(key),
+            shape=tuple(shape),
+            low=low,
+            high=high,
+            dtype=dtypes.normalize(dtype),
+        )
+
+    def normal(
+        self,
+        shape: Sequence[int],
+        key: int | Tensor,
+        mean: float = 0.0,
+        std: float = 1.0,
+        dtype: Any = "float32",
+    ) -> Tensor:
+        return _ops.call(
+            "normal",
+            self._key(key),
+            shape=tuple(shape),
+            mean=mean,
+            std=std,
+            dtype=dtypes.normalize(dtype),
+        )
+
+    def randint(
+        self,
+        shape: Sequence[int],
+        key: int | Tensor,
+        low: int = 0,
+        high: int = 2,
+        dtype: Any = "int64",
+    ) -> Tensor:
+        return _ops.call(
+            "randint",
+            self._key(key),
+            shape=tuple(shape),
+            low=low,
+            high=high,
+            dtype=dtypes.normalize(dtype),
+        )
+
+    def _receive(self, t: Tensor) -> Tensor:
+        """Copy a tensor from another device (through the host for local devices)."""
+        out = self.tensor(t.numpy())
+        if t.requires_grad:
+            out.requires_grad_(True)
+        return out
+
+    # --- sync and statistics --------------------------------------------------------------
+    def sync(self) -> None:
+        """Run everything recorded so far; raises OpFailed for a failed op."""
+        self._rec.flush()
+
+    def stats(self) -> dict[str, int]:
+        return self._rec.runtime.stats()
+
+
+__all__ = ["Device", "OpFailed"]

@@ -1,0 +1,240 @@
+"""Recording: the pending op list of one device, tensor lifetimes, and graph capture at a sync.
+
+Shared by every device kind. A runtime (in-process engine, or a remote session) only has to
+store uploaded arrays, execute a captured graph under bindings, read arrays back and drop ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from burn_remote.protocol.graph import Graph, GraphNode
+
+MAX_PENDING_OPS = 10_000
+"""Past this many recorded ops the device flushes on its own, bounding client memory."""
+
+_PKG_ROOTS = tuple(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d + os.sep
+    for d in ("client", "protocol", "engine", "server")
+) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+
+
+def user_location() -> tuple[str, int]:
+    """The first stack frame outside this package: the user's line that recorded an op."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_ROOTS):
+        f = f.f_back
+    if f is None:
+        return ("<unknown>", 0)
+    return (f.f_code.co_filename, f.f_lineno)
+
+
+def fmt_location(where: tuple[str, int] | None) -> str:
+    return f"{where[0]}:{where[1]}" if where else "<unknown>"
+
+
+class Node:
+    """One recorded op: concrete tensor ids, bound attributes and where the user recorded it."""
+
+    __slots__ = ("op", "inputs", "attrs", "outputs", "specs", "where", "value")
+
+    def __init__(self, op, inputs, attrs, outputs, specs, where, value=None):
+        self.op: str = op
+        self.inputs: tuple[int, ...] = inputs
+        self.attrs: tuple = attrs
+        self.outputs: tuple[int, ...] = outputs
+        self.specs: tuple = specs
+        self.where: tuple[str, int] = where
+        self.value: Any = value
+
+
+class Runtime(Protocol):
+    """Where a device's tensors live; the recorder never looks inside."""
+
+    def upload(self, tensor_id: int, array: Any) -> None: ...
+    def execute(self, capture: Capture) -> None: ...
+    def read(self, tensor_id: int) -> Any: ...
+    def drop(self, ids: Sequence[int]) -> None: ...
+
+
+class OpFailed(RuntimeError):
+    """An op failed when its graph ran; names the op and the user's line that recorded it."""
+
+
+class Capture:
+    """A graph ready to run: its structure key/hash plus the concrete bindings."""
+
+    __slots__ = (
+        "key",
+        "digest",
+        "nodes",
+        "input_ids",
+        "values",
+        "output_ids",
+        "output_specs",
+        "_graph",
+    )
+
+    def __init__(self, key, digest, nodes, input_ids, values, output_ids, output_specs, graph=None):
+        self.key = key
+        self.digest: str = digest
+        self.nodes: list[Node] = nodes
+        self.input_ids: list[int] = input_ids
+        self.values: list[Any] = values
+        self.output_ids: list[int] = output_ids
+        self.output_specs: list[tuple] = output_specs
+        self._graph: Graph | None = graph
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            in_specs, node_keys, outputs = self.key
+            self._graph = Graph(
+                inputs=in_specs,
+                nodes=tuple(
+                    GraphNode(op, ins, attrs, specs) for op, ins, attrs, specs in node_keys
+                ),
+                outputs=outputs,
+            )
+        return self._graph
+
+    def where(self, node_index: int) -> tuple[str, int] | None:
+        return self.nodes[node_index].where if 0 <= node_index < len(self.nodes) else None
+
+
+_DIGESTS: dict[tuple, tuple[str, Graph]] = {}
+"""Structure key -> (hash, graph), so a replayed step hashes nothing."""
+MAX_DIGEST_CACHE = 4096
+
+
+class Recorder:
+    """Pending ops and tensor bookkeeping for one device."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.pending: list[Node] = []
+        self.refs: dict[int, int] = {}
+        self.specs: dict[int, tuple] = {}
+        """Materialised ids (those that exist on the runtime) -> (shape, dtype)."""
+        self.failed: dict[int, str] = {}
+        self.dead: list[int] = []
+        self._ids = itertools.count(1)
+
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def retain(self, tensor_id: int) -> None:
+        self.refs[tensor_id] = self.refs.get(tensor_id, 0) + 1
+
+    def release(self, tensor_id: int) -> None:
+        n = self.refs.get(tensor_id, 0) - 1
+        if n > 0:
+            self.refs[tensor_id] = n
+            return
+        self.refs.pop(tensor_id, None)
+        if tensor_id in self.specs:
+            self.dead.append(tensor_id)
+        self.failed.pop(tensor_id, None)
+
+    def add(self, node: Node) -> None:
+        self.pending.append(node)
+        if len(self.pending) >= MAX_PENDING_OPS:
+            self.flush()
+
+    def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
+        self.runtime.upload(tensor_id, array)
+        self.specs[tensor_id] = spec
+
+    def capture(self) -> Capture | None:
+        """Turn the pending ops into a graph with relative ids and bindings."""
+        nodes = self.pending
+        if not nodes:
+            return None
+        self.pending = []
+        rel: dict[int, int] = {}
+        input_ids: list[int] = []
+        produced: set[int] = set()
+        for n in nodes:
+            for i in n.inputs:
+                if i not in produced and i not in rel:
+                    rel[i] = len(input_ids)
+                    input_ids.append(i)
+            produced.update(n.outputs)
+        counter = len(input_ids)
+        node_keys = []
+        values = []
+        output_ids: list[int] = []
+        output_rel: list[int] = []
+        output_specs: list[tuple] = []
+        refs = self.refs
+        for n in nodes:
+            ins = tuple([rel[i] for i in n.inputs])
+            for k, o in enumerate(n.outputs):
+                rel[o] = counter
+                if o in refs:
+                    output_ids.append(o)
+                    output_rel.append(counter)
+                    output_specs.append(n.specs[k])
+                counter += 1
+            node_keys.append((n.op, ins, n.attrs, n.specs))
+            if n.op == "value":
+                values.append(n.value)
+        self._check_inputs(input_ids, nodes)
+        in_specs = tuple([self.specs[i] for i in input_ids])
+        key = (in_specs, tuple(node_keys), tuple(output_rel))
+        cached = _DIGESTS.get(key)
+        if cached is None:
+            graph = Capture(key, "", nodes, input_ids, values, output_ids, output_specs).graph
+            if len(_DIGESTS) >= MAX_DIGEST_CACHE:
+                _DIGESTS.clear()
+            cached = _DIGESTS[key] = (graph.digest(), graph)
+        return Capture(
+            key, cached[0], nodes, input_ids, values, output_ids, output_specs, cached[1]
+        )
+
+    def _check_inputs(self, input_ids: list[int], nodes: list[Node]) -> None:
+        for i in input_ids:
+            if i not in self.specs:
+                reason = self.failed.get(i, f"tensor {i} does not exist on this device")
+                raise OpFailed(f"an input of this graph is unavailable: {reason}")
+
+    def flush(self) -> None:
+        """Run everything pending; raise OpFailed naming the op and line if a kernel fails."""
+        capture = self.capture()
+        if capture is not None:
+            try:
+                self.runtime.execute(capture)
+            except OpFailed as exc:
+                for o in capture.output_ids:
+                    self.failed[o] = str(exc)
+                raise
+            finally:
+                self._drop_dead()
+            self.specs.update(zip(capture.output_ids, capture.output_specs))
+        else:
+            self._drop_dead()
+
+    def _drop_dead(self) -> None:
+        if self.dead:
+            dead, self.dead = self.dead, []
+            dead = [i for i in dead if i not in self.refs]
+            for i in dead:
+                self.specs.pop(i, None)
+            if dead:
+                self.runtime.drop(dead)
+
+    def read(self, tensor_id: int) -> Any:
+        self.flush()
+        if tensor_id not in self.specs:
+            raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
+        return self.runtime.read(tensor_id)
+
+
+def op_failure(capture: Capture, node_index: int, op: str, message: str) -> OpFailed:
+    """The user-facing error for a failed node: op name and the line that recorded it."""
+    where = fmt_location(capture.where(node_index))
+    return OpFailed(f"{op} (recorded at {where}) failed: {message}")

@@ -1,0 +1,366 @@
+"""Tensor: a handle on one recorded value. The math is written once, as calls into the registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from burn_remote.protocol import dtypes
+
+
+def make_tensor(dev: Any, tensor_id: int, shape: tuple[int, ...], dtype: str) -> Tensor:
+    t = Tensor.__new__(Tensor)
+    t._dev = dev
+    t._id = tensor_id
+    t.shape = shape
+    t.dtype = dtype
+    t.requires_grad = False
+    t._node = None
+    t._out = 0
+    t.grad = None
+    dev._rec.retain(tensor_id)
+    return t
+
+
+class Tensor:
+    """A lazy tensor on a device. Reading it (`item`, `numpy`) is the only thing that waits.
+
+    Tensors are created by a device (`dev.tensor(...)`) or by ops on other tensors; they never
+    hold data themselves, only an id that the device's runtime maps to an array.
+    """
+
+    __slots__ = (
+        "_dev",
+        "_id",
+        "shape",
+        "dtype",
+        "requires_grad",
+        "_node",
+        "_out",
+        "grad",
+        "__weakref__",
+    )
+    __array_priority__ = 1000  # NumPy defers to our operators: ndarray * Tensor -> Tensor
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("create tensors with a device: Device.cpu().tensor(data)")
+
+    def __del__(self) -> None:
+        try:
+            self._dev._rec.release(self._id)
+        except (AttributeError, TypeError):  # interpreter shutdown
+            pass
+
+    # --- identity -----------------------------------------------------------------------
+    @property
+    def device(self) -> Any:
+        return self._dev
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self._dev}{grad})"
+
+    __hash__ = object.__hash__
+
+    # --- reading (sync points) ----------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        """Run what is pending and return a NumPy copy of the value."""
+        return np.array(self._dev._rec.read(self._id), copy=True)
+
+    def item(self) -> float | int | bool:
+        if self.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self._dev._rec.read(self._id).reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.numpy()
+        return a.astype(dtype) if dtype is not None else a
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    # --- autodiff -----------------------------------------------------------------------
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        if flag and not dtypes.is_float(self.dtype):
+            raise TypeError(f"only floating-point tensors can require gradients, not {self.dtype}")
+        self.requires_grad = flag
+        return self
+
+    def backward(self, grad: Tensor | None = None) -> None:
+        """Record the backward ops into the pending graph; leaf tensors get `.grad`."""
+        _autograd.backward(self, grad)
+
+    def detach(self) -> Tensor:
+        return make_tensor(self._dev, self._id, self.shape, self.dtype)
+
+    def _assign(self, other: Tensor) -> None:
+        """Become `other` (its id, even its device); how optimizers and `Module.to` update a
+        parameter in place, so every holder of this object sees the new value."""
+        if other.shape != self.shape:
+            raise ValueError(f"cannot assign shape {other.shape} to a tensor of shape {self.shape}")
+        other._dev._rec.retain(other._id)
+        self._dev._rec.release(self._id)
+        self._dev, self._id, self.dtype, self._node, self._out = (
+            other._dev,
+            other._id,
+            other.dtype,
+            None,
+            0,
+        )
+
+    # --- devices and dtypes -------------------------------------------------------------
+    def to(self, target: Any) -> Tensor:
+        """Move to another device, or cast when given a dtype."""
+        if isinstance(target, str) and target in dtypes.DTYPES:
+            return self.cast(target)
+        dev = target
+        if dev is self._dev:
+            return self
+        return dev._receive(self)
+
+    def cast(self, dtype: Any) -> Tensor:
+        dtype = dtypes.normalize(dtype)
+        return self if dtype == self.dtype else _ops.call("cast", self, dtype=dtype)
+
+    astype = cast
+
+    def float(self) -> Tensor:
+        return self.cast("float32")
+
+    def long(self) -> Tensor:
+        return self.cast("int64")
+
+    # --- operators ----------------------------------------------------------------------
+    def _bin(self, name: str, other: Any, reverse: bool = False) -> Tensor:
+        o = _ops.operand(other, self)
+        return _ops.call(name, o, self) if reverse else _ops.call(name, self, o)
+
+    def __add__(self, o: Any) -> Tensor:
+        return self._bin("add", o)
+
+    def __radd__(self, o: Any) -> Tensor:
+        return self._bin("add", o, True)
+
+    def __sub__(self, o: Any) -> Tensor:
+        return self._bin("sub", o)
+
+    def __rsub__(self, o: Any) -> Tensor:
+        return self._bin("sub", o, True)
+
+    def __mul__(self, o: Any) -> Tensor:
+        return self._bin("mul", o)
+
+    def __rmul__(self, o: Any) -> Tensor:
+        return self._bin("mul", o, True)
+
+    def __truediv__(self, o: Any) -> Tensor:
+        if not dtypes.is_float(self.dtype) and not (
+            isinstance(o, Tensor) and dtypes.is_float(o.dtype)
+        ):
+            return self.cast(dtypes.DEFAULT_FLOAT)._bin("div", o)
+        return self._bin("div", o)
+
+    def __rtruediv__(self, o: Any) -> Tensor:
+        return self._bin("div", o, True)
+
+    def __floordiv__(self, o: Any) -> Tensor:
+        return (
+            _ops.call("floor", self._bin("div", o))
+            if dtypes.is_float(self.dtype)
+            else self._bin("div", o)
+        )
+
+    def __pow__(self, o: Any) -> Tensor:
+        return self._bin("pow", o)
+
+    def __rpow__(self, o: Any) -> Tensor:
+        return self._bin("pow", o, True)
+
+    def __matmul__(self, o: Tensor) -> Tensor:
+        return matmul(self, o)
+
+    def __rmatmul__(self, o: Tensor) -> Tensor:
+        return matmul(o, self)
+
+    def __neg__(self) -> Tensor:
+        return _ops.call("neg", self)
+
+    def __abs__(self) -> Tensor:
+        return _ops.call("abs", self)
+
+    def __eq__(self, o: Any) -> Tensor:  # type: ignore[override]
+        return self._bin("eq", o)
+
+    def __ne__(self, o: Any) -> Tensor:  # type: ignore[override]
+        return self._bin("ne", o)
+
+    def __lt__(self, o: Any) -> Tensor:
+        return self._bin("lt", o)
+
+    def __le__(self, o: Any) -> Tensor:
+        return self._bin("le", o)
+
+    def __gt__(self, o: Any) -> Tensor:
+        return self._bin("gt", o)
+
+    def __ge__(self, o: Any) -> Tensor:
+        return self._bin("ge", o)
+
+    def __invert__(self) -> Tensor:
+        return _ops.call("logical_not", self)
+
+    def __and__(self, o: Any) -> Tensor:
+        return self._bin("logical_and", o)
+
+    def __or__(self, o: Any) -> Tensor:
+        return self._bin("logical_or", o)
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return _indexing.getitem(self, key)
+
+    # --- math methods (thin: the registry holds the definitions) ------------------------
+    def exp(self) -> Tensor:
+        return _ops.call("exp", self)
+
+    def log(self) -> Tensor:
+        return _ops.call("log", self)
+
+    def sqrt(self) -> Tensor:
+        return _ops.call("sqrt", self)
+
+    def rsqrt(self) -> Tensor:
+        return _ops.call("rsqrt", self)
+
+    def sin(self) -> Tensor:
+        return _ops.call("sin", self)
+
+    def cos(self) -> Tensor:
+        return _ops.call("cos", self)
+
+    def tanh(self) -> Tensor:
+        return _ops.call("tanh", self)
+
+    def sigmoid(self) -> Tensor:
+        return _ops.call("sigmoid", self)
+
+    def relu(self) -> Tensor:
+        return _ops.call("relu", self)
+
+    def abs(self) -> Tensor:
+        return _ops.call("abs", self)
+
+    def clamp(self, min: float | None = None, max: float | None = None) -> Tensor:
+        return _ops.call("clamp", self, min=min, max=max)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("sum", self, axes=axis, keepdims=keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("mean", self, axes=axis, keepdims=keepdims)
+
+    def var(self, axis: Any = None, keepdims: bool = False, correction: int = 0) -> Tensor:
+        return _ops.call("var", self, axes=axis, keepdims=keepdims, correction=correction)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("max", self, axes=axis, keepdims=keepdims)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("min", self, axes=axis, keepdims=keepdims)
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("argmax", self, axis=axis, keepdims=keepdims)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("argmin", self, axis=axis, keepdims=keepdims)
+
+    def logsumexp(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops.call("logsumexp", self, axes=axis, keepdims=keepdims)
+
+    def softmax(self, axis: int = -1) -> Tensor:
+        return _ops.call("softmax", self, axis=axis)
+
+    def log_softmax(self, axis: int = -1) -> Tensor:
+        return _ops.call("log_softmax", self, axis=axis)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+        return self if shape == self.shape else _ops.call("reshape", self, shape=tuple(shape))
+
+    view = reshape
+
+    def flatten(self, start: int = 0) -> Tensor:
+        start %= max(self.ndim, 1)
+        return self.reshape(*self.shape[:start], -1)
+
+    def permute(self, *dims: Any) -> Tensor:
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], tuple | list) else dims
+        return _ops.call("permute", self, dims=tuple(dims))
+
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
+        return _ops.call("transpose", self, dim0=dim0, dim1=dim1)
+
+    @property
+    def T(self) -> Tensor:
+        return self.permute(*reversed(range(self.ndim)))
+
+    def expand(self, *shape: Any) -> Tensor:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+        return _ops.call("expand", self, shape=tuple(shape))
+
+    def squeeze(self, axis: Any = None) -> Tensor:
+        return _ops.call("squeeze", self, axes=axis)
+
+    def unsqueeze(self, axis: int) -> Tensor:
+        return _ops.call("unsqueeze", self, axis=axis)
+
+    def flip(self, axis: Any) -> Tensor:
+        return _ops.call("flip", self, axes=(axis,) if isinstance(axis, int) else tuple(axis))
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """NumPy matmul semantics, 1-d operands included (promoted, then squeezed back)."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TypeError("matmul: both operands must be tensors")
+    squeeze = []
+    if a.ndim == 1:
+        a = a.reshape(1, a.shape[0])
+        squeeze.append(-2)
+    if b.ndim == 1:
+        b = b.reshape(b.shape[0], 1)
+        squeeze.append(-1)
+    out = _ops.call("matmul", a, b)
+    if squeeze:
+        out = (
+            out.reshape(*out.shape[: out.ndim - len(squeeze)])
+            if len(squeeze) == 2
+            else out.squeeze(squeeze[0])
+        )
+    return out
+
+
+from . import _autograd, _indexing, _ops  # noqa: E402  (circular: these import Tensor)

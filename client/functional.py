@@ -1,0 +1,164 @@
+"""Functional forms of the registry's ops (what `nn` modules are built from).
+
+Every op in the registry is reachable as `functional.<name>(*tensors, **attrs)`; the functions
+written out here only add conveniences (optional bias, keys from ints, axis spelling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from burn_remote.protocol.registry import OPS
+
+from ._ops import call
+from ._tensor import Tensor, matmul
+
+
+def relu(x: Tensor) -> Tensor:
+    return call("relu", x)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    return call("gelu", x, approximate=approximate)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias, with weight stored (out, in) as PyTorch and PEFT expect."""
+    y = matmul(x, weight.transpose(-1, -2))
+    return y + bias if bias is not None else y
+
+
+def conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    y = call(
+        "conv2d",
+        x,
+        weight,
+        stride=pair(stride),
+        padding=pair(padding),
+        dilation=pair(dilation),
+        groups=groups,
+    )
+    return y + bias.reshape(1, -1, 1, 1) if bias is not None else y
+
+
+def conv1d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int = 1,
+    padding: int = 0,
+    dilation: int = 1,
+    groups: int = 1,
+) -> Tensor:
+    y = call("conv1d", x, weight, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    return y + bias.reshape(1, -1, 1) if bias is not None else y
+
+
+def max_pool2d(x: Tensor, kernel: Any, stride: Any = None, padding: Any = 0) -> Tensor:
+    return call("max_pool2d", x, kernel=kernel, stride=stride, padding=padding)
+
+
+def avg_pool2d(x: Tensor, kernel: Any, stride: Any = None, padding: Any = 0) -> Tensor:
+    return call("avg_pool2d", x, kernel=kernel, stride=stride, padding=padding)
+
+
+def layer_norm(
+    x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
+) -> Tensor:
+    n_axes = weight.ndim if weight is not None else 1
+    args = [x] + [t for t in (weight, bias) if t is not None]
+    if weight is None and bias is not None:
+        raise ValueError("layer_norm: a bias needs a weight")
+    return call("layer_norm", *args, n_axes=n_axes, eps=eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    n_axes = weight.ndim if weight is not None else 1
+    return call("rms_norm", *([x] if weight is None else [x, weight]), n_axes=n_axes, eps=eps)
+
+
+def dropout(x: Tensor, p: float, key: int | Tensor, training: bool = True) -> Tensor:
+    """Inverted dropout with an explicit key: the same key drops the same elements."""
+    if not training or p == 0:
+        return x
+    return call("dropout", x, x._dev._key(key), p=p)
+
+
+def cross_entropy(
+    logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0
+) -> Tensor:
+    """Mean negative log-likelihood over the targets that are not ignore_index."""
+    return call(
+        "cross_entropy", logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing
+    )
+
+
+def mse_loss(x: Tensor, y: Tensor) -> Tensor:
+    return call("mse_loss", x, y)
+
+
+def where(cond: Tensor, x: Any, y: Any) -> Tensor:
+    from ._ops import operand
+
+    like = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else cond
+    return call("where", cond, operand(x, like), operand(y, like))
+
+
+def cat(tensors: list[Tensor], axis: int = 0) -> Tensor:
+    return call("cat", *tensors, axis=axis)
+
+
+def stack(tensors: list[Tensor], axis: int = 0) -> Tensor:
+    return call("stack", *tensors, axis=axis)
+
+
+def split(x: Tensor, sizes: int | list[int], axis: int = 0) -> tuple[Tensor, ...]:
+    return call("split", x, sizes=sizes if isinstance(sizes, int) else tuple(sizes), axis=axis)
+
+
+def pad(x: Tensor, pads: Any, value: float = 0.0) -> Tensor:
+    return call("pad", x, pads=tuple(tuple(p) for p in pads), value=value)
+
+
+def gather(x: Tensor, index: Tensor, axis: int) -> Tensor:
+    return call("gather", x, index, axis=axis)
+
+
+def index_select(x: Tensor, index: Tensor, axis: int = 0) -> Tensor:
+    return call("index_select", x, index, axis=axis)
+
+
+def scatter_add(x: Tensor, index: Tensor, src: Tensor, axis: int) -> Tensor:
+    return call("scatter_add", x, index, src, axis=axis)
+
+
+def one_hot(index: Tensor, num_classes: int, dtype: str = "float32") -> Tensor:
+    return call("one_hot", index, num_classes=num_classes, dtype=dtype)
+
+
+def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    return call("embedding", weight, ids)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return call("softmax", x, axis=axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return call("log_softmax", x, axis=axis)
+
+
+def __getattr__(name: str) -> Any:
+    """Any other registry op, called as functional.<name>(*tensors, **attrs)."""
+    if name in OPS:
+        return lambda *xs, **attrs: call(name, *xs, **attrs)
+    raise AttributeError(f"module 'burn_remote.functional' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Backends by device string; each module registers kernels by op name."""

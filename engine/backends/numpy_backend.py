@@ -1,0 +1,37 @@
+"""The embedded CPU backend: NumPy arrays and the kernels of numpy_kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...protocol import dtypes
+from .numpy_kernels import KERNELS
+
+
+class NumpyBackend:
+    """Arrays are NumPy arrays; moving to and from the host is a no-op."""
+
+    name = "cpu"
+    kernels = KERNELS
+
+    def from_numpy(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def to_numpy(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)
+
+    def scalar(self, value: Any, dtype: str) -> np.ndarray:
+        return np.asarray(value, dtype=dtypes.to_numpy(dtype))
+
+    def conform(self, array: Any, dtype: np.dtype) -> np.ndarray:
+        """Make a kernel result exactly the declared dtype (NumPy widens mixed operands)."""
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)
+        if array.dtype != dtype:
+            array = array.astype(dtype)
+        return array
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: NumPy runs synchronously."""

@@ -1,0 +1,526 @@
+"""NumPy kernels, one per primitive op, registered by the op's registry name.
+
+A kernel takes NumPy arrays and the op's bound attributes and returns an array (a tuple for
+multi-output ops) of exactly the dtype and shape the op's shape rule declared; the executor
+relies on that and never converts after the fact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ...protocol import dtypes
+from ...protocol.ops_nn import NF4_CODEBOOK, pool_params
+
+KERNELS: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {}
+
+
+def kernel(name: str):
+    def register(fn):
+        if name in KERNELS:
+            raise ValueError(f"numpy kernel {name!r} registered twice")
+        KERNELS[name] = fn
+        return fn
+
+    return register
+
+
+def _ufunc(name: str, fn) -> None:
+    KERNELS[name] = lambda x: fn(x)
+
+
+for _name, _fn in {
+    "neg": np.negative,
+    "abs": np.abs,
+    "sign": np.sign,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tanh": np.tanh,
+    "floor": np.floor,
+    "logical_not": np.logical_not,
+}.items():
+    _ufunc(_name, _fn)
+
+for _name, _fn in {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+}.items():
+    KERNELS[_name] = _fn
+
+
+def _like(x: np.ndarray, value) -> np.ndarray:
+    return np.asarray(value, dtype=x.dtype)
+
+
+@kernel("div")
+def _div(a, b):
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        out_dtype = np.result_type(a, b)
+        with np.errstate(divide="ignore"):
+            return np.floor_divide(a, b).astype(out_dtype, copy=False)
+    return np.divide(a, b)
+
+
+@kernel("pow")
+def _pow(a, b):
+    return np.power(a, b)
+
+
+@kernel("rsqrt")
+def _rsqrt(x):
+    return np.reciprocal(np.sqrt(x))
+
+
+@kernel("sigmoid")
+def _sigmoid(x):
+    # exp of -|x| never overflows; pick the stable branch per element.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+@kernel("relu")
+def _relu(x):
+    return np.maximum(x, _like(x, 0))
+
+
+@kernel("softplus")
+def _softplus(x):
+    return (np.maximum(x, _like(x, 0)) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype, copy=False)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+@kernel("erf")
+def _erf_kernel(x):
+    try:
+        from scipy.special import erf  # a vectorised erf when SciPy is present
+
+        return erf(x).astype(x.dtype, copy=False)
+    except ImportError:
+        return _erf(x).astype(x.dtype)
+
+
+@kernel("where")
+def _where(c, a, b):
+    return np.where(c, a, b)
+
+
+@kernel("cast")
+def _cast(x, dtype):
+    return x.astype(dtypes.to_numpy(dtype))
+
+
+@kernel("full")
+def _full(shape, value, dtype):
+    return np.full(shape, value, dtype=dtypes.to_numpy(dtype))
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+
+def _axes(axes):
+    return None if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+
+
+@kernel("sum")
+def _sum(x, axes, keepdims):
+    dt = np.int64 if x.dtype.kind in "biu" else x.dtype
+    return np.asarray(np.sum(x, axis=_axes(axes), keepdims=keepdims, dtype=dt))
+
+
+@kernel("max")
+def _max(x, axes, keepdims):
+    return np.asarray(np.max(x, axis=_axes(axes), keepdims=keepdims))
+
+
+@kernel("min")
+def _min(x, axes, keepdims):
+    return np.asarray(np.min(x, axis=_axes(axes), keepdims=keepdims))
+
+
+def _arg(fn):
+    def run(x, axis, keepdims):
+        if axis is None:
+            r = np.asarray(fn(x), dtype=np.int64)
+            return r.reshape((1,) * x.ndim) if keepdims else r
+        return np.asarray(fn(x, axis=axis, keepdims=keepdims), dtype=np.int64)
+
+    return run
+
+
+KERNELS["argmax"] = _arg(np.argmax)
+KERNELS["argmin"] = _arg(np.argmin)
+
+
+@kernel("logsumexp")
+def _logsumexp(x, axes, keepdims):
+    axes = _axes(axes)
+    m = np.max(x, axis=axes, keepdims=True) if x.size else np.zeros((1,) * x.ndim, x.dtype)
+    m = np.where(np.isfinite(m), m, 0)
+    out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
+    return np.asarray(out if keepdims else np.squeeze(out, axis=axes), dtype=x.dtype)
+
+
+@kernel("softmax")
+def _softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
+
+
+@kernel("log_softmax")
+def _log_softmax(x, axis):
+    s = x - np.max(x, axis=axis, keepdims=True)
+    return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
+
+
+@kernel("matmul")
+def _matmul(a, b):
+    return np.matmul(a, b)
+
+
+# --- movement ---------------------------------------------------------------------------
+
+
+@kernel("reshape")
+def _reshape(x, shape):
+    return x.reshape(shape)
+
+
+@kernel("permute")
+def _permute(x, dims):
+    return x.transpose(dims)
+
+
+@kernel("expand")
+def _expand(x, shape):
+    return np.broadcast_to(x, shape)
+
+
+def _slices(starts, stops, steps):
+    return tuple(slice(a, None if o < 0 else o, s) for a, o, s in zip(starts, stops, steps))
+
+
+@kernel("slice")
+def _slice(x, starts, stops, steps):
+    return x[_slices(starts, stops, steps)]
+
+
+@kernel("slice_backward")
+def _slice_backward(g, in_shape, starts, stops, steps):
+    out = np.zeros(in_shape, dtype=g.dtype)
+    out[_slices(starts, stops, steps)] = g
+    return out
+
+
+@kernel("cat")
+def _cat(*xs, axis):
+    dt = np.result_type(*xs)
+    return np.concatenate(xs, axis=axis).astype(dt, copy=False)
+
+
+@kernel("flip")
+def _flip(x, axes):
+    return np.flip(x, axis=axes)
+
+
+@kernel("pad")
+def _pad(x, pads, value):
+    return np.pad(x, pads, mode="constant", constant_values=value)
+
+
+@kernel("gather")
+def _gather(x, idx, axis):
+    return np.take_along_axis(x, idx, axis=axis)
+
+
+@kernel("scatter_add")
+def _scatter_add(x, idx, src, axis):
+    out = x.copy()
+    grids = list(np.indices(idx.shape, sparse=True))
+    grids[axis % x.ndim] = idx
+    np.add.at(out, tuple(grids), src)
+    return out
+
+
+@kernel("index_select")
+def _index_select(x, idx, axis):
+    return np.take(x, idx, axis=axis)
+
+
+@kernel("index_add")
+def _index_add(g, idx, axis, size):
+    shape = (*g.shape[:axis], size, *g.shape[axis + idx.ndim :])
+    out = np.zeros(shape, dtype=g.dtype)
+    flat_g = g.reshape((*g.shape[:axis], idx.size, *g.shape[axis + idx.ndim :]))
+    np.add.at(out, (slice(None),) * axis + (idx.reshape(-1),), flat_g)
+    return out
+
+
+@kernel("one_hot")
+def _one_hot(idx, num_classes, dtype):
+    return (idx[..., None] == np.arange(num_classes)).astype(dtypes.to_numpy(dtype))
+
+
+# --- convolution and pooling ------------------------------------------------------------
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _windows(x, kh, kw, sh, sw, dh, dw, oh, ow):
+    """A strided view (N, C, OH, OW, KH, KW) over a padded input: im2col without copying."""
+    n, c = x.shape[:2]
+    s = x.strides
+    return np.lib.stride_tricks.as_strided(
+        x,
+        shape=(n, c, oh, ow, kh, kw),
+        strides=(s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw),
+        writeable=False,
+    )
+
+
+def _conv_geometry(x_shape, w_shape, stride, padding, dilation):
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    kh, kw = w_shape[2:]
+    oh = (x_shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (x_shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return sh, sw, ph, pw, dh, dw, kh, kw, oh, ow
+
+
+@kernel("conv2d")
+def _conv2d(x, w, stride, padding, dilation, groups):
+    sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
+        x.shape, w.shape, stride, padding, dilation
+    )
+    dt = np.result_type(x, w)
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
+    cols = _windows(np.ascontiguousarray(xp), kh, kw, sh, sw, dh, dw, oh, ow)
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    cg, og = c // groups, o // groups
+    cols = cols.reshape(n, groups, cg, oh, ow, kh, kw)
+    wg = w.reshape(groups, og, cg, kh, kw)
+    out = np.einsum("ngchwij,gocij->ngohw", cols, wg, optimize=True)
+    return np.ascontiguousarray(out.reshape(n, o, oh, ow), dtype=dt)
+
+
+@kernel("conv2d_grad_input")
+def _conv2d_grad_input(g, w, input_shape, stride, padding, dilation, groups):
+    sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
+        input_shape, w.shape, stride, padding, dilation
+    )
+    n, c, h, wd = input_shape
+    o = w.shape[0]
+    cg, og = c // groups, o // groups
+    gg = g.reshape(n, groups, og, oh, ow)
+    wg = w.reshape(groups, og, cg, kh, kw)
+    # contribution of every (output position, kernel tap) to the padded input
+    contrib = np.einsum("ngohw,gocij->ngchwij", gg, wg, optimize=True)
+    dxp = np.zeros((n, groups, cg, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            dxp[
+                ...,
+                i * dh : i * dh + sh * (oh - 1) + 1 : sh,
+                j * dw : j * dw + sw * (ow - 1) + 1 : sw,
+            ] += contrib[..., i, j]
+    dx = dxp[..., ph : ph + h, pw : pw + wd]
+    return np.ascontiguousarray(dx.reshape(n, c, h, wd))
+
+
+@kernel("conv2d_grad_weight")
+def _conv2d_grad_weight(x, g, weight_shape, stride, padding, dilation, groups):
+    sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
+        x.shape, weight_shape, stride, padding, dilation
+    )
+    n, c = x.shape[:2]
+    o = weight_shape[0]
+    cg, og = c // groups, o // groups
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
+    cols = _windows(np.ascontiguousarray(xp), kh, kw, sh, sw, dh, dw, oh, ow).reshape(
+        n, groups, cg, oh, ow, kh, kw
+    )
+    gg = g.reshape(n, groups, og, oh, ow)
+    dw_ = np.einsum("ngchwij,ngohw->gocij", cols, gg, optimize=True)
+    return np.ascontiguousarray(dw_.reshape(weight_shape), dtype=g.dtype)
+
+
+def _pool_setup(x, attrs, fill):
+    (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
+    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
+    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill) if ph or pw else x
+    return np.ascontiguousarray(xp), kh, kw, sh, sw, ph, pw, oh, ow
+
+
+@kernel("max_pool2d")
+def _max_pool2d(x, **attrs):
+    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, -np.inf)
+    win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
+    return np.ascontiguousarray(win.max(axis=(4, 5)), dtype=x.dtype)
+
+
+@kernel("max_pool2d_backward")
+def _max_pool2d_backward(x, g, **attrs):
+    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, -np.inf)
+    win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
+    n, c = x.shape[:2]
+    arg = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
+    ii, jj = np.divmod(arg, kw)
+    rows = np.arange(oh)[:, None] * sh + ii
+    cols = np.arange(ow)[None, :] * sw + jj
+    dxp = np.zeros(xp.shape, dtype=g.dtype)
+    nn_, cc = np.indices((n, c), sparse=True)
+    np.add.at(dxp, (nn_[..., None, None], cc[..., None, None], rows, cols), g)
+    return np.ascontiguousarray(dxp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]])
+
+
+@kernel("avg_pool2d")
+def _avg_pool2d(x, **attrs):
+    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, 0)
+    win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
+    return np.ascontiguousarray(win.mean(axis=(4, 5)), dtype=x.dtype)
+
+
+@kernel("avg_pool2d_backward")
+def _avg_pool2d_backward(g, input_shape, **attrs):
+    (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
+    n, c, h, w = input_shape
+    oh, ow = g.shape[2:]
+    dxp = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=g.dtype)
+    share = g / (kh * kw)
+    for i in range(kh):
+        for j in range(kw):
+            dxp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += share
+    return np.ascontiguousarray(dxp[:, :, ph : ph + h, pw : pw + w])
+
+
+# --- randomness -------------------------------------------------------------------------
+
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint32)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def uniform_bits(key: int, n: int, stream: int) -> np.ndarray:
+    """The counter-based draw documented in protocol.ops_nn.RANDOM_DOC, as uniform float64."""
+    k = int(key) & 0xFFFFFFFFFFFFFFFF
+    lo, hi = np.uint32(k & 0xFFFFFFFF), np.uint32(k >> 32)
+    with np.errstate(over="ignore"):
+        salt = _mix32(
+            np.asarray([hi + np.uint32((0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF)], np.uint32)
+        )
+        seed = _mix32(np.asarray([lo], np.uint32) ^ salt)
+        h = _mix32(np.arange(n, dtype=np.uint32) ^ seed)
+    return (h >> np.uint32(8)).astype(np.float64) * 2.0**-24
+
+
+@kernel("uniform")
+def _uniform(key, shape, low, high, dtype, stream):
+    n = int(np.prod(shape, dtype=np.int64))
+    u = uniform_bits(int(key), n, stream).reshape(shape)
+    return (u * (high - low) + low).astype(dtypes.to_numpy(dtype))
+
+
+# --- quantisation -------------------------------------------------------------------------
+
+_NF4 = np.asarray(NF4_CODEBOOK, dtype=np.float32)
+_NF4_MID = (_NF4[1:] + _NF4[:-1]) / 2
+
+
+def _blocks(x, block):
+    xb = x.astype(np.float32).reshape(-1, block)
+    absmax = np.abs(xb).max(axis=1)
+    return xb, absmax, np.where(absmax > 0, absmax, 1).astype(np.float32)
+
+
+@kernel("quantize_int8")
+def _quantize_int8(x, block):
+    xb, absmax, safe = _blocks(x, block)
+    q = np.clip(np.rint(xb / safe[:, None] * 127), -127, 127).astype(np.int8)
+    return q.reshape(-1), absmax.astype(np.float32)
+
+
+@kernel("dequantize_int8")
+def _dequantize_int8(q, scales, block, shape, dtype):
+    x = q.astype(np.float32).reshape(-1, block) * (scales[:, None] / 127)
+    return x.reshape(shape).astype(dtypes.to_numpy(dtype))
+
+
+@kernel("quantize_nf4")
+def _quantize_nf4(x, block):
+    xb, absmax, safe = _blocks(x, block)
+    codes = np.searchsorted(_NF4_MID, (xb / safe[:, None]).reshape(-1)).astype(np.uint8)
+    return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8), absmax.astype(np.float32)
+
+
+@kernel("dequantize_nf4")
+def _dequantize_nf4(packed, scales, block, shape, dtype):
+    codes = np.empty(packed.size * 2, dtype=np.uint8)
+    codes[0::2] = packed & 0x0F
+    codes[1::2] = packed >> 4
+    x = _NF4[codes].reshape(-1, block) * scales[:, None]
+    return x.reshape(shape).astype(dtypes.to_numpy(dtype))
+
+
+# --- fused optimizer updates ------------------------------------------------------------
+
+
+@kernel("adam_update")
+def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled):
+    lr = lr.astype(p.dtype)
+    if weight_decay and not decoupled:
+        g = g + weight_decay * p
+    m2 = m * beta1
+    m2 += (1 - beta1) * g
+    v2 = v * beta2
+    v2 += (1 - beta2) * (g * g)
+    denom = np.sqrt(v2 / bc2.astype(p.dtype))
+    denom += eps
+    step = m2 / denom
+    step *= lr / bc1.astype(p.dtype)
+    p2 = p * (1 - lr * weight_decay) if weight_decay and decoupled else p.copy()
+    p2 -= step
+    return p2, m2, v2
+
+
+@kernel("sgd_update")
+def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
+    lr = lr.astype(p.dtype)
+    if weight_decay:
+        g = g + weight_decay * p
+    if momentum:
+        buf2 = buf * momentum
+        buf2 += (1 - dampening) * g
+        step = g + momentum * buf2 if nesterov else buf2
+    else:
+        buf2, step = buf, g
+    return p - lr * step, buf2

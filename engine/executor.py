@@ -1,0 +1,168 @@
+"""Compiles a graph once into a plan and replays the plan: the one engine both ends use.
+
+A plan is a flat list of steps (kernel, operand slots, attributes) in topological order,
+with each slot released after its last use, so intermediates die as early as the graph
+allows. Plans are cached by graph hash in a bounded LRU shared by every caller.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..protocol import dtypes
+from ..protocol.graph import Graph, GraphError
+from ..protocol.registry import OPS
+from .backend import Backend
+
+PLAN_CACHE_SIZE = 256
+"""Compiled plans kept per executor; the least recently used is evicted past this."""
+
+
+class ExecutionError(RuntimeError):
+    """A kernel failed; names the node index and op so the client can point at the user's line."""
+
+    def __init__(self, message: str, node: int, op: str) -> None:
+        super().__init__(message)
+        self.node = node
+        self.op = op
+
+
+@dataclass(slots=True)
+class Step:
+    node: int
+    op: str
+    kernel: Any
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    attrs: dict[str, Any]
+    dtypes: tuple[Any, ...]
+    release: tuple[int, ...]
+    """Slots whose last use is this step: dropped right after it runs."""
+
+
+@dataclass(slots=True)
+class Plan:
+    graph: Graph
+    steps: list[Step]
+    n_slots: int
+    n_inputs: int
+    value_slots: list[tuple[int, str]]
+    outputs: tuple[int, ...]
+    liveness: list[tuple[int, int, int]] = field(default_factory=list)
+    """(slot, first step, last step) of every slot; memory planning reads it."""
+
+
+def compile_graph(graph: Graph, backend: Backend) -> Plan:
+    """Order is already topological (recording order); compute kernels, liveness, releases."""
+    n_inputs = len(graph.inputs)
+    slot = n_inputs
+    steps: list[Step] = []
+    value_slots: list[tuple[int, str]] = []
+    first_use: dict[int, int] = {i: -1 for i in range(n_inputs)}
+    last_use: dict[int, int] = {}
+    kept = set(graph.outputs)
+    pending: list[tuple[int, Any, tuple[int, ...], tuple[int, ...]]] = []
+    for index, node in enumerate(graph.nodes):
+        outs = tuple(range(slot, slot + len(node.outputs)))
+        slot += len(node.outputs)
+        if node.op == "value":
+            value_slots.append((outs[0], node.outputs[0][1]))
+            for o in outs:
+                first_use[o] = -1
+            continue
+        kernel = backend.kernels.get(node.op)
+        if kernel is None:
+            raise GraphError(
+                f"node {index}: backend {backend.name} has no kernel for {node.op!r}", index
+            )
+        step_no = len(steps)
+        for i in node.inputs:
+            last_use[i] = step_no
+        for o in outs:
+            first_use[o] = step_no
+        pending.append((index, kernel, tuple(node.inputs), outs))
+        op = OPS[node.op]
+        steps.append(
+            Step(
+                node=index,
+                op=node.op,
+                kernel=kernel,
+                inputs=tuple(node.inputs),
+                outputs=outs,
+                attrs=op.bind_attrs(dict(node.attrs)),
+                dtypes=tuple(dtypes.to_numpy(d) for _, d in node.outputs),
+                release=(),
+            )
+        )
+    releases: dict[int, list[int]] = {}
+    for s, last in last_use.items():
+        if s not in kept:
+            releases.setdefault(last, []).append(s)
+    for i, step in enumerate(steps):
+        step.release = tuple(releases.get(i, ()))
+    liveness = [
+        (
+            s,
+            first_use.get(s, -1),
+            last_use.get(s, len(steps) if s in kept else first_use.get(s, -1)),
+        )
+        for s in range(slot)
+    ]
+    return Plan(graph, steps, slot, n_inputs, value_slots, tuple(graph.outputs), liveness)
+
+
+class Executor:
+    """Runs graphs on one backend with a bounded cache of compiled plans."""
+
+    def __init__(self, backend: Backend, cache_size: int = PLAN_CACHE_SIZE) -> None:
+        self.backend = backend
+        self.cache_size = cache_size
+        self._plans: OrderedDict[str, Plan] = OrderedDict()
+        self.compiled = 0
+        self.replays = 0
+
+    def plan(self, digest: str) -> Plan | None:
+        plan = self._plans.get(digest)
+        if plan is not None:
+            self._plans.move_to_end(digest)
+        return plan
+
+    def register(self, digest: str, graph: Graph) -> Plan:
+        plan = compile_graph(graph, self.backend)
+        self._plans[digest] = plan
+        self._plans.move_to_end(digest)
+        self.compiled += 1
+        while len(self._plans) > self.cache_size:
+            self._plans.popitem(last=False)
+        return plan
+
+    def __contains__(self, digest: str) -> bool:
+        return digest in self._plans
+
+    def run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
+        """Execute a plan; returns the arrays of the graph's outputs in order."""
+        self.replays += 1
+        slots: list[Any] = [None] * plan.n_slots
+        slots[: plan.n_inputs] = inputs
+        backend = self.backend
+        for (s, dt), v in zip(plan.value_slots, values, strict=True):
+            slots[s] = backend.scalar(v, dt)
+        conform = backend.conform
+        for step in plan.steps:
+            try:
+                result = step.kernel(*[slots[i] for i in step.inputs], **step.attrs)
+            except Exception as exc:  # a kernel failure becomes a located error
+                raise ExecutionError(
+                    f"{step.op}: {type(exc).__name__}: {exc}", step.node, step.op
+                ) from exc
+            if len(step.outputs) == 1:
+                slots[step.outputs[0]] = conform(result, step.dtypes[0])
+            else:
+                for s, r, dt in zip(step.outputs, result, step.dtypes):
+                    slots[s] = conform(r, dt)
+            for s in step.release:
+                slots[s] = None
+        return [slots[s] for s in plan.outputs]

@@ -1,0 +1,166 @@
+"""The graph form: what a sync point turns pending ops into, hashed and shipped as is.
+
+Tensor ids inside a graph are relative: graph inputs are numbered 0..k-1 in order of first
+use, then each node's outputs in order. The hash covers structure only (op names, attributes,
+dtypes, shapes, relative ids), never concrete tensor ids, bound scalar values or data, so a
+training step replays the same graph with new bindings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .registry import OPS, ShapeError
+
+GRAPH_FORMAT = 1
+MAX_GRAPH_NODES = 100_000
+"""A graph larger than this is refused (the client flushes long before: MAX_PENDING_OPS)."""
+
+Spec = tuple[tuple[int, ...], str]
+
+
+class GraphError(ValueError):
+    """A graph failed validation; `node` is the index of the offending node, if any."""
+
+    def __init__(self, message: str, node: int | None = None) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+@dataclass(frozen=True, slots=True)
+class GraphNode:
+    op: str
+    """Registry name of a primitive op."""
+    inputs: tuple[int, ...]
+    """Relative ids of the operands."""
+    attrs: tuple[tuple[str, Any], ...]
+    """Attributes sorted by name; values are msgpack scalars or nested tuples of them."""
+    outputs: tuple[Spec, ...]
+    """(shape, dtype) of each output; their relative ids follow on from the previous node's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    inputs: tuple[Spec, ...]
+    """(shape, dtype) of each graph input (a tensor that exists before the graph runs)."""
+    nodes: tuple[GraphNode, ...]
+    outputs: tuple[int, ...]
+    """Relative ids the caller keeps; every other intermediate dies inside the graph."""
+
+    def encode(self) -> bytes:
+        """Canonical msgpack: the same graph gives the same bytes in any process."""
+        return msgpack.packb(
+            [
+                GRAPH_FORMAT,
+                [list(s) for s in self.inputs],
+                [
+                    [n.op, n.inputs, [list(kv) for kv in n.attrs], [list(s) for s in n.outputs]]
+                    for n in self.nodes
+                ],
+                self.outputs,
+            ],
+            use_bin_type=True,
+        )
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.encode()).hexdigest()
+
+    @property
+    def value_nodes(self) -> list[int]:
+        """Indices of the nodes whose scalar value is a binding."""
+        return [i for i, n in enumerate(self.nodes) if n.op == "value"]
+
+    def n_tensors(self) -> int:
+        return len(self.inputs) + sum(len(n.outputs) for n in self.nodes)
+
+
+def _tuples(obj: Any) -> Any:
+    if isinstance(obj, list | tuple):
+        return tuple(_tuples(x) for x in obj)
+    return obj
+
+
+def _spec(raw: Any) -> Spec:
+    shape, dtype = raw
+    if not isinstance(dtype, str) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise GraphError(f"bad tensor spec {raw!r}")
+    return tuple(shape), dtype
+
+
+def decode(data: bytes, max_nodes: int = MAX_GRAPH_NODES) -> Graph:
+    """Parse the canonical form; any deviation raises GraphError naming what was wrong."""
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_array_len=4 * max_nodes)
+        fmt_version, inputs, nodes, outputs = raw
+        if fmt_version != GRAPH_FORMAT:
+            raise GraphError(f"graph format {fmt_version!r} is not {GRAPH_FORMAT}")
+        if len(nodes) > max_nodes:
+            raise GraphError(f"graph has {len(nodes)} nodes; the limit is {max_nodes}")
+        return Graph(
+            inputs=tuple(_spec(s) for s in inputs),
+            nodes=tuple(
+                GraphNode(
+                    op=str(op),
+                    inputs=tuple(int(i) for i in ins),
+                    attrs=tuple((str(k), _tuples(v)) for k, v in attrs),
+                    outputs=tuple(_spec(s) for s in outs),
+                )
+                for op, ins, attrs, outs in nodes
+            ),
+            outputs=tuple(int(i) for i in outputs),
+        )
+    except GraphError:
+        raise
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise GraphError(f"malformed graph encoding: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class _SpecView:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def validate(graph: Graph) -> None:
+    """Check a graph against the registry: known primitives, arity, attributes, shapes.
+
+    The server runs this on every graph it registers, so a graph that passes cannot make a
+    kernel see operands its shape rule did not accept.
+    """
+    specs: list[Spec] = list(graph.inputs)
+    for index, node in enumerate(graph.nodes):
+        op = OPS.get(node.op)
+        where = f"node {index} ({node.op})"
+        if op is None or not op.primitive:
+            raise GraphError(f"{where}: unknown op {node.op!r}", index)
+        if op.arity is not None and len(node.inputs) != op.arity:
+            raise GraphError(f"{where}: expected {op.arity} inputs, got {len(node.inputs)}", index)
+        if any(not 0 <= i < len(specs) for i in node.inputs):
+            raise GraphError(f"{where}: input id out of range", index)
+        try:
+            attrs = op.bind_attrs(dict(node.attrs))
+            inferred = op.infer([_SpecView(*specs[i]) for i in node.inputs], attrs)
+        except (ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
+            raise GraphError(f"{where}: {exc}", index) from None
+        inferred = [(tuple(s), d) for s, d in inferred]
+        if inferred != list(node.outputs):
+            raise GraphError(
+                f"{where}: declared outputs {node.outputs} but the op gives {inferred}", index
+            )
+        specs.extend(node.outputs)
+    if any(not 0 <= i < len(specs) for i in graph.outputs):
+        raise GraphError("graph output id out of range")
+
+
+def canonical_attrs(attrs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Attributes in hash order, lists turned into tuples so they hash and compare."""
+    return tuple(sorted((k, _tuples(v)) for k, v in attrs.items()))
+
+
+def specs_of(shapes_dtypes: Sequence[tuple[Sequence[int], str]]) -> tuple[Spec, ...]:
+    return tuple((tuple(s), d) for s, d in shapes_dtypes)

@@ -1,0 +1,165 @@
+"""Reductions over axes, softmax forms, and matmul."""
+
+from __future__ import annotations
+
+from . import dtypes
+from .ops_elementwise import unbroadcast
+from .registry import ShapeError, declare
+from .shapes import broadcast, fmt, norm_axes, norm_axis, numel, reduce
+
+REDUCE_ATTRS = {"axes": None, "keepdims": False}
+
+
+def _reduce_infer(name, out_dtype=None, needs_float=False):
+    def infer(xs, attrs):
+        (x,) = xs
+        axes = norm_axes(name, attrs["axes"], len(x.shape))
+        if needs_float and not dtypes.is_float(x.dtype):
+            raise ShapeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+        return [(reduce(x.shape, axes, attrs["keepdims"]), out_dtype or x.dtype)]
+
+    return infer
+
+
+def expand_back(b, g, x_shape, attrs):
+    """Undo a reduction's shape on its gradient: reinsert reduced axes, then broadcast."""
+    axes = norm_axes("grad", attrs["axes"], len(x_shape))
+    kept = reduce(x_shape, axes, True)
+    if g.shape != kept:
+        g = b.op("reshape", g, shape=kept)
+    return b.op("expand", g, shape=tuple(x_shape)) if kept != tuple(x_shape) else g
+
+
+def _sum_infer(xs, attrs):
+    (x,) = xs
+    axes = norm_axes("sum", attrs["axes"], len(x.shape))
+    dt = "int64" if x.dtype in ("bool", "int8", "uint8", "int32") else x.dtype
+    return [(reduce(x.shape, axes, attrs["keepdims"]), dt)]
+
+
+def _sum_grad(b, g, xs, out, attrs):
+    return (expand_back(b, g, xs[0].shape, attrs),)
+
+
+def _mean(b, x, axes=None, keepdims=False):
+    n = numel(x.shape[i] for i in norm_axes("mean", axes, len(x.shape)))
+    if not dtypes.is_float(x.dtype):
+        x = b.op("cast", x, dtype=dtypes.DEFAULT_FLOAT)
+    return b.op("sum", x, axes=axes, keepdims=keepdims) * (1.0 / max(n, 1))
+
+
+def _var(b, x, axes=None, keepdims=False, correction=0):
+    n = numel(x.shape[i] for i in norm_axes("var", axes, len(x.shape)))
+    centred = x - b.op("mean", x, axes=axes, keepdims=True)
+    total = b.op("sum", centred * centred, axes=axes, keepdims=keepdims)
+    return total * (1.0 / max(n - correction, 1))
+
+
+def _extreme_grad(b, g, xs, out, attrs):
+    (x,) = xs
+    full_out = expand_back(b, out, x.shape, attrs)
+    mask = b.op("cast", b.op("eq", x, full_out), dtype=x.dtype)
+    count = expand_back(
+        b, b.op("sum", mask, axes=attrs["axes"], keepdims=attrs["keepdims"]), x.shape, attrs
+    )
+    return (expand_back(b, g, x.shape, attrs) * mask / count,)
+
+
+def _arg_infer(name):
+    def infer(xs, attrs):
+        (x,) = xs
+        if attrs["axis"] is None:
+            return [((1,) * len(x.shape) if attrs["keepdims"] else (), dtypes.INDEX_DTYPE)]
+        axis = norm_axis(name, attrs["axis"], len(x.shape))
+        if x.shape and x.shape[axis] == 0:
+            raise ShapeError(f"{name}: cannot reduce an empty axis of shape {fmt(x.shape)}")
+        return [(reduce(x.shape, (axis,), attrs["keepdims"]), dtypes.INDEX_DTYPE)]
+
+    return infer
+
+
+def _lse_grad(b, g, xs, out, attrs):
+    (x,) = xs
+    return (
+        expand_back(b, g, x.shape, attrs) * b.op("exp", x - expand_back(b, out, x.shape, attrs)),
+    )
+
+
+declare("sum", "reduce", 1, attrs=REDUCE_ATTRS, infer=_sum_infer, grad=_sum_grad)
+declare("mean", "reduce", 1, attrs=REDUCE_ATTRS, decompose=_mean)
+declare("var", "reduce", 1, attrs={**REDUCE_ATTRS, "correction": 0}, decompose=_var)
+declare("max", "reduce", 1, attrs=REDUCE_ATTRS, infer=_reduce_infer("max"), grad=_extreme_grad)
+declare("min", "reduce", 1, attrs=REDUCE_ATTRS, infer=_reduce_infer("min"), grad=_extreme_grad)
+declare("argmax", "reduce", 1, attrs={"axis": None, "keepdims": False}, infer=_arg_infer("argmax"))
+declare("argmin", "reduce", 1, attrs={"axis": None, "keepdims": False}, infer=_arg_infer("argmin"))
+declare(
+    "logsumexp",
+    "reduce",
+    1,
+    attrs=REDUCE_ATTRS,
+    infer=_reduce_infer("logsumexp", needs_float=True),
+    grad=_lse_grad,
+)
+
+
+def _softmax_infer(name):
+    def infer(xs, attrs):
+        (x,) = xs
+        norm_axis(name, attrs["axis"], len(x.shape))
+        if not dtypes.is_float(x.dtype):
+            raise ShapeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+        return [(x.shape, x.dtype)]
+
+    return infer
+
+
+def _softmax_grad(b, g, xs, out, attrs):
+    gy = g * out
+    return (gy - out * b.op("sum", gy, axes=attrs["axis"], keepdims=True),)
+
+
+def _log_softmax_grad(b, g, xs, out, attrs):
+    return (g - b.op("exp", out) * b.op("sum", g, axes=attrs["axis"], keepdims=True),)
+
+
+declare(
+    "softmax", "reduce", 1, attrs={"axis": -1}, infer=_softmax_infer("softmax"), grad=_softmax_grad
+)
+declare(
+    "log_softmax",
+    "reduce",
+    1,
+    attrs={"axis": -1},
+    infer=_softmax_infer("log_softmax"),
+    grad=_log_softmax_grad,
+)
+
+
+def _matmul_infer(xs, attrs):
+    a, b = xs
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ShapeError(
+            f"matmul: operands must be at least 2-d, got {fmt(a.shape)} and {fmt(b.shape)}"
+        )
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(
+            f"matmul: inner dimensions differ: {fmt(a.shape)} @ {fmt(b.shape)} "
+            f"({a.shape[-1]} != {b.shape[-2]})"
+        )
+    batch = broadcast("matmul", a.shape[:-2], b.shape[:-2])
+    return [((*batch, a.shape[-2], b.shape[-1]), dtypes.promote(a.dtype, b.dtype))]
+
+
+def _swap_last(b, x):
+    perm = (*range(len(x.shape) - 2), len(x.shape) - 1, len(x.shape) - 2)
+    return b.op("permute", x, dims=perm)
+
+
+def _matmul_grad(b, g, xs, out, attrs):
+    x, y = xs
+    gx = b.op("matmul", g, _swap_last(b, y))
+    gy = b.op("matmul", _swap_last(b, x), g)
+    return unbroadcast(b, gx, x.shape), unbroadcast(b, gy, y.shape)
+
+
+declare("matmul", "matmul", 2, infer=_matmul_infer, grad=_matmul_grad)
