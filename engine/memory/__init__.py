@@ -17,7 +17,7 @@ from ._pages import HostPageAllocator, Page, PageAllocator, VirtualPageAllocator
 from ._source import PageSource
 from ._static import StaticPool
 from ._stats import MemoryStats, PoolStats
-from ._trace import Alloc, Free, ReplayResult, peak_live, replay, transient_buffers
+from ._trace import Alloc, Event, Free, ReplayResult, peak_live, replay, transient_buffers
 from ._tuning import PageChoice, choose_page_size
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Buffer",
     "CupyPageAllocator",
     "DeviceMemory",
+    "Event",
     "Free",
     "GraphMemory",
     "GraphRun",

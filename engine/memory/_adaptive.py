@@ -34,6 +34,7 @@ class AdaptivePool:
         self.choice: PageChoice | None = None
         self._trace: list[Event] | None = None
         self._ids: dict[int, int] = {}
+        self._serial = 0
 
     # --- allocation ------------------------------------------------------------------------
 
@@ -61,8 +62,9 @@ class AdaptivePool:
             block = pages.alloc(nbytes, size)
         block.movable = movable
         if self._trace is not None and pages is self.large:
-            self._ids[id(block)] = len(self._ids)
-            self._trace.append(("alloc", self._ids[id(block)], size))
+            self._ids[id(block)] = self._serial
+            self._trace.append(("alloc", self._serial, size))
+            self._serial += 1
         return block
 
     def free(self, block: Block) -> None:
@@ -85,9 +87,11 @@ class AdaptivePool:
         """Start recording large allocations; blocks already live count as allocated first."""
         self._trace = []
         self._ids = {}
+        self._serial = 0
         for block in self.large.live_blocks():
-            self._ids[id(block)] = len(self._ids)
-            self._trace.append(("alloc", self._ids[id(block)], block.size))
+            self._ids[id(block)] = self._serial
+            self._trace.append(("alloc", self._serial, block.size))
+            self._serial += 1
 
     def end_dry_run(self) -> PageChoice:
         """Stop recording and size large pages from the trace (see `_tuning`)."""

@@ -14,11 +14,11 @@ of a cache line, so a view is valid for any dtype and vectorised kernels stay al
 
 # --- adaptive pool -------------------------------------------------------------------------
 
-SMALL_ALLOC_MAX = 64 * KIB
+SMALL_ALLOC_MAX = 16 * KIB
 """Allocations up to this size live in the small-allocation pool, away from large pages, so
 scalars and tiny temporaries that come and go every op cannot fragment the large pages."""
 
-SMALL_PAGE_BYTES = 1 * MIB
+SMALL_PAGE_BYTES = 256 * KIB
 """Page size of the small-allocation pool (16 of the largest small allocations)."""
 
 SMALL_EMPTY_PAGES_KEPT = 1
@@ -56,7 +56,7 @@ ahead of time, the way the old static configuration did, never from statistics."
 ARENA_ORDERINGS = ("size", "lifetime", "area", "first_use", "last_use")
 """Buffer orderings the arena planner tries; the smallest arena wins."""
 
-TUNE_RESERVE_SLACK = 0.05
+TUNE_RESERVE_SLACK = 0.0
 """The tuner accepts a page size whose replayed peak reserve is up to this fraction above the
 best candidate's, if it needs fewer page reservations (each is a driver call on a GPU)."""
 

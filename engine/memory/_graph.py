@@ -98,6 +98,12 @@ class GraphMemory:
         self._note_alloc(block, transient)
         return block
 
+    def start_trace(self) -> list[Event]:
+        """Record allocations and frees from now on (earlier blocks are left out)."""
+        self.trace = []
+        self._trace_ids = {}
+        return self.trace
+
     def _note_alloc(self, block: Block, transient: bool) -> None:
         if self.trace is not None:
             self._trace_ids[id(block)] = self._next_id
@@ -105,8 +111,9 @@ class GraphMemory:
             self._next_id += 1
 
     def _free(self, block: Block) -> None:
-        if self.trace is not None:
-            self.trace.append(Free(self._trace_ids.pop(id(block))))
+        ident = self._trace_ids.pop(id(block), None)
+        if self.trace is not None and ident is not None:  # blocks from before tracing: skip
+            self.trace.append(Free(ident))
         self.memory.free(block)
 
 
