@@ -16,7 +16,7 @@ from ._tensor import Tensor, make_tensor
 class LocalRuntime:
     """Runs captured graphs in-process through the engine, exactly as a server does."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, memory_limit: int | None = None) -> None:
         from burn_remote.engine.backend import get_backend
         from burn_remote.engine.executor import ExecutionError, Executor
 
@@ -24,9 +24,13 @@ class LocalRuntime:
         self.executor = Executor(self.backend)
         self._execution_error = ExecutionError
         self.store: dict[int, Any] = {}
+        self.memory = _memory_hook(spec, memory_limit)  # engine.memory.GraphMemory or None
+        self.executor.memory = self.memory
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
-        self.store[tensor_id] = self.backend.from_numpy(array)
+        self.drop((tensor_id,))
+        arr = self.backend.from_numpy(array)
+        self.store[tensor_id] = self.memory.adopt(arr) if self.memory is not None else arr
 
     def execute(self, capture: Any) -> None:
         ex = self.executor
@@ -36,14 +40,24 @@ class LocalRuntime:
             outs = ex.run(plan, [store[i] for i in capture.input_ids], capture.values)
         except self._execution_error as exc:
             raise op_failure(capture, exc.node, exc.op, str(exc)) from exc
+        if self.memory is not None:
+            self.drop([i for i in capture.output_ids if i in store])
         store.update(zip(capture.output_ids, outs))
 
     def read(self, tensor_id: int) -> np.ndarray:
-        return self.backend.to_numpy(self.store[tensor_id])
+        arr = self.backend.to_numpy(self.store[tensor_id])
+        # A pool block is reused once its tensor is dropped: hand out a copy, not a view.
+        return np.array(arr, copy=True) if self.memory is not None else arr
 
     def drop(self, ids: Sequence[int]) -> None:
         for i in ids:
-            self.store.pop(i, None)
+            arr = self.store.pop(i, None)
+            if arr is not None and self.memory is not None:
+                self.memory.forget(arr)
+
+    def memory_stats(self) -> Any:
+        """engine.memory.MemoryStats of this device (None where no pool is installed)."""
+        return None if self.memory is None else self.memory.memory.memory_stats()
 
     def stats(self) -> dict[str, int]:
         return {
@@ -51,6 +65,15 @@ class LocalRuntime:
             "replays": self.executor.replays,
             "tensors": len(self.store),
         }
+
+
+def _memory_hook(spec: str, memory_limit: int | None) -> Any:
+    """The device's pools (engine.memory); the CPU pool hands out host pages."""
+    if spec != "cpu":
+        return None
+    from burn_remote.engine.memory import DeviceMemory, GraphMemory, HostPageAllocator
+
+    return GraphMemory(DeviceMemory(spec, HostPageAllocator(), limit=memory_limit))
 
 
 def _as_array(data: Any, dtype: Any) -> np.ndarray:
@@ -229,6 +252,11 @@ class Device:
 
     def stats(self) -> dict[str, int]:
         return self._rec.runtime.stats()
+
+    def memory_stats(self) -> Any:
+        """Reserved and in-use bytes, their peaks and a row per pool (a MemoryStats)."""
+        self.sync()
+        return self._rec.runtime.memory_stats()
 
 
 __all__ = ["Device", "OpFailed"]

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..protocol import dtypes
 from ..protocol.graph import Graph, GraphError
 from ..protocol.registry import OPS
@@ -123,6 +125,9 @@ class Executor:
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         self.compiled = 0
         self.replays = 0
+        self.memory: Any = None
+        """Hook (engine.memory.GraphMemory): when set, every result lives in a pool or arena
+        block; None keeps the kernels' own arrays."""
 
     def plan(self, digest: str) -> Plan | None:
         plan = self._plans.get(digest)
@@ -151,10 +156,13 @@ class Executor:
         for (s, dt), v in zip(plan.value_slots, values, strict=True):
             slots[s] = backend.scalar(v, dt)
         conform = backend.conform
+        mem = self.memory.run(plan) if self.memory is not None else None
         for step in plan.steps:
             try:
                 result = step.kernel(*[slots[i] for i in step.inputs], **step.attrs)
             except Exception as exc:  # a kernel failure becomes a located error
+                if mem is not None:
+                    mem.abort()
                 raise ExecutionError(
                     f"{step.op}: {type(exc).__name__}: {exc}", step.node, step.op
                 ) from exc
@@ -163,6 +171,29 @@ class Executor:
             else:
                 for s, r, dt in zip(step.outputs, result, step.dtypes):
                     slots[s] = conform(r, dt)
+            if mem is not None:
+                _place(mem, step, slots)
             for s in step.release:
                 slots[s] = None
+        if mem is not None:
+            return mem.finish([slots[s] for s in plan.outputs])
         return [slots[s] for s in plan.outputs]
+
+
+def _place(mem: Any, step: Step, slots: list[Any]) -> None:
+    """Move a step's results into memory blocks. Dying inputs are released first so their
+    bytes can take the results (in-place reuse), unless a multi-output step's results may
+    still view them."""
+    early = len(step.outputs) == 1 or not any(
+        slots[r] is not None and np.may_share_memory(slots[o], slots[r])
+        for o in step.outputs
+        for r in step.release
+    )
+    if early:
+        for s in step.release:
+            mem.release(s)
+    for s in step.outputs:
+        slots[s] = mem.place(s, slots[s])
+    if not early:
+        for s in step.release:
+            mem.release(s)

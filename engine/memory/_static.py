@@ -1,0 +1,63 @@
+"""The static pool: fixed page sizes chosen ahead of time, pages never released.
+
+This is the "before" behaviour the adaptive pools improve on, kept as a baseline for the
+bench and the tests: sliced page classes for small and medium requests, an exclusive page per
+large request (reused by any later request that fits), nothing ever handed back.
+"""
+
+from __future__ import annotations
+
+from ._block import Block, align_up
+from ._constants import STATIC_SLICED_CLASSES
+from ._format import fmt_bytes
+from ._pageset import PageSet
+from ._source import PageSource
+from ._stats import PoolStats
+
+
+class StaticPool:
+    """Size-class pools with fixed page sizes; never releases a page."""
+
+    def __init__(
+        self,
+        source: PageSource,
+        classes: tuple[tuple[int, int], ...] = STATIC_SLICED_CLASSES,
+    ) -> None:
+        self.source = source
+        self._limits = [max_slice for max_slice, _ in classes]
+        self._sets = [
+            PageSet(f"static<={fmt_bytes(max_slice)}", source, page, keep_empty=None)
+            for max_slice, page in classes
+        ]
+        self._exclusive = PageSet("static exclusive", source, 0, keep_empty=None, exclusive=True)
+
+    def alloc(self, nbytes: int, movable: bool = False) -> Block:
+        """Allocate `nbytes`; `movable` is accepted for interface parity and ignored."""
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate a negative size ({nbytes} bytes)")
+        self.source.check_use(nbytes)
+        size = align_up(nbytes)
+        for limit, pages in zip(self._limits, self._sets):
+            if size <= limit:
+                return pages.alloc(nbytes, size)
+        return self._exclusive.alloc(nbytes, size)
+
+    def free(self, block: Block) -> None:
+        """Return a block; its page stays reserved forever."""
+        block.pool.free(block)
+
+    @property
+    def page_sets(self) -> tuple[PageSet, ...]:
+        return (*self._sets, self._exclusive)
+
+    @property
+    def reserved(self) -> int:
+        return sum(s.reserved for s in self.page_sets)
+
+    @property
+    def in_use(self) -> int:
+        return sum(s.in_use for s in self.page_sets)
+
+    def stats(self) -> tuple[PoolStats, ...]:
+        """One row per page class."""
+        return tuple(s.stats() for s in self.page_sets)

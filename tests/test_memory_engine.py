@@ -1,0 +1,49 @@
+"""The pools under the real engine: same numbers as without them, stats on the device,
+and the quota error reaching the user with the device still usable."""
+
+import numpy as np
+import pytest
+from burn_remote import functional as F
+from burn_remote import nn, optim
+from burn_remote._device import Device, LocalRuntime
+from burn_remote.engine.memory import MemoryQuotaExceeded
+
+
+def train(dev, steps=3):
+    nn.seed(0)
+    model = nn.Sequential(nn.Linear(32, 64, device=dev), nn.ReLU(), nn.Linear(64, 10, device=dev))
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        x, y = rng.normal(size=(16, 32)), rng.integers(0, 10, 16)
+        loss = F.cross_entropy(model(dev.tensor(x)), dev.tensor(y))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def fresh(limit=None, pooled=True):
+    runtime = LocalRuntime("cpu", memory_limit=limit)
+    if not pooled:
+        runtime.memory = runtime.executor.memory = None
+    return Device("cpu", runtime)
+
+
+def test_pooled_engine_matches_plain_arrays():
+    pooled, plain = fresh(), fresh(pooled=False)
+    assert train(pooled, 4) == train(plain, 4)
+    stats = pooled.memory_stats()
+    assert stats.peak_in_use > 0 and stats.reserved >= stats.in_use
+    assert any(p.name.startswith("arena:") for p in stats.pools)
+    assert "memory on cpu" in str(stats)
+
+
+def test_quota_error_is_clear_and_device_stays_usable():
+    dev = fresh(limit=1 << 20)
+    small = dev.tensor(np.ones(1000, dtype=np.float32))
+    with pytest.raises(MemoryQuotaExceeded, match="memory limit exceeded on cpu"):
+        dev.tensor(np.ones(1 << 19, dtype=np.float32))  # 2 MiB
+    assert float((small * 2).sum().item()) == 2000.0
