@@ -5,11 +5,13 @@ Prints, from one process run (ratios side by side, medians over repeats):
     with its graph replayed, against the same step written by hand in NumPy;
   - the per-op recording cost (record only, no execution).
 Usage: python bench/ops.py [--batch 64] [--hidden 128] [--repeats 7]
+       BURN_REMOTE_POOL=0 python bench/ops.py   (the engine on NumPy's own allocator)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -80,6 +82,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, 64), dtype=np.float32)
     y = rng.integers(0, 10, args.batch)
+    pooled = os.environ.get("BURN_REMOTE_POOL", "1") != "0"
     dev = br.Device.cpu()
     br.nn.seed(0)
     model = br.nn.Sequential(
@@ -123,7 +126,9 @@ def main() -> None:
 
     t_rec = median_time(record_chain, 1, args.repeats) / n_ops
     stats = dev.stats()
-    print(f"digits MLP step (batch {args.batch}, 64-{args.hidden}-10, AdamW)")
+    print(
+        f"digits MLP step (batch {args.batch}, 64-{args.hidden}-10, AdamW, pools {'on' if pooled else 'off'})"
+    )
     print(f"  engine, graph replayed : {te * 1e6:8.1f} us/step")
     print(f"  hand-written NumPy     : {tn * 1e6:8.1f} us/step")
     print(f"  ratio engine/NumPy     : {te / tn:8.2f}x   (target <= 1.3x)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,11 +13,17 @@ from . import _ops
 from ._recorder import OpFailed, Recorder, op_failure
 from ._tensor import Tensor, make_tensor
 
+POOL_ENV = "BURN_REMOTE_POOL"
+"""Set to 0 to run local devices on the backend's own allocator instead of the adaptive pools
+(on the CPU that saves a copy per op; memory_stats() then reports nothing)."""
+
 
 class LocalRuntime:
     """Runs captured graphs in-process through the engine, exactly as a server does."""
 
-    def __init__(self, spec: str, memory_limit: int | None = None) -> None:
+    def __init__(
+        self, spec: str, memory_limit: int | None = None, pooled: bool | None = None
+    ) -> None:
         from burn_remote.engine.backend import get_backend
         from burn_remote.engine.executor import ExecutionError, Executor
 
@@ -24,7 +31,10 @@ class LocalRuntime:
         self.executor = Executor(self.backend)
         self._execution_error = ExecutionError
         self.store: dict[int, Any] = {}
-        self.memory = _memory_hook(spec, memory_limit)  # engine.memory.GraphMemory or None
+        if pooled is None:
+            pooled = os.environ.get(POOL_ENV, "1") != "0" or memory_limit is not None
+        # engine.memory.GraphMemory, or None to keep NumPy's own allocations
+        self.memory = _memory_hook(spec, memory_limit) if pooled else None
         self.executor.memory = self.memory
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:

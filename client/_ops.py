@@ -36,15 +36,19 @@ def _device_of(name: str, inputs: tuple[Tensor, ...]):
 
 
 def call(name: str, *inputs: Tensor, _device: Any = None, _where: Any = None, **attrs: Any) -> Any:
-    """Record op `name` on its operands' device and return its output tensor(s)."""
+    """Record op `name` on its operands' device and return its output tensor(s).
+
+    This is the hot path of recording: it avoids generator expressions and does the common
+    one-output case without loops.
+    """
     op = OPS.get(name)
     if op is None:
         raise RecordError(f"unknown op {name!r}")
     for t in inputs:
-        if not isinstance(t, Tensor):
+        if type(t) is not Tensor:
             raise TypeError(f"{name}: expected Tensor operands, got {type(t).__name__}")
     try:
-        bound = op.bind_attrs(attrs)
+        bound = op.bind_attrs(attrs) if (attrs or op.attrs) else attrs
         if op.decompose is not None:
             builder = Builder(_device or _device_of(name, inputs), _where)
             return op.decompose(builder, *inputs, **bound)
@@ -54,16 +58,28 @@ def call(name: str, *inputs: Tensor, _device: Any = None, _where: Any = None, **
     except (ShapeError, TypeError) as exc:
         where = _where or user_location()
         raise RecordError(f"{exc} (at {fmt_location(where)})") from None
-    dev = _device if inputs == () else _device_of(name, inputs)
+    dev = _device if not inputs else _device_of(name, inputs)
     rec = dev._rec
-    specs = tuple((tuple(s), d) for s, d in specs)
-    ids = tuple(rec.new_id() for _ in specs)
-    key_attrs = canonical_attrs(bound) if bound else ()
     where = _where or user_location()
-    rec.add(Node(name, tuple(t._id for t in inputs), key_attrs, ids, specs, where))
-    outs = [make_tensor(dev, i, s, d) for i, (s, d) in zip(ids, specs)]
-    if op.grad is not None and _autograd.enabled() and any(t.requires_grad for t in inputs):
-        _autograd.link(op, inputs, bound, outs, where)
+    key_attrs = canonical_attrs(bound) if bound else ()
+    in_ids = tuple([t._id for t in inputs])
+    if len(specs) == 1:
+        shape, dtype = specs[0]
+        if type(shape) is not tuple:
+            shape = tuple(shape)
+        tid = rec.new_id()
+        rec.add(Node(name, in_ids, key_attrs, (tid,), ((shape, dtype),), where))
+        outs = [make_tensor(dev, tid, shape, dtype)]
+    else:
+        specs = tuple([(tuple(s), d) for s, d in specs])
+        ids = tuple([rec.new_id() for _ in specs])
+        rec.add(Node(name, in_ids, key_attrs, ids, specs, where))
+        outs = [make_tensor(dev, i, s, d) for i, (s, d) in zip(ids, specs)]
+    if op.grad is not None and _autograd.enabled():
+        for t in inputs:
+            if t.requires_grad:
+                _autograd.link(op, inputs, bound, outs, where)
+                break
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -15,6 +15,8 @@ def fmt(shape: Sequence[int]) -> str:
 
 def broadcast(op: str, *shapes: Shape) -> Shape:
     """NumPy broadcasting; the error names the op and every operand's shape."""
+    if len(shapes) == 2 and shapes[0] == shapes[1]:
+        return tuple(shapes[0])
     ndim = max(len(s) for s in shapes)
     out = []
     for i in range(-ndim, 0):

@@ -117,3 +117,9 @@ def assert_close(got, want, dtype: str | None = None, **tol) -> None:
 def close():
     """`close(got, want, dtype=None, rtol=.., atol=..)`: assert a result matches NumPy."""
     return assert_close
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "ops(*names): registry ops a test covers (checked by test_ops_forward)"
+    )

@@ -1,0 +1,1322 @@
+"""Forward values of every registry op against NumPy/SciPy formulas, on every backend.
+
+Each test names the ops it covers with `@pytest.mark.ops(...)`; a fixture checks that the
+named ops really were recorded while the test ran, and `test_every_op_has_a_forward_test`
+checks that the marks cover the whole registry, so a new op cannot land without a test.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+
+import numpy as np
+import pytest
+from burn_remote import RecordError
+from burn_remote import _ops as client_ops
+from burn_remote import functional as F
+from burn_remote._recorder import Recorder
+from burn_remote.engine.backends.numpy_kernels import KERNELS
+from burn_remote.protocol import ops as registry
+from burn_remote.protocol.ops_nn import NF4_CODEBOOK
+from conftest import assert_close
+from scipy import special
+
+OPS = registry.OPS
+
+EXECUTOR_HANDLED = {"value": "a 0-d binding: the executor fills its slot, no kernel runs"}
+"""Primitive ops that no backend supplies a kernel for, and why."""
+
+
+# --- coverage bookkeeping ---------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _op_trace(request, monkeypatch):
+    """Record every op name called while the test runs; check the test's `ops` mark."""
+    seen: set[str] = set()
+    real_call, real_add = client_ops.call, Recorder.add
+
+    def traced_call(name, *args, **kwargs):
+        seen.add(name)
+        return real_call(name, *args, **kwargs)
+
+    def traced_add(self, node):
+        seen.add(node.op)
+        return real_add(self, node)
+
+    monkeypatch.setattr(client_ops, "call", traced_call)
+    monkeypatch.setattr(F, "call", traced_call)
+    monkeypatch.setattr(Recorder, "add", traced_add)
+    yield seen
+    declared = {name for mark in request.node.iter_markers("ops") for name in mark.args}
+    missing = declared - seen
+    assert not missing, f"test declares ops {sorted(missing)} but never recorded them"
+
+
+def _declared_ops() -> set[str]:
+    out: set[str] = set()
+    for name, fn in inspect.getmembers(sys.modules[__name__], inspect.isfunction):
+        if not name.startswith("test_"):
+            continue
+        for mark in getattr(fn, "pytestmark", []):
+            if mark.name == "ops":
+                out.update(mark.args)
+            if mark.name == "parametrize":
+                for value in mark.args[1]:
+                    for m in getattr(value, "marks", ()):
+                        if m.name == "ops":
+                            out.update(m.args)
+    return out
+
+
+def test_every_primitive_has_a_numpy_kernel():
+    missing = sorted(registry.PRIMITIVES - set(KERNELS) - set(EXECUTOR_HANDLED))
+    assert not missing, f"primitive ops without a NumPy kernel: {missing}"
+    stray = sorted(set(KERNELS) - set(OPS))
+    assert not stray, f"NumPy kernels for ops the registry does not declare: {stray}"
+
+
+def test_every_op_has_a_forward_test():
+    untested = sorted(set(OPS) - _declared_ops())
+    assert not untested, f"ops with no forward test in this file: {untested}"
+
+
+def test_trace_fixture_sees_composites_and_primitives(cpu, _op_trace):
+    F.silu(cpu.tensor([1.0]))
+    assert {"silu", "sigmoid", "mul"} <= _op_trace
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _rand(rng, shape, dtype="float32", low=-2.0, high=2.0):
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def _f64(a):
+    return np.asarray(a, dtype=np.float64)
+
+
+SHAPES = [(3, 4), (), (0, 3), (2, 1, 5)]
+BINARY_SHAPES = [
+    ((3, 4), (3, 4)),
+    ((3, 1), (1, 4)),
+    ((2, 3, 4), (4,)),
+    ((), (3,)),
+    ((2, 1), ()),
+    ((0, 3), (1, 3)),
+    ((2, 0), (1,)),
+    ((), ()),
+]
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+UNARY = {
+    # name: (reference on float64, input domain low, high)
+    "neg": (np.negative, -3, 3),
+    "abs": (np.abs, -3, 3),
+    "sign": (np.sign, -3, 3),
+    "exp": (np.exp, -3, 3),
+    "log": (np.log, 0.05, 4),
+    "sqrt": (np.sqrt, 0.0, 4),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), 0.05, 4),
+    "sin": (np.sin, -4, 4),
+    "cos": (np.cos, -4, 4),
+    "tanh": (np.tanh, -4, 4),
+    "sigmoid": (_sigmoid, -8, 8),
+    "relu": (lambda x: np.maximum(x, 0), -3, 3),
+    "softplus": (lambda x: np.log1p(np.exp(x)), -8, 8),
+    "erf": (special.erf, -3, 3),
+    "floor": (np.floor, -3, 3),
+    "silu": (lambda x: x * _sigmoid(x), -6, 6),
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.ops(n), id=n) for n in sorted(UNARY)]
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_unary(device, rng, name, dtype):
+    ref, lo, hi = UNARY[name]
+    for shape in SHAPES:
+        x = _rand(rng, shape, dtype, lo, hi)
+        y = getattr(F, name)(device.tensor(x))
+        assert y.shape == shape and y.dtype == dtype
+        assert_close(y, ref(_f64(x)), dtype)
+
+
+@pytest.mark.ops("sigmoid", "softplus", "tanh", "exp")
+def test_unary_extremes_are_stable(device):
+    x = np.array([-1000.0, -80.0, -1e-8, 0.0, 1e-8, 80.0, 1000.0], dtype=np.float32)
+    t = device.tensor(x)
+    with np.errstate(over="ignore"):
+        assert_close(F.sigmoid(t), _sigmoid(_f64(x)))
+        assert_close(F.softplus(t), np.logaddexp(0, _f64(x)), rtol=1e-6, atol=1e-6)
+        assert_close(F.tanh(t), np.tanh(_f64(x)))
+    assert not np.isnan(F.sigmoid(t).numpy()).any()
+
+
+@pytest.mark.ops("gelu", "erf", "tanh")
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(device, rng, approximate):
+    x = _rand(rng, (4, 5), "float64", -4, 4)
+    if approximate == "tanh":
+        want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    else:
+        want = 0.5 * x * (1 + special.erf(x / math.sqrt(2)))
+    assert_close(F.gelu(device.tensor(x), approximate=approximate), want)
+    # the two forms agree to about 1e-3, but are not the same function
+    assert_close(F.gelu(device.tensor(x), approximate="none").numpy(), want, atol=2e-3)
+
+
+@pytest.mark.ops("gelu")
+def test_gelu_rejects_unknown_form(cpu):
+    with pytest.raises(RecordError, match="approximate"):
+        F.gelu(cpu.tensor([1.0]), approximate="fast")
+
+
+@pytest.mark.ops("log", "exp")
+def test_float_unary_refuses_integers(cpu):
+    with pytest.raises(RecordError, match="floating-point"):
+        F.log(cpu.tensor([1, 2, 3]))
+    with pytest.raises(RecordError, match="floating-point"):
+        cpu.tensor([1, 2]).exp()
+
+
+BINARY = {
+    "add": (np.add, -3, 3),
+    "sub": (np.subtract, -3, 3),
+    "mul": (np.multiply, -3, 3),
+    "div": (np.divide, 0.5, 3),
+    "pow": (np.power, 0.2, 2),
+    "maximum": (np.maximum, -3, 3),
+    "minimum": (np.minimum, -3, 3),
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.ops(n), id=n) for n in sorted(BINARY)]
+)
+@pytest.mark.parametrize("sa,sb", BINARY_SHAPES)
+def test_binary_broadcasting(device, rng, name, sa, sb):
+    ref, lo, hi = BINARY[name]
+    a, b = _rand(rng, sa, "float32", lo, hi), _rand(rng, sb, "float32", lo, hi)
+    if name == "div":
+        b *= rng.choice([-1, 1], size=sb).astype(np.float32) if sb else 1
+    y = getattr(F, name)(device.tensor(a), device.tensor(b))
+    want = ref(_f64(a), _f64(b))
+    assert y.shape == np.broadcast_shapes(sa, sb)
+    assert_close(y, want, "float32", rtol=1e-5)
+
+
+@pytest.mark.ops("add", "mul", "maximum")
+def test_binary_refuses_bad_broadcast_naming_both_shapes(cpu):
+    with pytest.raises(RecordError, match=r"\(3, 4\).*\(2, 4\)"):
+        cpu.tensor(np.zeros((3, 4))) + cpu.tensor(np.zeros((2, 4)))
+    with pytest.raises(RecordError, match="test_ops_forward.py"):
+        F.maximum(cpu.tensor(np.zeros(3)), cpu.tensor(np.zeros(2)))
+
+
+@pytest.mark.ops("div")
+def test_integer_div_floors_like_numpy(device):
+    a = np.array([7, -7, 7, -7, 0, 9], dtype=np.int64)
+    b = np.array([2, 2, -2, -2, 3, 3], dtype=np.int64)
+    y = F.div(device.tensor(a), device.tensor(b))
+    assert y.dtype == "int64"
+    assert_close(y, np.floor_divide(a, b))
+
+
+@pytest.mark.ops("maximum", "minimum")
+def test_maximum_minimum_integers(device, rng):
+    a = rng.integers(-5, 5, (3, 4)).astype(np.int32)
+    b = rng.integers(-5, 5, (4,)).astype(np.int32)
+    assert_close(F.maximum(device.tensor(a), device.tensor(b)), np.maximum(a, b))
+    assert_close(F.minimum(device.tensor(a), device.tensor(b)), np.minimum(a, b))
+
+
+COMPARE = {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.ops(n), id=n) for n in sorted(COMPARE)]
+)
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_compare(device, rng, name, dtype):
+    for sa, sb in BINARY_SHAPES:
+        # small integers, so equal elements are common
+        a = rng.integers(-2, 3, sa).astype(dtype)
+        b = rng.integers(-2, 3, sb).astype(dtype)
+        y = getattr(F, name)(device.tensor(a), device.tensor(b))
+        assert y.dtype == "bool"
+        np.testing.assert_array_equal(y.numpy(), COMPARE[name](a, b))
+
+
+@pytest.mark.ops("logical_and", "logical_or", "logical_not")
+def test_logical(device, rng):
+    a = rng.random((3, 4)) > 0.5
+    b = rng.random((4,)) > 0.5
+    ta, tb = device.tensor(a), device.tensor(b)
+    np.testing.assert_array_equal(F.logical_and(ta, tb).numpy(), a & b)
+    np.testing.assert_array_equal(F.logical_or(ta, tb).numpy(), a | b)
+    np.testing.assert_array_equal(F.logical_not(ta).numpy(), ~a)
+    np.testing.assert_array_equal((ta & tb).numpy(), a & b)
+    np.testing.assert_array_equal((ta | tb).numpy(), a | b)
+    np.testing.assert_array_equal((~ta).numpy(), ~a)
+    empty = device.tensor(np.zeros((0, 2), bool))
+    assert F.logical_not(empty).numpy().shape == (0, 2)
+
+
+@pytest.mark.ops("where")
+def test_where_broadcasts_and_promotes(device, rng):
+    c = rng.random((3, 1)) > 0.5
+    x = rng.standard_normal((1, 4)).astype(np.float32)
+    y = rng.integers(-3, 3, (4,)).astype(np.int32)
+    out = F.where(device.tensor(c), device.tensor(x), device.tensor(y))
+    assert out.dtype == "float32" and out.shape == (3, 4)
+    assert_close(out, np.where(c, x, y))
+    # scalar branches
+    out = F.where(device.tensor(c), device.tensor(x), 0.0)
+    assert_close(out, np.where(c, x, 0.0).astype(np.float32))
+    # 0-d condition
+    out = F.where(device.tensor(np.array(False)), device.tensor(x), device.tensor(x * 2))
+    assert_close(out, x * 2)
+
+
+@pytest.mark.ops("where")
+def test_where_needs_bool_condition(cpu):
+    with pytest.raises(RecordError, match="bool"):
+        F.where(cpu.tensor([1, 0]), cpu.tensor([1.0, 2.0]), cpu.tensor([3.0, 4.0]))
+
+
+@pytest.mark.ops("clamp")
+def test_clamp(device, rng):
+    x = _rand(rng, (5, 6), "float32", -3, 3)
+    t = device.tensor(x)
+    assert_close(F.clamp(t, min=-1.0, max=0.5), np.clip(x, -1.0, 0.5))
+    assert_close(t.clamp(min=0.0), np.maximum(x, 0))
+    assert_close(t.clamp(max=0.0), np.minimum(x, 0))
+    assert_close(t.clamp(), x)
+    xi = rng.integers(-10, 10, (7,))
+    assert_close(device.tensor(xi).clamp(-2, 3), np.clip(xi, -2, 3))
+    assert device.tensor(xi).clamp(-2, 3).dtype == "int64"
+
+
+CAST_DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float16", "bfloat16", "float32"]
+
+
+@pytest.mark.ops("cast")
+@pytest.mark.parametrize("src", CAST_DTYPES)
+def test_cast_matches_numpy_astype(device, rng, src):
+    from burn_remote.protocol.dtypes import to_numpy
+
+    base = rng.uniform(-3.7, 100.3, (4, 5))
+    if src == "bool":
+        base = base > 50
+    x = base.astype(to_numpy(src))
+    for dst in CAST_DTYPES:
+        if src in ("int8", "int32", "int64") and dst == "uint8":
+            continue  # negative -> unsigned wraps differently by platform; not a contract
+        y = F.cast(device.tensor(x), dtype=dst)
+        assert y.dtype == dst
+        want = x.astype(to_numpy(dst))
+        np.testing.assert_array_equal(y.numpy(), want, err_msg=f"{src} -> {dst}")
+
+
+@pytest.mark.ops("full", "value", "add")
+def test_full_and_value(device):
+    t = device.full((2, 3), 7, "int32")
+    assert t.dtype == "int32"
+    np.testing.assert_array_equal(t.numpy(), np.full((2, 3), 7, np.int32))
+    np.testing.assert_array_equal(device.zeros((0, 4)).numpy(), np.zeros((0, 4), np.float32))
+    np.testing.assert_array_equal(device.ones(()).numpy(), np.float32(1))
+    np.testing.assert_array_equal(F.full(shape=(2,), value=True, dtype="bool").numpy(), [1, 1])
+    s = device.scalar(2.5)
+    assert s.shape == () and s.dtype == "float32"
+    assert (s + device.ones((3,))).numpy().tolist() == [3.5, 3.5, 3.5]
+    assert device.scalar(4, "int64").item() == 4
+
+
+# --- reductions -------------------------------------------------------------------------
+
+REDUCE = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "var": np.var,
+    "max": np.max,
+    "min": np.min,
+    "logsumexp": special.logsumexp,
+}
+AXES = [None, 0, -1, (0, 2), (1,), (-1, 0)]
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.ops(n), id=n) for n in sorted(REDUCE)]
+)
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions(device, rng, name, keepdims):
+    x = _rand(rng, (2, 3, 4), "float32")
+    t = device.tensor(x)
+    for axes in AXES:
+        y = getattr(F, name)(t, axes=axes, keepdims=keepdims)
+        want = REDUCE[name](_f64(x), axis=axes, keepdims=keepdims)
+        assert_close(y, want, "float32", rtol=1e-5, atol=1e-6)
+    # 0-d input reduces to itself
+    s = device.tensor(np.float32(1.5))
+    assert_close(getattr(F, name)(s), REDUCE[name](1.5), "float32")
+
+
+@pytest.mark.ops("sum", "mean", "logsumexp")
+def test_reductions_over_empty(device):
+    e = device.tensor(np.zeros((0, 3), np.float32))
+    assert_close(F.sum(e, axes=0), np.zeros(3))
+    assert_close(F.sum(e, axes=1), np.zeros(0))
+    assert_close(F.sum(e), np.float64(0))
+    assert_close(F.logsumexp(e, axes=0), np.full(3, -np.inf))
+    assert_close(F.logsumexp(e, axes=1), np.zeros(0))
+    assert F.mean(e, axes=1).shape == (0,)
+
+
+@pytest.mark.ops("max", "min")
+def test_max_of_empty_axis_is_refused_at_record_time(cpu):
+    e = cpu.tensor(np.zeros((0, 3), np.float32))
+    with pytest.raises(RecordError, match="empty"):
+        F.max(e, axes=0)
+    with pytest.raises(RecordError, match="empty"):
+        e.min()
+    assert F.max(e, axes=1).shape == (0,)
+
+
+@pytest.mark.ops("var")
+@pytest.mark.parametrize("correction", [0, 1])
+def test_var_correction(device, rng, correction):
+    x = _rand(rng, (4, 5), "float64")
+    for axes in (None, 0, 1):
+        y = F.var(device.tensor(x), axes=axes, correction=correction)
+        assert_close(y, np.var(x, axis=axes, ddof=correction))
+    assert_close(device.tensor(x).var(1, correction=correction), np.var(x, 1, ddof=correction))
+
+
+@pytest.mark.ops("sum", "mean", "max")
+def test_reduction_dtypes(device):
+    i8 = device.tensor(np.array([100, 100, 100], np.int8))
+    assert F.sum(i8).dtype == "int64" and F.sum(i8).item() == 300
+    b = device.tensor(np.array([True, True, False]))
+    assert F.sum(b).dtype == "int64" and F.sum(b).item() == 2
+    m = F.mean(device.tensor(np.array([1, 2], np.int64)))
+    assert m.dtype == "float32" and m.item() == 1.5
+    assert F.max(device.tensor(np.array([3, 9, 2], np.int32))).dtype == "int32"
+    h = device.tensor(np.ones(4, np.float16))
+    assert F.sum(h).dtype == "float16"
+
+
+@pytest.mark.ops("logsumexp")
+def test_logsumexp_is_stable(device):
+    x = np.array([[1000.0, 1000.0], [-1000.0, -1001.0], [-np.inf, 0.0]], np.float32)
+    assert_close(F.logsumexp(device.tensor(x), axes=1), special.logsumexp(_f64(x), axis=1))
+
+
+@pytest.mark.ops("argmax", "argmin")
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_argmax_argmin(device, rng, keepdims):
+    # small integers: ties are common, and the first index must win as in NumPy
+    x = rng.integers(0, 4, (3, 4, 5)).astype(np.float32)
+    t = device.tensor(x)
+    for axis in (None, 0, 1, -1):
+        for name, ref in (("argmax", np.argmax), ("argmin", np.argmin)):
+            y = getattr(F, name)(t, axis=axis, keepdims=keepdims)
+            assert y.dtype == "int64"
+            want = ref(x, axis=axis, keepdims=keepdims)
+            np.testing.assert_array_equal(y.numpy(), want, err_msg=f"{name} axis={axis}")
+    assert t.argmax().item() == int(np.argmax(x))
+    with pytest.raises(RecordError, match="empty"):
+        F.argmax(device.tensor(np.zeros((0, 3))), axis=0)
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@pytest.mark.ops("softmax", "log_softmax")
+def test_softmax(device, rng):
+    x = _rand(rng, (3, 4, 5), "float32", -5, 5)
+    x[0, 0, 0] = 80.0  # stays finite
+    t = device.tensor(x)
+    for axis in (0, 1, -1):
+        sm = _softmax(_f64(x), axis)
+        assert_close(F.softmax(t, axis=axis), sm, "float32")
+        assert_close(F.log_softmax(t, axis=axis), np.log(sm), "float32", atol=1e-5)
+    assert_close(t.softmax(), _softmax(_f64(x), -1), "float32")
+    big = device.tensor(np.array([1e4, 0.0, -1e4], np.float32))
+    assert_close(F.softmax(big), [1.0, 0.0, 0.0])
+    assert_close(F.log_softmax(big), [0.0, -1e4, -2e4])
+    with pytest.raises(RecordError, match="floating"):
+        F.softmax(device.tensor([1, 2]))
+
+
+@pytest.mark.ops("softmax", "log_softmax")
+def test_softmax_of_empty(device):
+    e = device.tensor(np.zeros((0, 3), np.float32))
+    for axis in (0, 1):
+        assert F.softmax(e, axis=axis).numpy().shape == (0, 3)
+        assert F.log_softmax(e, axis=axis).numpy().shape == (0, 3)
+
+
+# --- matmul -------------------------------------------------------------------------------
+
+
+@pytest.mark.ops("matmul")
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((3, 4), (4, 5)),
+        ((2, 3, 4), (4, 5)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((4,), (4, 5)),
+        ((3, 4), (4,)),
+        ((4,), (4,)),
+        ((3, 0), (0, 2)),
+        ((0, 3), (3, 2)),
+        ((1, 3, 4), (2, 4, 1)),
+    ],
+)
+def test_matmul(device, rng, sa, sb):
+    a, b = _rand(rng, sa), _rand(rng, sb)
+    y = device.tensor(a) @ device.tensor(b)
+    want = _f64(a) @ _f64(b)
+    assert y.shape == want.shape
+    assert_close(y, want, "float32", rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.ops("matmul")
+def test_matmul_integers_and_errors(device, rng):
+    a = rng.integers(-5, 5, (2, 3)).astype(np.int32)
+    b = rng.integers(-5, 5, (3, 2)).astype(np.int64)
+    y = F.matmul(device.tensor(a), device.tensor(b))
+    assert y.dtype == "int64"
+    np.testing.assert_array_equal(y.numpy(), a.astype(np.int64) @ b)
+    with pytest.raises(RecordError, match=r"inner dimensions.*\(2, 3\).*\(2, 3\)"):
+        device.tensor(a) @ device.tensor(a)
+
+
+# --- movement -------------------------------------------------------------------------------
+
+
+@pytest.mark.ops("reshape")
+def test_reshape(device, rng):
+    x = _rand(rng, (2, 3, 4))
+    t = device.tensor(x)
+    assert_close(t.reshape(6, -1), x.reshape(6, -1))
+    assert_close(t.reshape(-1), x.reshape(-1))
+    assert_close(F.reshape(t, shape=(4, 3, 2)), x.reshape(4, 3, 2))
+    assert_close(device.tensor(np.ones((1, 1))).reshape(()), np.float32(1))
+    assert_close(device.tensor(np.zeros((0, 3))).reshape(3, 0, 5), np.zeros((3, 0, 5)))
+    with pytest.raises(RecordError, match="cannot reshape"):
+        t.reshape(5, -1)
+    with pytest.raises(RecordError, match="cannot reshape"):
+        t.reshape(7, 3)
+
+
+@pytest.mark.ops("permute", "transpose")
+def test_permute_transpose(device, rng):
+    x = _rand(rng, (2, 3, 4))
+    t = device.tensor(x)
+    assert_close(t.permute(2, 0, 1), x.transpose(2, 0, 1))
+    assert_close(t.permute(-1, 0, 1), x.transpose(2, 0, 1))
+    assert_close(t.transpose(), x.swapaxes(-2, -1))
+    assert_close(t.transpose(0, 2), x.swapaxes(0, 2))
+    assert_close(F.transpose(t, dim0=0, dim1=1), x.swapaxes(0, 1))
+    assert_close(t.T, x.T)
+    with pytest.raises(RecordError, match="permutation"):
+        t.permute(0, 0, 1)
+
+
+@pytest.mark.ops("expand")
+def test_expand(device, rng):
+    x = _rand(rng, (3, 1))
+    t = device.tensor(x)
+    assert_close(t.expand(2, 3, 4), np.broadcast_to(x, (2, 3, 4)))
+    assert_close(device.tensor(np.float32(2)).expand(2, 2), np.full((2, 2), 2.0))
+    assert_close(t.expand(3, 0), np.zeros((3, 0)))
+    with pytest.raises(RecordError, match="cannot expand"):
+        t.expand(2, 4)
+
+
+@pytest.mark.ops("squeeze", "unsqueeze")
+def test_squeeze_unsqueeze(device, rng):
+    x = _rand(rng, (1, 3, 1, 2))
+    t = device.tensor(x)
+    assert t.squeeze().shape == (3, 2)
+    assert_close(t.squeeze(), x.squeeze())
+    assert_close(t.squeeze(2), x.squeeze(2))
+    assert_close(F.squeeze(t, axes=(0, -2)), x.squeeze((0, 2)))
+    assert_close(t.unsqueeze(0), x[None])
+    assert_close(t.unsqueeze(-1), x[..., None])
+    assert_close(t.unsqueeze(2), np.expand_dims(x, 2))
+    assert_close(device.tensor(np.float32(3)).unsqueeze(0), np.array([3.0]))
+    with pytest.raises(RecordError, match="size 3"):
+        t.squeeze(1)
+
+
+@pytest.mark.ops("slice")
+def test_slice(device, rng):
+    x = _rand(rng, (5, 6))
+    t = device.tensor(x)
+    y = F.slice(t, starts=(1, 0), stops=(4, 6), steps=(2, 3))
+    assert_close(y, x[1:4:2, 0:6:3])
+    # negative steps: a stop of -1 means "through index 0"
+    y = F.slice(t, starts=(4, 5), stops=(-1, 0), steps=(-1, -2))
+    assert_close(y, x[4::-1, 5:0:-2])
+    assert_close(F.slice(t, starts=(2, 0), stops=(2, 6), steps=(1, 1)), x[2:2])
+    with pytest.raises(RecordError, match="zero"):
+        F.slice(t, starts=(0, 0), stops=(5, 6), steps=(0, 1))
+
+
+@pytest.mark.ops("slice_backward")
+def test_slice_backward_writes_the_region(device, rng):
+    g = _rand(rng, (2, 3))
+    y = F.slice_backward(
+        device.tensor(g), in_shape=(5, 6), starts=(4, 0), stops=(0, 6), steps=(-2, 2)
+    )
+    want = np.zeros((5, 6), np.float32)
+    want[4:0:-2, 0:6:2] = g
+    assert_close(y, want)
+
+
+@pytest.mark.ops("cat")
+def test_cat(device, rng):
+    a, b, c = _rand(rng, (2, 3)), _rand(rng, (4, 3)), _rand(rng, (0, 3))
+    y = F.cat([device.tensor(a), device.tensor(b), device.tensor(c)], axis=0)
+    assert_close(y, np.concatenate([a, b, c]))
+    y = F.cat([device.tensor(a), device.tensor(a)], axis=-1)
+    assert_close(y, np.concatenate([a, a], axis=-1))
+    mixed = F.cat([device.tensor(a), device.tensor(np.ones((1, 3), np.int32))])
+    assert mixed.dtype == "float32"
+    assert_close(mixed, np.concatenate([a, np.ones((1, 3))]).astype(np.float32))
+    with pytest.raises(RecordError, match="differ outside axis"):
+        F.cat([device.tensor(a), device.tensor(np.ones((2, 4)))], axis=0)
+
+
+@pytest.mark.ops("stack")
+def test_stack(device, rng):
+    xs = [_rand(rng, (2, 3)) for _ in range(3)]
+    ts = [device.tensor(x) for x in xs]
+    for axis in (0, 1, -1):
+        assert_close(F.stack(ts, axis=axis), np.stack(xs, axis=axis))
+    assert_close(F.stack([device.tensor(np.float32(1)), device.tensor(np.float32(2))]), [1, 2])
+
+
+@pytest.mark.ops("split")
+def test_split(device, rng):
+    x = _rand(rng, (7, 4))
+    parts = F.split(device.tensor(x), 3, axis=0)
+    assert [p.shape for p in parts] == [(3, 4), (3, 4), (1, 4)]
+    for p, w in zip(parts, np.split(x, [3, 6])):
+        assert_close(p, w)
+    parts = F.split(device.tensor(x), [1, 3], axis=1)
+    for p, w in zip(parts, np.split(x, [1], axis=1)):
+        assert_close(p, w)
+    with pytest.raises(RecordError, match="add up"):
+        F.split(device.tensor(x), [2, 2], axis=0)
+
+
+@pytest.mark.ops("flip")
+def test_flip(device, rng):
+    x = _rand(rng, (2, 3, 4))
+    t = device.tensor(x)
+    assert_close(t.flip(0), x[::-1])
+    assert_close(t.flip((0, 2)), x[::-1, :, ::-1])
+    assert_close(F.flip(t, axes=(-1,)), x[..., ::-1])
+
+
+@pytest.mark.ops("pad")
+def test_pad(device, rng):
+    x = _rand(rng, (2, 3))
+    y = F.pad(device.tensor(x), [(1, 2), (0, 3)], value=-1.5)
+    assert_close(y, np.pad(x, [(1, 2), (0, 3)], constant_values=-1.5))
+    xi = rng.integers(0, 9, (3,)).astype(np.int32)
+    yi = F.pad(device.tensor(xi), [(2, 0)])
+    assert yi.dtype == "int32"
+    np.testing.assert_array_equal(yi.numpy(), np.pad(xi, (2, 0)))
+    with pytest.raises(RecordError, match="non-negative"):
+        F.pad(device.tensor(x), [(1, -1), (0, 0)])
+
+
+@pytest.mark.ops("gather")
+@pytest.mark.parametrize("index_dtype", ["int64", "int32"])
+def test_gather(device, rng, index_dtype):
+    x = _rand(rng, (3, 5))
+    idx = rng.integers(0, 5, (3, 2)).astype(index_dtype)
+    assert_close(
+        F.gather(device.tensor(x), device.tensor(idx), axis=1), np.take_along_axis(x, idx, 1)
+    )
+    idx0 = rng.integers(0, 3, (2, 5)).astype(index_dtype)
+    assert_close(
+        F.gather(device.tensor(x), device.tensor(idx0), axis=0), np.take_along_axis(x, idx0, 0)
+    )
+    with pytest.raises(RecordError, match="integer"):
+        F.gather(device.tensor(x), device.tensor(idx.astype(np.float32)), axis=1)
+
+
+@pytest.mark.ops("scatter_add")
+def test_scatter_add_sums_duplicates(device, rng):
+    x = _rand(rng, (3, 4))
+    idx = np.array([[0, 0, 3], [1, 1, 1], [2, 3, 2]])
+    src = _rand(rng, (3, 3))
+    want = x.astype(np.float64).copy()
+    for i in range(3):
+        for j in range(3):
+            want[i, idx[i, j]] += src[i, j]
+    y = F.scatter_add(device.tensor(x), device.tensor(idx), device.tensor(src), axis=1)
+    assert_close(y, want, "float32")
+    idx0 = np.array([[2, 0, 0, 1]])
+    src0 = _rand(rng, (1, 4))
+    want0 = x.astype(np.float64).copy()
+    for j in range(4):
+        want0[idx0[0, j], j] += src0[0, j]
+    y0 = F.scatter_add(device.tensor(x), device.tensor(idx0), device.tensor(src0), axis=0)
+    assert_close(y0, want0, "float32")
+
+
+@pytest.mark.ops("index_select", "embedding")
+def test_index_select_and_embedding(device, rng):
+    x = _rand(rng, (5, 3))
+    ids = np.array([[0, 4], [4, 1], [2, 2]])
+    assert_close(F.index_select(device.tensor(x), device.tensor(ids), axis=0), x[ids])
+    assert_close(
+        F.index_select(device.tensor(x), device.tensor(np.array([2, 0])), axis=1), x[:, [2, 0]]
+    )
+    assert_close(F.embedding(device.tensor(ids), device.tensor(x)), x[ids])
+    assert_close(
+        F.index_select(device.tensor(x), device.tensor(np.array(3)), axis=0), x[3]
+    )  # 0-d index drops the axis
+
+
+@pytest.mark.ops("index_add")
+def test_index_add(device, rng):
+    g = _rand(rng, (2, 3, 4))
+    idx = np.array([[1, 1, 0]])
+    y = F.index_add(device.tensor(g), device.tensor(idx), axis=1, size=4)
+    want = np.zeros((2, 4, 4))
+    np.add.at(want, (slice(None), idx.reshape(-1)), g)
+    assert_close(y, want, "float32")
+    assert y.shape == (2, 4, 4)
+
+
+@pytest.mark.ops("one_hot")
+def test_one_hot(device):
+    idx = np.array([[0, 3], [2, 2]])
+    y = F.one_hot(device.tensor(idx), num_classes=4)
+    assert y.dtype == "float32" and y.shape == (2, 2, 4)
+    assert_close(y, np.eye(4)[idx])
+    yi = F.one_hot(device.tensor(np.array(1)), num_classes=3, dtype="int32")
+    assert yi.dtype == "int32"
+    np.testing.assert_array_equal(yi.numpy(), [0, 1, 0])
+    with pytest.raises(RecordError, match="positive"):
+        F.one_hot(device.tensor(idx), num_classes=0)
+
+
+# --- convolution and pooling -------------------------------------------------------------
+
+
+def conv2d_ref(x, w, stride, padding, dilation, groups):
+    """A direct loop over output positions: the definition, not another vectorisation."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    og = o // groups
+    out = np.zeros((n, o, oh, ow))
+    for b in range(n):
+        for oc in range(o):
+            g = oc // og
+            for i in range(oh):
+                for j in range(ow):
+                    acc = 0.0
+                    for ci in range(cg):
+                        for ki in range(kh):
+                            for kj in range(kw):
+                                acc += (
+                                    xp[b, g * cg + ci, i * sh + ki * dh, j * sw + kj * dw]
+                                    * w[oc, ci, ki, kj]
+                                )
+                    out[b, oc, i, j] = acc
+    return out
+
+
+CONV2D_CASES = [
+    # x shape, w shape, stride, padding, dilation, groups
+    ((1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (0, 0), (1, 1), 1),
+    ((2, 4, 6, 5), (6, 2, 3, 2), (2, 1), (1, 2), (1, 1), 2),
+    ((1, 3, 7, 7), (3, 1, 3, 3), (1, 2), (2, 1), (2, 2), 3),
+    ((2, 2, 4, 6), (4, 2, 1, 3), (3, 2), (0, 1), (1, 2), 1),
+]
+
+
+@pytest.mark.ops("conv2d")
+@pytest.mark.parametrize("xs,ws,stride,padding,dilation,groups", CONV2D_CASES)
+def test_conv2d(device, rng, xs, ws, stride, padding, dilation, groups):
+    x, w = _rand(rng, xs, "float64"), _rand(rng, ws, "float64")
+    y = F.conv2d(
+        device.tensor(x),
+        device.tensor(w),
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+    )
+    assert_close(y, conv2d_ref(x, w, stride, padding, dilation, groups))
+    bias = _rand(rng, (ws[0],), "float64")
+    yb = F.conv2d(
+        device.tensor(x), device.tensor(w), device.tensor(bias), stride, padding, dilation, groups
+    )
+    assert_close(yb, conv2d_ref(x, w, stride, padding, dilation, groups) + bias[:, None, None])
+
+
+@pytest.mark.ops("conv2d")
+def test_conv2d_errors(cpu):
+    x = cpu.tensor(np.zeros((1, 4, 5, 5), np.float32))
+    with pytest.raises(RecordError, match="groups=3"):
+        F.conv2d(x, cpu.tensor(np.zeros((3, 2, 3, 3), np.float32)), groups=3)
+    with pytest.raises(RecordError, match="does not fit"):
+        F.conv2d(x, cpu.tensor(np.zeros((3, 4, 7, 7), np.float32)))
+
+
+@pytest.mark.ops("conv1d")
+@pytest.mark.parametrize(
+    "xs,ws,stride,padding,dilation,groups",
+    [
+        ((2, 3, 9), (4, 3, 3), 1, 0, 1, 1),
+        ((1, 4, 10), (6, 2, 3), 2, 1, 2, 2),
+        ((2, 2, 5), (2, 1, 2), 3, 2, 1, 2),
+    ],
+)
+def test_conv1d(device, rng, xs, ws, stride, padding, dilation, groups):
+    x, w = _rand(rng, xs, "float64"), _rand(rng, ws, "float64")
+    y = F.conv1d(
+        device.tensor(x),
+        device.tensor(w),
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+    )
+    want = conv2d_ref(
+        x[:, :, None], w[:, :, None], (1, stride), (0, padding), (1, dilation), groups
+    )[:, :, 0]
+    assert y.shape == want.shape
+    assert_close(y, want)
+
+
+@pytest.mark.ops("conv2d_grad_input", "conv2d_grad_weight")
+@pytest.mark.parametrize("xs,ws,stride,padding,dilation,groups", CONV2D_CASES)
+def test_conv2d_backward_kernels_are_adjoints(
+    device, rng, xs, ws, stride, padding, dilation, groups
+):
+    """<conv(x, w), g> = <x, grad_input(g, w)> = <w, grad_weight(x, g)>, with loop conv."""
+    x, w = _rand(rng, xs, "float64"), _rand(rng, ws, "float64")
+    y = conv2d_ref(x, w, stride, padding, dilation, groups)
+    g = _rand(rng, y.shape, "float64")
+    attrs = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    gx = F.conv2d_grad_input(device.tensor(g), device.tensor(w), input_shape=xs, **attrs).numpy()
+    gw = F.conv2d_grad_weight(device.tensor(x), device.tensor(g), weight_shape=ws, **attrs).numpy()
+    assert gx.shape == xs and gw.shape == ws
+    inner = float((y * g).sum())
+    assert math.isclose(float((x * gx).sum()), inner, rel_tol=1e-9, abs_tol=1e-9)
+    assert math.isclose(float((w * gw).sum()), inner, rel_tol=1e-9, abs_tol=1e-9)
+    # and element by element: d<y, g>/dw[k] is the conv of x with a unit kernel at k
+    for k in [(0, 0, 0, 0), tuple(d - 1 for d in ws)]:
+        e = np.zeros(ws)
+        e[k] = 1.0
+        assert math.isclose(
+            gw[k],
+            float((conv2d_ref(x, e, stride, padding, dilation, groups) * g).sum()),
+            rel_tol=1e-9,
+            abs_tol=1e-9,
+        )
+
+
+def pool_ref(x, kernel, stride, padding, mode):
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    fill = -np.inf if mode == "max" else 0.0
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    out = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            win = xp[:, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
+            out[:, :, i, j] = (
+                win.max(axis=(2, 3)) if mode == "max" else win.sum(axis=(2, 3)) / (kh * kw)
+            )
+    return out
+
+
+POOL_CASES = [
+    ((1, 2, 6, 6), (2, 2), None, (0, 0)),
+    ((2, 3, 7, 5), (3, 2), (2, 1), (1, 1)),
+    ((1, 1, 5, 5), (3, 3), (1, 1), (1, 0)),
+    ((1, 2, 4, 4), 2, 1, 0),
+]
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+@pytest.mark.ops("max_pool2d", "avg_pool2d")
+@pytest.mark.parametrize("xs,kernel,stride,padding", POOL_CASES)
+def test_pools(device, rng, xs, kernel, stride, padding):
+    x = _rand(rng, xs, "float64")
+    t = device.tensor(x)
+    k = _pair(kernel)
+    s = _pair(stride) if stride is not None else k
+    p = _pair(padding)
+    assert_close(F.max_pool2d(t, kernel, stride, padding), pool_ref(x, k, s, p, "max"))
+    assert_close(F.avg_pool2d(t, kernel, stride, padding), pool_ref(x, k, s, p, "avg"))
+
+
+@pytest.mark.ops("max_pool2d_backward", "avg_pool2d_backward")
+@pytest.mark.parametrize("xs,kernel,stride,padding", POOL_CASES)
+def test_pool_backward_kernels(device, rng, xs, kernel, stride, padding):
+    # distinct values so every window has one maximum
+    x = rng.permutation(np.prod(xs)).reshape(xs).astype(np.float64)
+    k = _pair(kernel)
+    s = _pair(stride) if stride is not None else k
+    p = _pair(padding)
+    y = pool_ref(x, k, s, p, "max")
+    g = _rand(rng, y.shape, "float64")
+    attrs = dict(kernel=kernel, stride=stride, padding=padding)
+    gx = F.max_pool2d_backward(device.tensor(x), device.tensor(g), **attrs).numpy()
+    want = np.zeros(xs)
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=-np.inf)
+    for b in range(xs[0]):
+        for c in range(xs[1]):
+            for i in range(y.shape[2]):
+                for j in range(y.shape[3]):
+                    win = xp[b, c, i * s[0] : i * s[0] + k[0], j * s[1] : j * s[1] + k[1]]
+                    a, bb = np.unravel_index(np.argmax(win), win.shape)
+                    want[b, c, i * s[0] + a - p[0], j * s[1] + bb - p[1]] += g[b, c, i, j]
+    assert_close(gx, want)
+    # avg: adjoint of the average pool
+    ga = F.avg_pool2d_backward(device.tensor(g), input_shape=xs, **attrs).numpy()
+    assert ga.shape == xs
+    ya = pool_ref(x, k, s, p, "avg")
+    assert math.isclose(float((x * ga).sum()), float((ya * g).sum()), rel_tol=1e-9)
+
+
+@pytest.mark.ops("max_pool2d")
+def test_pool_errors(cpu):
+    with pytest.raises(RecordError, match="4-d"):
+        F.max_pool2d(cpu.tensor(np.zeros((2, 3, 4), np.float32)), 2)
+    with pytest.raises(RecordError, match="half the kernel"):
+        F.max_pool2d(cpu.tensor(np.zeros((1, 1, 4, 4), np.float32)), 2, 1, 2)
+
+
+# --- normalisation, dropout, losses -------------------------------------------------------
+
+
+def layer_norm_ref(x, w, b, n_axes, eps):
+    axes = tuple(range(x.ndim - n_axes, x.ndim))
+    mu = x.mean(axis=axes, keepdims=True)
+    var = x.var(axis=axes, keepdims=True)
+    y = (x - mu) / np.sqrt(var + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+@pytest.mark.ops("layer_norm")
+def test_layer_norm(device, rng):
+    x = _rand(rng, (3, 4, 5), "float64", -3, 5)
+    w, b = _rand(rng, (5,), "float64"), _rand(rng, (5,), "float64")
+    t = device.tensor(x)
+    assert_close(
+        F.layer_norm(t, device.tensor(w), device.tensor(b)), layer_norm_ref(x, w, b, 1, 1e-5)
+    )
+    assert_close(F.layer_norm(t), layer_norm_ref(x, None, None, 1, 1e-5))
+    assert_close(F.layer_norm(t, device.tensor(w)), layer_norm_ref(x, w, None, 1, 1e-5))
+    w2 = _rand(rng, (4, 5), "float64")
+    assert_close(F.layer_norm(t, device.tensor(w2), eps=0.1), layer_norm_ref(x, w2, None, 2, 0.1))
+    x32 = x.astype(np.float32)
+    assert_close(
+        F.layer_norm(device.tensor(x32)),
+        layer_norm_ref(_f64(x32), None, None, 1, 1e-5),
+        "float32",
+        atol=1e-5,
+    )
+
+
+@pytest.mark.ops("rms_norm")
+def test_rms_norm(device, rng):
+    x = _rand(rng, (3, 4, 5), "float64")
+    w = _rand(rng, (5,), "float64")
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w
+    assert_close(F.rms_norm(device.tensor(x), device.tensor(w)), want)
+    want = x / np.sqrt((x * x).mean(-1, keepdims=True) + 0.5)
+    assert_close(F.rms_norm(device.tensor(x), eps=0.5), want)
+
+
+@pytest.mark.ops("dropout")
+def test_dropout(device, rng):
+    x = _rand(rng, (200, 50), "float32", 1, 2)
+    t = device.tensor(x)
+    a = F.dropout(t, 0.3, key=7).numpy()
+    b = F.dropout(t, 0.3, key=7).numpy()
+    c = F.dropout(t, 0.3, key=8).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).any()
+    kept = a != 0
+    assert 0.65 < kept.mean() < 0.75
+    np.testing.assert_allclose(a[kept], x[kept] / 0.7, rtol=1e-6)
+    assert F.dropout(t, 0.3, key=7, training=False) is t
+    np.testing.assert_array_equal(F.call("dropout", t, device.scalar(1, "int64"), p=0.0).numpy(), x)
+    with pytest.raises(RecordError, match=r"\[0, 1\)"):
+        F.dropout(t, 1.0, key=1)
+
+
+def cross_entropy_ref(logits, target, ignore_index=-100, label_smoothing=0.0):
+    z = logits - logits.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    valid = target != ignore_index
+    safe = np.where(valid, target, 0)
+    nll = -np.take_along_axis(logp, safe[..., None], -1)[..., 0]
+    loss = (1 - label_smoothing) * nll - label_smoothing * logp.mean(-1)
+    return (loss * valid).sum() / max(valid.sum(), 1)
+
+
+@pytest.mark.ops("cross_entropy")
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_cross_entropy(device, rng, label_smoothing):
+    logits = _rand(rng, (6, 5), "float64", -4, 4)
+    target = rng.integers(0, 5, 6)
+    t_l, t_t = device.tensor(logits), device.tensor(target)
+    y = F.cross_entropy(t_l, t_t, label_smoothing=label_smoothing)
+    assert y.shape == ()
+    assert_close(y, cross_entropy_ref(logits, target, label_smoothing=label_smoothing))
+    # ignore_index drops samples from both numerator and the count
+    target[[1, 4]] = -100
+    y = F.cross_entropy(t_l, device.tensor(target), label_smoothing=label_smoothing)
+    assert_close(y, cross_entropy_ref(logits, target, label_smoothing=label_smoothing))
+    target2 = target.copy()
+    target2[target2 == -100] = 3
+    target2[0] = 7
+    y = F.cross_entropy(
+        t_l, device.tensor(target2), ignore_index=7, label_smoothing=label_smoothing
+    )
+    assert_close(y, cross_entropy_ref(logits, target2, 7, label_smoothing))
+    # a (N, T, C) batch
+    l3 = _rand(rng, (2, 3, 4), "float64")
+    t3 = rng.integers(0, 4, (2, 3))
+    assert_close(F.cross_entropy(device.tensor(l3), device.tensor(t3)), cross_entropy_ref(l3, t3))
+    # every target ignored: 0, not nan
+    allign = np.full(6, -100)
+    assert F.cross_entropy(t_l, device.tensor(allign)).item() == 0.0
+    with pytest.raises(RecordError, match="class axis"):
+        F.cross_entropy(t_l, device.tensor(target[:3]))
+
+
+@pytest.mark.ops("mse_loss")
+def test_mse_loss(device, rng):
+    x, y = _rand(rng, (4, 3), "float64"), _rand(rng, (4, 3), "float64")
+    assert_close(F.mse_loss(device.tensor(x), device.tensor(y)), ((x - y) ** 2).mean())
+    yb = _rand(rng, (3,), "float64")
+    assert_close(F.mse_loss(device.tensor(x), device.tensor(yb)), ((x - yb) ** 2).mean())
+
+
+# --- randomness -------------------------------------------------------------------------
+
+
+def _mix32(x):
+    x &= 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+def documented_uniform(key, i, stream):
+    """protocol.ops_nn.RANDOM_DOC, in plain Python integers: the cross-backend contract."""
+    k = key & 0xFFFFFFFFFFFFFFFF
+    lo, hi = k & 0xFFFFFFFF, k >> 32
+    seed = _mix32(lo ^ _mix32((hi + 0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF))
+    return (_mix32(i ^ seed) >> 8) * 2.0**-24
+
+
+@pytest.mark.ops("uniform")
+def test_uniform_follows_the_documented_counter_hash(device):
+    for key in (0, 1, 12345, 2**40 + 3):
+        u = device.uniform((6,), key, dtype="float64").numpy()
+        want = [documented_uniform(key, i, 0) for i in range(6)]
+        np.testing.assert_array_equal(u, want)
+
+
+@pytest.mark.ops("uniform")
+def test_uniform(device):
+    a = device.uniform((20000,), 3).numpy()
+    b = device.uniform((20000,), 3).numpy()
+    c = device.uniform((20000,), 4).numpy()
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).mean() > 0.99
+    assert a.dtype == np.float32 and a.min() >= 0 and a.max() < 1
+    assert abs(a.mean() - 0.5) < 0.02 and abs(a.var() - 1 / 12) < 0.01
+    r = device.uniform((4000,), 5, low=-3.0, high=1.0, dtype="float64").numpy()
+    assert r.dtype == np.float64 and r.min() >= -3 and r.max() < 1
+    assert abs(r.mean() + 1) < 0.1
+    assert device.uniform((3, 0), 1).numpy().shape == (3, 0)
+    assert device.uniform((), 1).numpy().shape == ()
+    assert device.uniform((5,), 1, dtype="float16").dtype == "float16"
+    with pytest.raises(RecordError, match="floating"):
+        device.uniform((3,), 1, dtype="int32")
+    with pytest.raises(RecordError, match="key"):
+        F.uniform(device.tensor([1, 2]), shape=(2,))
+
+
+@pytest.mark.ops("normal")
+def test_normal(device):
+    a = device.normal((20000,), 11).numpy()
+    np.testing.assert_array_equal(a, device.normal((20000,), 11).numpy())
+    assert (a != device.normal((20000,), 12).numpy()).mean() > 0.99
+    assert np.isfinite(a).all()
+    assert abs(a.mean()) < 0.05 and abs(a.std() - 1) < 0.05
+    assert 0.01 < (np.abs(a) > 2.5).mean() < 0.02  # tails of N(0, 1): P(|z| > 2.5) ~ 0.0124
+    b = device.normal((20000,), 11, mean=3.0, std=0.5, dtype="float64").numpy()
+    assert b.dtype == np.float64
+    assert abs(b.mean() - 3) < 0.03 and abs(b.std() - 0.5) < 0.03
+
+
+@pytest.mark.ops("randint")
+def test_randint(device):
+    a = device.randint((10000,), 21, low=-3, high=4).numpy()
+    np.testing.assert_array_equal(a, device.randint((10000,), 21, low=-3, high=4).numpy())
+    assert (a != device.randint((10000,), 22, low=-3, high=4).numpy()).any()
+    assert a.dtype == np.int64
+    assert set(np.unique(a)) == set(range(-3, 4))
+    counts = np.bincount(a + 3)
+    assert counts.min() > 10000 / 7 * 0.85
+    assert device.randint((5,), 1, high=10, dtype="int32").dtype == "int32"
+    with pytest.raises(RecordError, match="exceed"):
+        device.randint((3,), 1, low=5, high=5)
+
+
+# --- quantisation ---------------------------------------------------------------------------
+
+
+@pytest.mark.ops("quantize_int8", "dequantize_int8")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_int8_round_trip(device, rng, dtype):
+    from burn_remote.protocol.dtypes import to_numpy
+
+    x = (rng.standard_normal((4, 64)) * rng.uniform(0.01, 10, (4, 1))).astype(to_numpy(dtype))
+    x[2] = 0  # an all-zero block survives
+    q, s = F.quantize_int8(device.tensor(x))
+    assert q.dtype == "int8" and q.shape == (256,) and s.dtype == "float32" and s.shape == (4,)
+    xf = _f64(x)
+    absmax = np.abs(xf).max(axis=1)
+    assert_close(s, absmax, "float32", rtol=1e-6)
+    qn = q.numpy()
+    assert qn.min() >= -127
+    y = F.dequantize_int8(q, s, shape=(4, 64), dtype="float32").numpy()
+    assert y.shape == (4, 64)
+    err = np.abs(y - xf)
+    bound = absmax[:, None] / 127 / 2 * (1 + 1e-5) + 1e-12
+    assert (err <= bound).all(), f"int8 error {err.max()} over its bound"
+    assert (y[2] == 0).all()
+    # block 32, and a non-float32 output dtype
+    q2, s2 = F.quantize_int8(device.tensor(x), block=32)
+    assert s2.shape == (8,)
+    y2 = F.dequantize_int8(q2, s2, block=32, shape=(4, 64), dtype="float16")
+    assert y2.dtype == "float16"
+    absmax32 = np.abs(xf.reshape(8, 32)).max(axis=1, keepdims=True)
+    bound32 = (absmax32 / 127 / 2 + absmax32 * 2**-10).repeat(32, 1).reshape(4, 64)
+    assert (np.abs(_f64(y2.numpy()) - xf) <= bound32).all()
+
+
+@pytest.mark.ops("quantize_int8", "quantize_nf4")
+def test_quantize_refuses_ragged_blocks(cpu):
+    with pytest.raises(RecordError, match="blocks of 64"):
+        F.quantize_int8(cpu.tensor(np.zeros(100, np.float32)))
+    with pytest.raises(RecordError, match="blocks of 64"):
+        F.quantize_nf4(cpu.tensor(np.zeros(96, np.float32)))
+    with pytest.raises(RecordError, match="floating"):
+        F.quantize_nf4(cpu.tensor(np.zeros(64, np.int32)))
+
+
+@pytest.mark.ops("quantize_nf4", "dequantize_nf4")
+def test_nf4_round_trip(device, rng):
+    x = (rng.standard_normal((3, 128)) * 2).astype(np.float32)
+    x[1, :64] = 0
+    q, s = F.quantize_nf4(device.tensor(x))
+    assert q.dtype == "uint8" and q.shape == (192,) and s.shape == (6,)
+    y = F.dequantize_nf4(q, s, shape=(3, 128)).numpy()
+    codebook = np.asarray(NF4_CODEBOOK)
+    xb = _f64(x).reshape(-1, 64)
+    absmax = np.abs(xb).max(axis=1)
+    normed = xb / np.where(absmax > 0, absmax, 1)[:, None]
+    nearest = codebook[np.abs(normed[..., None] - codebook).argmin(-1)]
+    # each value goes to its nearest level (ties may go either way)
+    assert_close(y.reshape(-1, 64), nearest * absmax[:, None], "float32", atol=1e-6)
+    gaps = np.diff(codebook).max() / 2
+    assert (np.abs(y.reshape(-1, 64) - xb) <= gaps * absmax[:, None] + 1e-6).all()
+    assert (y[1, :64] == 0).all()
+    # packing: element 2i in the low nibble, 2i + 1 in the high nibble
+    codes = np.abs(normed.reshape(-1)[:, None] - codebook).argmin(-1)
+    packed = q.numpy()
+    np.testing.assert_array_equal(packed & 0x0F, codes[0::2])
+    np.testing.assert_array_equal(packed >> 4, codes[1::2])
+    # extremes map to the ends of the codebook
+    ends = np.zeros(64, np.float32)
+    ends[0], ends[1] = -3.0, 3.0
+    qe, se = F.quantize_nf4(device.tensor(ends))
+    ye = F.dequantize_nf4(qe, se, shape=(64,)).numpy()
+    assert ye[0] == -3.0 and ye[1] == 3.0
+
+
+@pytest.mark.ops("dequantize_int8")
+def test_dequantize_checks_shapes(cpu):
+    q = cpu.tensor(np.zeros(128, np.int8))
+    s = cpu.tensor(np.ones(2, np.float32))
+    with pytest.raises(RecordError, match="do not describe"):
+        F.dequantize_int8(q, s, shape=(3, 64))
+
+
+# --- fused optimizer updates ----------------------------------------------------------------
+
+
+def adam_ref(p, g, m, v, lr, t, beta1, beta2, eps, wd, decoupled):
+    if wd and not decoupled:
+        g = g + wd * p
+    if wd and decoupled:
+        p = p * (1 - lr * wd)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    mhat = m / (1 - beta1**t)
+    vhat = v / (1 - beta2**t)
+    return p - lr * mhat / (np.sqrt(vhat) + eps), m, v
+
+
+@pytest.mark.ops("adam_update")
+@pytest.mark.parametrize("decoupled", [True, False])
+@pytest.mark.parametrize("wd", [0.0, 0.01])
+def test_adam_update(device, rng, decoupled, wd):
+    p, g = _rand(rng, (4, 3), "float64"), _rand(rng, (4, 3), "float64")
+    m, v = _rand(rng, (4, 3), "float64") * 0.1, np.abs(_rand(rng, (4, 3), "float64")) * 0.01
+    lr, t, beta1, beta2, eps = 0.01, 3, 0.8, 0.95, 1e-6
+    outs = F.adam_update(
+        device.tensor(p),
+        device.tensor(g),
+        device.tensor(m),
+        device.tensor(v),
+        device.scalar(lr, "float64"),
+        device.scalar(1 - beta1**t, "float64"),
+        device.scalar(1 - beta2**t, "float64"),
+        beta1=beta1,
+        beta2=beta2,
+        eps=eps,
+        weight_decay=wd,
+        decoupled=decoupled,
+    )
+    assert len(outs) == 3
+    for got, want in zip(outs, adam_ref(p, g, m, v, lr, t, beta1, beta2, eps, wd, decoupled)):
+        assert_close(got, want, rtol=1e-12, atol=1e-14)
+    if wd:
+        other = F.adam_update(
+            *(device.tensor(a) for a in (p, g, m, v)),
+            *(device.scalar(a, "float64") for a in (lr, 1 - beta1**t, 1 - beta2**t)),
+            beta1=beta1,
+            beta2=beta2,
+            eps=eps,
+            weight_decay=wd,
+            decoupled=not decoupled,
+        )[0].numpy()
+        assert not np.allclose(other, outs[0].numpy(), rtol=1e-9, atol=0)
+
+
+@pytest.mark.ops("adam_update")
+def test_adam_update_float32_and_shape_errors(device, rng):
+    p = _rand(rng, (5,))
+    outs = F.adam_update(
+        *(device.tensor(a) for a in (p, p * 0.5, np.zeros(5, np.float32), np.zeros(5, np.float32))),
+        device.scalar(0.1),
+        device.scalar(0.1),
+        device.scalar(0.001),
+    )
+    assert all(o.dtype == "float32" for o in outs)
+    want = adam_ref(_f64(p), _f64(p) * 0.5, 0, 0, 0.1, 1, 0.9, 0.999, 1e-8, 0, True)[0]
+    assert_close(outs[0], want, "float32")
+    with pytest.raises(RecordError, match="must match"):
+        F.adam_update(
+            device.tensor(p),
+            device.tensor(p[:3]),
+            device.tensor(p),
+            device.tensor(p),
+            device.scalar(0.1),
+            device.scalar(0.1),
+            device.scalar(0.1),
+        )
+
+
+def sgd_ref(p, g, buf, lr, momentum, dampening, nesterov, wd):
+    g = g + wd * p
+    if momentum:
+        buf = momentum * buf + (1 - dampening) * g
+        step = g + momentum * buf if nesterov else buf
+    else:
+        step = g
+    return p - lr * step, buf
+
+
+@pytest.mark.ops("sgd_update")
+@pytest.mark.parametrize(
+    "momentum,dampening,nesterov,wd",
+    [
+        (0.0, 0.0, False, 0.0),
+        (0.9, 0.0, False, 0.0),
+        (0.9, 0.1, True, 0.01),
+        (0.5, 0.5, False, 0.1),
+    ],
+)
+def test_sgd_update(device, rng, momentum, dampening, nesterov, wd):
+    p, g, buf = (_rand(rng, (3, 4), "float64") for _ in range(3))
+    outs = F.sgd_update(
+        device.tensor(p),
+        device.tensor(g),
+        device.tensor(buf),
+        device.scalar(0.05, "float64"),
+        momentum=momentum,
+        dampening=dampening,
+        nesterov=nesterov,
+        weight_decay=wd,
+    )
+    for got, want in zip(outs, sgd_ref(p, g, buf, 0.05, momentum, dampening, nesterov, wd)):
+        assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+# --- bad input is refused at record time with the op's name -------------------------------
+
+
+@pytest.mark.ops("reshape")
+def test_unknown_attribute_names_the_op(cpu):
+    with pytest.raises(RecordError, match="reshape: unknown attribute"):
+        F.reshape(cpu.tensor([1.0]), shape=(1,), order="F")
+
+
+def test_unknown_op(cpu):
+    with pytest.raises(AttributeError):
+        F.no_such_op  # noqa: B018
+    with pytest.raises(RecordError, match="unknown op"):
+        client_ops.call("no_such_op", cpu.tensor([1.0]))
