@@ -52,6 +52,9 @@ class Plan:
     n_slots: int
     n_inputs: int
     value_slots: list[tuple[int, str]]
+    constants: list[tuple[int, Any]]
+    """(slot, array) of `full` nodes, computed once at compile time; kernels never write
+    their inputs, so every replay can share them."""
     outputs: tuple[int, ...]
     liveness: list[tuple[int, int, int]] = field(default_factory=list)
     """(slot, first step, last step) of every slot; memory planning reads it."""
@@ -63,6 +66,7 @@ def compile_graph(graph: Graph, backend: Backend) -> Plan:
     slot = n_inputs
     steps: list[Step] = []
     value_slots: list[tuple[int, str]] = []
+    constants: list[tuple[int, Any]] = []
     first_use: dict[int, int] = {i: -1 for i in range(n_inputs)}
     last_use: dict[int, int] = {}
     kept = set(graph.outputs)
@@ -70,6 +74,11 @@ def compile_graph(graph: Graph, backend: Backend) -> Plan:
     for index, node in enumerate(graph.nodes):
         outs = tuple(range(slot, slot + len(node.outputs)))
         slot += len(node.outputs)
+        if node.op == "full":
+            attrs = OPS["full"].bind_attrs(dict(node.attrs))
+            constants.append((outs[0], backend.kernels["full"](**attrs)))
+            first_use[outs[0]] = -1
+            continue
         if node.op == "value":
             value_slots.append((outs[0], node.outputs[0][1]))
             for o in outs:
@@ -113,7 +122,9 @@ def compile_graph(graph: Graph, backend: Backend) -> Plan:
         )
         for s in range(slot)
     ]
-    return Plan(graph, steps, slot, n_inputs, value_slots, tuple(graph.outputs), liveness)
+    return Plan(
+        graph, steps, slot, n_inputs, value_slots, constants, tuple(graph.outputs), liveness
+    )
 
 
 class Executor:
@@ -153,6 +164,8 @@ class Executor:
         slots: list[Any] = [None] * plan.n_slots
         slots[: plan.n_inputs] = inputs
         backend = self.backend
+        for s, array in plan.constants:
+            slots[s] = array
         for (s, dt), v in zip(plan.value_slots, values, strict=True):
             slots[s] = backend.scalar(v, dt)
         conform = backend.conform
