@@ -97,8 +97,7 @@ def _softplus(e: Emitter, n: Op) -> list[str]:
 
 @lowers("floor")
 def _floor(e: Emitter, n: Op) -> list[str]:
-    op = "Floor" if dtypes.is_float(n.dtype()) else "Identity"
-    return [e.node(op, n.inputs)]
+    return [e.node("Floor", n.inputs) if dtypes.is_float(n.dtype()) else n.inputs[0]]
 
 
 _BINARY = {
@@ -179,8 +178,7 @@ def _where(e: Emitter, n: Op) -> list[str]:
 
 @lowers("cast")
 def _cast(e: Emitter, n: Op) -> list[str]:
-    out = e.cast(n.inputs[0], n.dtype(), n.out_dtype)
-    return [out if out != n.inputs[0] else e.node("Identity", [out])]
+    return [e.cast(n.inputs[0], n.dtype(), n.out_dtype)]
 
 
 @lowers("full")
@@ -189,7 +187,7 @@ def _full(e: Emitter, n: Op) -> list[str]:
     shape = n.attrs["shape"]
     value = np.asarray(n.attrs["value"]).astype(dtypes.to_numpy(dt))
     if not shape:
-        return [e.node("Identity", [e.const(value)])]
+        return [e.const(value)]
     from onnx import numpy_helper
 
     fill = numpy_helper.from_array(value.reshape(1), "value")
@@ -199,7 +197,7 @@ def _full(e: Emitter, n: Op) -> list[str]:
 @lowers("value")
 def _value(e: Emitter, n: Op) -> list[str]:
     """A bound scalar: the value it had when the model was traced becomes a constant."""
-    return [e.node("Identity", [e.scalar(n.value, n.out_dtype)])]
+    return [e.scalar(n.value, n.out_dtype)]
 
 
 # --- reductions and matmul --------------------------------------------------------------
@@ -214,7 +212,7 @@ def _reduce(onnx_op: str) -> Lowering:
         x = _as(e, n, 0, n.out_dtype)
         axes = _axes(n)
         if not axes:
-            return [e.node("Identity", [x])]
+            return [x]
         keep = int(bool(n.attrs["keepdims"]))
         return [e.node(onnx_op, [x, e.ints(axes)], keepdims=keep)]
 
@@ -243,7 +241,7 @@ def _logsumexp(e: Emitter, n: Op) -> list[str]:
     """m + log(sum(exp(x - m))) with m the maximum: large inputs do not overflow."""
     x, axes = n.inputs[0], _axes(n)
     if not axes:
-        return [e.node("Identity", [x])]
+        return [x]
     ax = e.ints(axes)
     m = e.node("ReduceMax", [x, ax], keepdims=1)
     s = e.node("ReduceSum", [e.node("Exp", [e.node("Sub", [x, m])]), ax], keepdims=1)

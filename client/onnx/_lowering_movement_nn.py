@@ -50,7 +50,7 @@ def _slice(e: Emitter, n: Op) -> list[str]:
             o = INT64_MIN if s < 0 else INT64_MAX
         starts.append(a), ends.append(o), axes.append(axis), steps.append(s)
     if not axes:
-        return [e.node("Identity", n.inputs)]
+        return [n.inputs[0]]
     args = [n.inputs[0], e.ints(starts), e.ints(ends), e.ints(axes), e.ints(steps)]
     return [e.node("Slice", args)]
 
@@ -59,7 +59,7 @@ def _slice(e: Emitter, n: Op) -> list[str]:
 def _flip(e: Emitter, n: Op) -> list[str]:
     axes = norm_axes("flip", n.attrs["axes"], len(n.in_specs[0][0]))
     if not axes:
-        return [e.node("Identity", n.inputs)]
+        return [n.inputs[0]]
     k = len(axes)
     args = [n.inputs[0], e.ints([-1] * k), e.ints([INT64_MIN] * k), e.ints(axes)]
     return [e.node("Slice", [*args, e.ints([-1] * k)])]
@@ -70,7 +70,7 @@ def _cat(e: Emitter, n: Op) -> list[str]:
     dt = n.out_dtype
     args = [_as(e, n, k, dt) for k in range(len(n.inputs))]
     if len(args) == 1:
-        return [e.node("Identity", args)]
+        return args
     return [e.node("Concat", args, axis=int(n.attrs["axis"]))]
 
 
@@ -78,7 +78,7 @@ def _cat(e: Emitter, n: Op) -> list[str]:
 def _pad(e: Emitter, n: Op) -> list[str]:
     pads = n.attrs["pads"]
     if not any(p for pair in pads for p in pair):
-        return [e.node("Identity", n.inputs)]
+        return [n.inputs[0]]
     widths = e.ints([p0 for p0, _ in pads] + [p1 for _, p1 in pads])
     fill = e.scalar(n.attrs["value"], n.dtype())
     return [e.node("Pad", [n.inputs[0], widths, fill], mode="constant")]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._autograd import no_grad
+from .._recorder import OpFailed
 from .._tensor import Tensor
 
 
@@ -74,8 +75,12 @@ def _record(fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray]):
     rec = dev._rec
     xs = [dev.tensor(a) for a in arrays]
     with no_grad(), rec.held():
-        outs = _flatten(fn(*xs))
-        capture = rec.capture()
+        try:
+            outs = _flatten(fn(*xs))
+        except OpFailed as exc:
+            raise ExportError(f"the model reads tensor data while it runs: {exc}") from None
+        finally:
+            capture = rec.capture()  # taken either way: a failed trace leaves nothing pending
     if capture is None:
         raise ExportError("the model recorded no ops: there is nothing to export")
     graph = capture.graph
