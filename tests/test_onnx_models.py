@@ -14,7 +14,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from burn_remote import Device, nn, optim  # noqa: E402
+from burn_remote import Device, OpFailed, nn, optim  # noqa: E402
 from burn_remote import functional as F  # noqa: E402
 from burn_remote.onnx import ExportError, export, to_onnx  # noqa: E402
 
@@ -215,3 +215,40 @@ def test_sizes_that_follow_the_batch_are_computed_at_run_time(tmp_path):
             np.testing.assert_allclose(got, ref, atol=TOL)
     outs = onnx.load(str(path)).graph.output
     assert outs[1].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+class MergedCopy(nn.Module):
+    """merge() returns a merged copy, and the LoRA layer is a submodule of a Sequential."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def merge(self):
+        w = DEV.tensor(self.inner.weight.numpy() + self.inner._delta())
+        return lambda x: F.linear(x, w)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_lora_merge_hooks_on_submodules_and_merged_copies(tmp_path):
+    x = np.random.default_rng(6).standard_normal((3, 5)).astype(np.float32)
+    for model in (nn.Sequential(LoraLinear(np.random.default_rng(7)), nn.ReLU()),
+                  MergedCopy(LoraLinear(np.random.default_rng(8)))):  # fmt: skip
+        path = export(model, x, tmp_path / "m.onnx")
+        assert len(onnx.load(str(path)).graph.initializer) == 1  # only the merged weight
+        check(model, path, (3, 2), lambda b: np.resize(x, (b, 5)))
+        assert not any(getattr(m, "merged", False) for _, m in model.named_modules())
+
+
+def test_held_records_without_running():
+    rec = DEV._rec
+    x = DEV.tensor(np.ones(3, np.float32))
+    with rec.held():
+        y = x + 1
+        assert [n.op for n in rec.pending] == ["full", "add"]
+        with pytest.raises(OpFailed, match="held"):
+            y.numpy()
+        capture = rec.capture()
+    assert [n.op for n in capture.graph.nodes] == ["full", "add"]
+    assert rec.pending == []

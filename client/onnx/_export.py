@@ -49,44 +49,59 @@ def _device_of(model: Any, examples: Sequence[Any]) -> Device:
     return Device.cpu()
 
 
+_LORA_HOOKS = (("merge_lora", "unmerge_lora"), ("merge", "unmerge"))
+
+
+def _lora_hook(obj: Any) -> tuple[str, Callable[[], Any], Any] | None:
+    """(name, merge, unmerge or None) of the first merge hook `obj` has."""
+    for merge_name, unmerge_name in _LORA_HOOKS:
+        merge = getattr(obj, merge_name, None)
+        if callable(merge):
+            unmerge = getattr(obj, unmerge_name, None)
+            return merge_name, merge, unmerge if callable(unmerge) else None
+    return None
+
+
 @contextlib.contextmanager
 def _inference_form(model: Any) -> Iterator[Callable[..., Any]]:
     """Eval mode and LoRA merged for the trace; the model is given back as it was.
 
-    LoRA is duck-typed, so any adapter implementation works: `merge_lora()`/`merge()` that
-    returns a merged copy is traced instead of the model; one that merges in place is undone
-    with `unmerge_lora()`/`unmerge()` afterwards (or, lacking one, left merged with a warning).
+    LoRA is duck-typed, so any adapter implementation works. The model's own
+    `merge_lora()`/`merge()` is used when it has one, else that of each submodule that has
+    one. A merge that returns a new module (a merged copy) has that copy traced; one that
+    merges in place is undone with `unmerge_lora()`/`unmerge()` afterwards (lacking one, the
+    model stays merged and a warning says so).
     """
-    modes = []
     named = getattr(model, "named_modules", None)
-    if callable(named):
-        modes = [(m, m.training) for _, m in named()]
-        model.eval()
-    undo = None
+    modules = [m for _, m in named()] if callable(named) else []
+    modes = [(m, m.training) for m in modules]
+    for m in modules:
+        m.training = False
+    undo: list[Callable[[], Any]] = []
     try:
-        for merge_name, unmerge_name in (("merge_lora", "unmerge_lora"), ("merge", "unmerge")):
-            merge = getattr(model, merge_name, None)
-            if not callable(merge):
+        root = _lora_hook(model)
+        targets = [model] if root is not None else modules[1:]
+        for target in targets:
+            hook = _lora_hook(target)
+            if hook is None:
                 continue
+            name, merge, unmerge = hook
             merged = merge()
-            if merged is not None and merged is not model and callable(merged):
+            if target is model and merged is not None and merged is not model:
                 model = merged
-                if callable(getattr(model, "eval", None)):
-                    model.eval()
+                for _, m in getattr(model, "named_modules", lambda: ())():
+                    m.training = False
+            elif unmerge is not None:
+                undo.append(unmerge)
             else:
-                undo = getattr(model, unmerge_name, None)
-                if not callable(undo):
-                    warnings.warn(
-                        f"export: {merge_name}() merged in place and there is no "
-                        f"{unmerge_name}(); the model stays merged",
-                        stacklevel=4,
-                    )
-                    undo = None
-            break
+                warnings.warn(
+                    f"export: {name}() merged in place and has no un-merge; the model stays merged",
+                    stacklevel=4,
+                )
         yield model
     finally:
-        if undo is not None:
-            undo()
+        for unmerge in reversed(undo):
+            unmerge()
         for m, mode in modes:
             m.training = mode
 
