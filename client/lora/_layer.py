@@ -16,8 +16,7 @@ import numpy as np
 from .. import functional as F
 from .._autograd import no_grad
 from .._tensor import Tensor
-from ..nn import Dropout, Linear, Module
-from ..nn import _init
+from ..nn import Dropout, Linear, Module, _init
 from ._config import LoraConfig
 from ._quant import NF4Weight, _itemsize
 
