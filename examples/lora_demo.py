@@ -83,7 +83,7 @@ def _finetune(path: Path, data: np.ndarray, dev: Device, config: lora.LoraConfig
     return model, start, eval_loss(model, data, dev), losses, new_graphs
 
 
-def main(dev: Device | None = None, base_steps: int = 120, lora_steps: int = 60) -> dict:
+def main(dev: Device | None = None, base_steps: int = 200, lora_steps: int = 100) -> dict:
     dev = dev or Device.cpu()
     nn.seed(0)
     data, chars = load_corpus()
