@@ -33,7 +33,9 @@ def kind_of(backend: Backend) -> str:
 def register_kernel(kind: str, op: str, fn: Callable[..., Any]) -> None:
     """Make `fn` the kernel of extension op `op` on every backend of `kind`, now and later."""
     if kind not in _KERNELS:
-        raise ValueError(f"{op}: unknown backend kind {kind!r}; expected {', '.join(BACKEND_KINDS)}")
+        raise ValueError(
+            f"{op}: unknown backend kind {kind!r}; expected {', '.join(BACKEND_KINDS)}"
+        )
     _KERNELS[kind][op] = fn
     for backend in _LIVE:
         _install_op(backend, op)

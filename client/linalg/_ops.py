@@ -149,7 +149,10 @@ cholesky = linalg.op(
     infer=lambda xs, a: [(_square("cholesky", xs[0]), _float("cholesky", xs[0]))],
     grad=lambda bld, g, xs, out, a: (_cholesky_backward(out, g),),
     kernels={"cpu": lambda a: np.linalg.cholesky(a)},
-    doc="Lower L with A = L L^T for symmetric positive-definite A (reads A's lower triangle).",
+    doc=(
+        "Lower L with A = L L^T for symmetric positive-definite A. Reads the lower triangle; "
+        "the gradient is the symmetric one (as PyTorch and JAX): exact for symmetric changes."
+    ),
 )
 
 # --- qr -----------------------------------------------------------------------------------
