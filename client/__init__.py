@@ -4,7 +4,7 @@ The public surface is re-exported here from private modules; tests/test_exports.
 honest. Transport, server and GPU stacks load only when a device needs them.
 """
 
-from . import functional, nn, optim
+from . import functional, lora, nn, optim
 from ._autograd import no_grad
 from ._device import Device
 from ._extension import Extension, ExtensionOp
@@ -24,6 +24,7 @@ __all__ = [
     "RecordError",
     "Tensor",
     "functional",
+    "lora",
     "matmul",
     "nn",
     "no_grad",
