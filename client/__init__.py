@@ -7,6 +7,7 @@ honest. Transport, server and GPU stacks load only when a device needs them.
 from . import functional, lora, nn, optim
 from ._autograd import no_grad
 from ._device import Device
+from ._extension import Extension, ExtensionOp
 from ._ops import RecordError
 from ._recorder import OpFailed
 from ._tensor import Tensor, matmul
@@ -17,6 +18,8 @@ bool_ = "bool"
 
 __all__ = [
     "Device",
+    "Extension",
+    "ExtensionOp",
     "OpFailed",
     "RecordError",
     "Tensor",
