@@ -31,7 +31,6 @@ def stage_digits(dev: br.Device) -> br.nn.Module:
 
 def stage_onnx(dev: br.Device, net: br.nn.Module) -> None:
     import onnxruntime as ort
-
     from burn_remote.onnx import export
 
     print("== 3. ONNX export, checked with onnxruntime ==")

@@ -34,7 +34,8 @@ def test_plans_never_overlap_live_buffers(buffers):
     for i, j in pairs:  # accepted in-place pairs are safe by construction
         assert buffers[i].inplace_of == j
         assert buffers[j].last == buffers[i].first
-        assert aligned(buffers[i].size) <= aligned(buffers[j].size)
+        assert plan.offsets[i] == plan.offsets[j]  # they share bytes; the checks below
+        # (arena bounds and no overlap among other live buffers) make that safe
     steps = {s for b in buffers for s in (b.first, b.last)}
     for step in steps:
         ids = live_at(buffers, step)

@@ -111,6 +111,10 @@ def _group_inplace(
         if src is None or src == i or not 0 <= src < len(buffers) or src in taken:
             continue
         root = slot_of[src]
+        # A source that dies where it is born (first == last) would let the buffers before
+        # and after it in a chain be live together in one slot: never reuse it.
+        if buffers[src].first == buffers[src].last:
+            continue
         if buffers[src].last != buffers[i].first or buffers[i].size > buffers[root].size:
             continue
         if align_up(buffers[i].size) > align_up(buffers[root].size) or groups[root][-1] != src:
