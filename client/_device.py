@@ -151,7 +151,8 @@ class Device:
         """Upload array-like data. Python floats default to float32, ints to int64."""
         if isinstance(data, Tensor):
             data = data.numpy()
-        arr = np.ascontiguousarray(_as_array(data, dtype))
+        # asarray keeps 0-d data 0-d (ascontiguousarray would make it 1-d)
+        arr = np.asarray(_as_array(data, dtype), order="C")
         name = dtypes.from_numpy(arr.dtype)
         rec = self._rec
         tid = rec.new_id()

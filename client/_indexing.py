@@ -26,7 +26,7 @@ def getitem(x: Tensor, key: Any) -> Tensor:
     else:
         key = key + (slice(None),) * (x.ndim - n_real)
     starts, stops, steps, final = [], [], [], []
-    tensor_axis, tensor_index = None, None
+    tensor_axis, tensor_index, tensor_pos = None, None, 0
     axis = 0
     for k in key:
         if k is None:
@@ -36,7 +36,7 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         if isinstance(k, Tensor):
             if tensor_index is not None:
                 raise IndexError("only one integer index tensor is supported per indexing")
-            tensor_axis, tensor_index = axis, k
+            tensor_axis, tensor_index, tensor_pos = axis, k, len(final)
             starts.append(0), stops.append(dim), steps.append(1)
             final.extend(k.shape)
         elif isinstance(k, slice):
@@ -55,7 +55,17 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         y = _ops.call("slice", x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
     if tensor_index is not None:
         y = _ops.call("index_select", y, tensor_index, axis=tensor_axis)
-    return y.reshape(tuple(final)) if tuple(final) != y.shape else y
+    y = y.reshape(tuple(final)) if tuple(final) != y.shape else y
+    if tensor_index is not None:
+        # NumPy: integers count as advanced indices beside the tensor; when a slice or None
+        # separates them, the index's dimensions go first (x[1, :, idx] has shape (n, ...)).
+        adv = [i for i, k in enumerate(key) if isinstance(k, Tensor | int | np.integer)]
+        if adv[-1] - adv[0] + 1 != len(adv) and tensor_pos:
+            n = tensor_index.ndim
+            order = list(range(tensor_pos, tensor_pos + n))
+            order += [d for d in range(y.ndim) if not tensor_pos <= d < tensor_pos + n]
+            y = y.permute(*order)
+    return y
 
 
 def _as_index(x: Tensor, k: Any) -> Any:

@@ -110,4 +110,6 @@ def operand(x: Any, like: Tensor) -> Tensor:
         return x
     if isinstance(x, bool | int | float):
         return const(like._dev, x, dtypes.scalar_dtype(x, like.dtype))
+    if type(x).__module__ == "numpy":  # NumPy scalars are weak like Python's; arrays upload
+        return operand(x.item(), like) if x.ndim == 0 else like._dev.tensor(x)
     raise TypeError(f"unsupported operand type {type(x).__name__}")

@@ -6,10 +6,11 @@ store uploaded arrays, execute a captured graph under bindings, read arrays back
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from burn_remote.protocol.graph import Graph, GraphNode
@@ -123,6 +124,7 @@ class Recorder:
         self.failed: dict[int, str] = {}
         self.dead: list[int] = []
         self._ids = itertools.count(1)
+        self._held = False
 
     def new_id(self) -> int:
         return next(self._ids)
@@ -143,9 +145,27 @@ class Recorder:
     def add(self, node: Node) -> None:
         # Flush before appending: every pending output already has its Tensor, so the ones
         # still referenced are kept as outputs.
-        if len(self.pending) >= MAX_PENDING_OPS:
+        if len(self.pending) >= MAX_PENDING_OPS and not self._held:
             self.flush()
         self.pending.append(node)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Record without running: inside, ops stay pending until the caller `capture()`s them.
+
+        What runs first (everything pending before) is flushed on entry, so a capture taken
+        inside holds only the ops recorded inside. Tracing exporters (ONNX) need the graph of
+        a forward pass, not its values; a sync inside raises, since a traced graph cannot
+        depend on data it would have to read.
+        """
+        if self._held:
+            raise RuntimeError("this device is already holding its pending ops")
+        self.flush()
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
 
     def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
         self.runtime.upload(tensor_id, array)
@@ -227,6 +247,11 @@ class Recorder:
 
     def flush(self) -> None:
         """Run everything pending; raise OpFailed naming the op and line if a kernel fails."""
+        if self._held and self.pending:
+            raise OpFailed(
+                "a tensor value was read while recording without running (held); "
+                "graphs traced this way cannot depend on tensor data"
+            )
         capture = self.capture()
         if capture is not None:
             try:

@@ -186,6 +186,8 @@ class Tensor:
         return self._bin("div", o)
 
     def __rtruediv__(self, o: Any) -> Tensor:
+        if not dtypes.is_float(self.dtype):  # true division: 1 / int tensor is a float
+            return self.cast(dtypes.DEFAULT_FLOAT)._bin("div", o, True)
         return self._bin("div", o, True)
 
     def __floordiv__(self, o: Any) -> Tensor:

@@ -66,8 +66,10 @@ def is_int(name: str) -> bool:
 def promote(a: str, b: str) -> str:
     """Result dtype of a binary op on two tensors.
 
-    Follows NumPy except where NumPy has no answer (bfloat16) and where NumPy would widen
-    past the listed dtypes (int8 with uint8 gives int32 here, not int16).
+    Within a kind (int, float) it follows NumPy, except where NumPy has no answer (bfloat16:
+    with float16 it gives float32) and where NumPy would widen past the listed dtypes (int8
+    with uint8 gives int32 here, not int16). Across kinds the higher kind's dtype wins
+    whatever its width, as in PyTorch: int64 with float16 is float16 (NumPy says float64).
     """
     if a == b:
         return a

@@ -332,8 +332,12 @@ def _index_add_infer(xs, attrs):
     g, idx = xs
     _check_index("index_add", idx)
     axis = attrs["axis"]
-    if not 0 <= axis <= len(g.shape) - len(idx.shape):
-        raise ShapeError(f"index_add: axis {axis} does not fit {fmt(g.shape)} and {fmt(idx.shape)}")
+    if not 0 <= axis <= len(g.shape) - len(idx.shape) or tuple(
+        g.shape[axis : axis + len(idx.shape)]
+    ) != tuple(idx.shape):
+        raise ShapeError(
+            f"index_add: source {fmt(g.shape)} must hold index {fmt(idx.shape)} at axis {axis}"
+        )
     shape = (*g.shape[:axis], attrs["size"], *g.shape[axis + len(idx.shape) :])
     return [(shape, g.dtype)]
 

@@ -209,6 +209,10 @@ def _cross_entropy(b, logits, target, ignore_index=-100, label_smoothing=0.0):
             f"cross_entropy: target {fmt(target.shape)} must be logits {fmt(logits.shape)} "
             "without its class axis"
         )
+    if not dtypes.is_int(target.dtype):
+        raise ShapeError(f"cross_entropy: target must hold integer classes, got {target.dtype}")
+    if target.dtype != dtypes.INDEX_DTYPE:  # so ignore_index (-100) fits, even for uint8
+        target = b.op("cast", target, dtype=dtypes.INDEX_DTYPE)
     logp = b.op("log_softmax", logits, axis=-1)
     valid = b.op("ne", target, b.const(ignore_index, target.dtype))
     safe = b.op("where", valid, target, b.const(0, target.dtype))

@@ -10,12 +10,14 @@ from .shapes import broadcast, fmt, norm_axes, norm_axis, numel, reduce
 REDUCE_ATTRS = {"axes": None, "keepdims": False}
 
 
-def _reduce_infer(name, out_dtype=None, needs_float=False):
+def _reduce_infer(name, out_dtype=None, needs_float=False, needs_items=False):
     def infer(xs, attrs):
         (x,) = xs
         axes = norm_axes(name, attrs["axes"], len(x.shape))
         if needs_float and not dtypes.is_float(x.dtype):
             raise ShapeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
+        if needs_items and any(x.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{name}: cannot reduce an empty axis of shape {fmt(x.shape)}")
         return [(reduce(x.shape, axes, attrs["keepdims"]), out_dtype or x.dtype)]
 
     return infer
@@ -88,8 +90,22 @@ def _lse_grad(b, g, xs, out, attrs):
 declare("sum", "reduce", 1, attrs=REDUCE_ATTRS, infer=_sum_infer, grad=_sum_grad)
 declare("mean", "reduce", 1, attrs=REDUCE_ATTRS, decompose=_mean)
 declare("var", "reduce", 1, attrs={**REDUCE_ATTRS, "correction": 0}, decompose=_var)
-declare("max", "reduce", 1, attrs=REDUCE_ATTRS, infer=_reduce_infer("max"), grad=_extreme_grad)
-declare("min", "reduce", 1, attrs=REDUCE_ATTRS, infer=_reduce_infer("min"), grad=_extreme_grad)
+declare(
+    "max",
+    "reduce",
+    1,
+    attrs=REDUCE_ATTRS,
+    infer=_reduce_infer("max", needs_items=True),
+    grad=_extreme_grad,
+)
+declare(
+    "min",
+    "reduce",
+    1,
+    attrs=REDUCE_ATTRS,
+    infer=_reduce_infer("min", needs_items=True),
+    grad=_extreme_grad,
+)
 declare("argmax", "reduce", 1, attrs={"axis": None, "keepdims": False}, infer=_arg_infer("argmax"))
 declare("argmin", "reduce", 1, attrs={"axis": None, "keepdims": False}, infer=_arg_infer("argmin"))
 declare(

@@ -8,6 +8,8 @@ parameters, skipped with the reason, so a test report says what did not run and 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from burn_remote import Device
@@ -20,7 +22,7 @@ def _probe_opencl() -> str | None:
         from burn_remote.engine.backend import get_backend
 
         get_backend("opencl")
-    except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+    except Exception as exc:  # any failure means "not here"
         return f"opencl backend unavailable: {type(exc).__name__}: {exc}"
     return None
 
@@ -28,18 +30,18 @@ def _probe_opencl() -> str | None:
 def _probe_cuda() -> str | None:
     try:
         import cupy  # type: ignore[import-not-found]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"cuda:0 unavailable: CuPy cannot be imported ({type(exc).__name__}: {exc})"
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return "cuda:0 unavailable: CuPy sees no CUDA device"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"cuda:0 unavailable: CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
     try:
         from burn_remote.engine.backend import get_backend
 
         get_backend("cuda:0")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"cuda:0 unavailable: the CuPy backend does not load ({type(exc).__name__}: {exc})"
     return None
 
@@ -111,6 +113,44 @@ def assert_close(got, want, dtype: str | None = None, **tol) -> None:
         np.testing.assert_allclose(
             got_arr.astype(np.float64), want.astype(np.float64), equal_nan=True, **opts
         )
+
+
+@pytest.fixture
+def op_trace(request, monkeypatch):
+    """Every op name recorded while a test runs (composites and primitives alike).
+
+    When the test carries `@pytest.mark.ops(...)`, each named op must have been recorded:
+    a declaration of coverage that the test does not honour fails the test.
+    """
+    from burn_remote import _ops as client_ops
+    from burn_remote import functional
+    from burn_remote._recorder import _PKG_ROOTS as PKG_ROOTS
+    from burn_remote._recorder import Recorder
+
+    seen: set[str] = set()
+    real_call, real_add = client_ops.call, Recorder.add
+
+    def traced_call(name, *args, **kwargs):
+        seen.add(name)
+        if kwargs.get("_where") is None:  # name the test's line, not this wrapper's
+            f = sys._getframe(1)
+            while f is not None and f.f_code.co_filename.startswith(PKG_ROOTS):
+                f = f.f_back
+            if f is not None:
+                kwargs["_where"] = (f.f_code.co_filename, f.f_lineno)
+        return real_call(name, *args, **kwargs)
+
+    def traced_add(self, node):
+        seen.add(node.op)
+        return real_add(self, node)
+
+    monkeypatch.setattr(client_ops, "call", traced_call)
+    monkeypatch.setattr(functional, "call", traced_call)
+    monkeypatch.setattr(Recorder, "add", traced_add)
+    yield seen
+    declared = {name for mark in request.node.iter_markers("ops") for name in mark.args}
+    missing = declared - seen
+    assert not missing, f"test declares ops {sorted(missing)} but never recorded them"
 
 
 @pytest.fixture(scope="session")

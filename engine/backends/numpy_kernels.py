@@ -175,21 +175,31 @@ def _logsumexp(x, axes, keepdims):
     axes = _axes(axes)
     m = np.max(x, axis=axes, keepdims=True) if x.size else np.zeros((1,) * x.ndim, x.dtype)
     m = np.where(np.isfinite(m), m, 0)
-    out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
+    with np.errstate(divide="ignore"):  # an empty axis sums to 0: log gives -inf
+        out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
     return np.asarray(out if keepdims else np.squeeze(out, axis=axes), dtype=x.dtype)
+
+
+def _shift(x, axis):
+    """x minus its max along axis (finite maxima only), for overflow-free exponentials."""
+    if x.size == 0:
+        return x.copy()
+    m = np.max(x, axis=axis, keepdims=True)
+    return x - np.where(np.isfinite(m), m, 0).astype(x.dtype, copy=False)
 
 
 @kernel("softmax")
 def _softmax(x, axis):
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    e = np.exp(_shift(x, axis))
     e /= np.sum(e, axis=axis, keepdims=True)
     return e
 
 
 @kernel("log_softmax")
 def _log_softmax(x, axis):
-    s = x - np.max(x, axis=axis, keepdims=True)
-    return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
+    s = _shift(x, axis)
+    with np.errstate(divide="ignore"):
+        return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
 
 
 @kernel("matmul")
@@ -244,6 +254,8 @@ def _flip(x, axes):
 
 @kernel("pad")
 def _pad(x, pads, value):
+    if x.ndim == 0:  # nothing to pad; np.pad refuses an empty pad list
+        return x.copy()
     return np.pad(x, pads, mode="constant", constant_values=value)
 
 
@@ -365,6 +377,13 @@ def _conv2d_grad_weight(x, g, weight_shape, stride, padding, dilation, groups):
     return np.ascontiguousarray(dw_.reshape(weight_shape), dtype=g.dtype)
 
 
+def _lowest(dtype):
+    """The max-pool padding value: -inf, or the smallest value an integer dtype holds."""
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return False if dtype.kind == "b" else -np.inf
+
+
 def _pool_setup(x, attrs, fill):
     (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
     oh = (x.shape[2] + 2 * ph - kh) // sh + 1
@@ -375,14 +394,14 @@ def _pool_setup(x, attrs, fill):
 
 @kernel("max_pool2d")
 def _max_pool2d(x, **attrs):
-    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, -np.inf)
+    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
     return np.ascontiguousarray(win.max(axis=(4, 5)), dtype=x.dtype)
 
 
 @kernel("max_pool2d_backward")
 def _max_pool2d_backward(x, g, **attrs):
-    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, -np.inf)
+    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
     n, c = x.shape[:2]
     arg = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)

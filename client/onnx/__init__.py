@@ -1,0 +1,28 @@
+"""ONNX export: `burn_remote.onnx.export(model, example, path)`.
+
+    from burn_remote import onnx as bonnx
+    bonnx.export(model, x_batch, "model.onnx", input_names=["x"], output_names=["logits"])
+
+The model is traced on its device without running (the recorder holds its ops), in eval
+mode with LoRA merged; each primitive op is lowered through one table (`LOWERINGS`, keyed by
+registry names; `NOT_EXPORTABLE` says why the others are not). Axis 0 of every input is a
+symbolic "batch": sizes that follow it are found by tracing at three batch sizes and become
+Shape-based computations (see `_trace`). Weights above 2 GiB go to external data.
+
+Needs the `onnx` package (the `onnx` extra); onnxruntime is only needed to run the result.
+"""
+
+from ._export import MAX_INLINE_BYTES, MIN_OPSET, export, save, to_onnx
+from ._lowering import LOWERINGS, NOT_EXPORTABLE
+from ._trace import ExportError
+
+__all__ = [
+    "LOWERINGS",
+    "MAX_INLINE_BYTES",
+    "MIN_OPSET",
+    "NOT_EXPORTABLE",
+    "ExportError",
+    "export",
+    "save",
+    "to_onnx",
+]
