@@ -129,7 +129,7 @@ class OpenCLBackend:
 
     # --- the Backend protocol --------------------------------------------------------------
     def from_numpy(self, array: np.ndarray) -> CLArray:
-        arr = np.ascontiguousarray(array)
+        arr = np.asarray(array, order="C")
         out = self.empty(arr.shape, arr.dtype)
         if out.data is not None:
             cl.enqueue_copy(self.queue, out.data, arr.reshape(-1).view(np.uint8))

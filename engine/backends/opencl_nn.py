@@ -132,7 +132,7 @@ def _conv_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
 # --- pooling ----------------------------------------------------------------------------------
 
 _POOL = """
-__kernel void pool(__global T_out* out, __global const T_x* x, __global const T_w* g,
+__kernel void pool(__global T_out* out, __global const T_x* x, __global const T_w* w,
                    __global const long* p) {
     long N = P(0), C = P(1), H = P(2), W = P(3), OH = P(4), OW = P(5), KH = P(6), KW = P(7),
          sh = P(8), sw = P(9), ph = P(10), pw = P(11);
@@ -141,13 +141,15 @@ __kernel void pool(__global T_out* out, __global const T_x* x, __global const T_
 }
 """
 
-# the argmax of window (oy, ox) over the padded input (padding reads -inf), first max wins
+# the argmax of window (oy, ox), first max wins; padding never wins (NumPy pads with the
+# dtype's lowest value, which a real input can only tie, and a tie goes to the earlier one)
 _WINDOW_ARGMAX = """
-    ACC best = -INFINITY; long bi = 0, bj = 0;
+    ACC best = 0; long bi = -1, bj = -1;
     for (long i = 0; i < KH; ++i) for (long j = 0; j < KW; ++j) {
         long iy = oy * sh - ph + i, ix = ox * sw - pw + j;
-        ACC v = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? L_x(base + iy * W + ix) : -INFINITY;
-        if (v > best || (i == 0 && j == 0)) { best = v; bi = i; bj = j; }
+        if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;
+        ACC v = L_x(base + iy * W + ix);
+        if (bi < 0 || v > best || (v != v && best == best)) { best = v; bi = i; bj = j; }
     }
 """
 
@@ -225,7 +227,7 @@ def _pool_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
 
 _INDEX = """
 __kernel void idx(__global T_out* out, __global const T_x* x, __global const T_i* ix,
-                  __global const T_s* src, __global const long* p, long n) {
+                  __global const T_s* s, __global const long* p, long n) {
     long gid = get_global_id(0);
     if (gid >= n) return;
     BODY

@@ -232,6 +232,10 @@ def _batched(be: OpenCLBackend, x: CLArray, batch: tuple[int, ...], dtype: str) 
 
 def _movement(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
     def reshape(x: CLArray, shape: Any) -> CLArray:
+        shape = list(shape)
+        if -1 in shape:
+            known = math.prod(d for d in shape if d != -1)
+            shape[shape.index(-1)] = x.size // known if known else 0
         return CLArray(x.data, tuple(shape), x.dtype)
 
     def permute(x: CLArray, dims: Any) -> CLArray:

@@ -105,17 +105,17 @@ def _quant_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
 _ADAM = """
 __kernel void adam(__global T_po* po, __global T_mo* mo, __global T_vo* vo,
                    __global const T_p* p, __global const T_g* g, __global const T_m* m,
-                   __global const T_v* v, __global const T_lr* lrp, __global const T_b1* b1p,
-                   __global const T_b2* b2p, ACC beta1, ACC one_m_beta1, ACC beta2,
+                   __global const T_v* v, __global const T_lrp* lrp, __global const T_b1p* b1p,
+                   __global const T_b2p* b2p, ACC beta1, ACC one_m_beta1, ACC beta2,
                    ACC one_m_beta2, ACC eps, ACC wd, int decoupled, long n) {
     long i = get_global_id(0);
     if (i >= n) return;
-    ACC lr = L_lr(0), pv = L_p(i), gv = L_g(i);
+    ACC lr = L_lrp(0), pv = L_p(i), gv = L_g(i);
     if (wd != 0 && !decoupled) gv = gv + wd * pv;
     ACC m2 = L_m(i) * beta1; m2 += one_m_beta1 * gv;
     ACC v2 = L_v(i) * beta2; v2 += one_m_beta2 * (gv * gv);
-    ACC denom = sqrt(v2 / L_b2(0)); denom += eps;
-    ACC step = m2 / denom; step *= lr / L_b1(0);
+    ACC denom = sqrt(v2 / L_b2p(0)); denom += eps;
+    ACC step = m2 / denom; step *= lr / L_b1p(0);
     ACC p2 = (wd != 0 && decoupled) ? pv * ((ACC)1 - lr * wd) : pv;
     p2 -= step;
     S_po(i, p2); S_mo(i, m2); S_vo(i, v2);
@@ -124,11 +124,11 @@ __kernel void adam(__global T_po* po, __global T_mo* mo, __global T_vo* vo,
 
 _SGD = """
 __kernel void sgd(__global T_po* po, __global T_bo* bo, __global const T_p* p,
-                  __global const T_g* g, __global const T_b* b, __global const T_lr* lrp,
+                  __global const T_g* g, __global const T_b* b, __global const T_lrp* lrp,
                   ACC mom, ACC one_m_damp, ACC wd, int nesterov, long n) {
     long i = get_global_id(0);
     if (i >= n) return;
-    ACC lr = L_lr(0), pv = L_p(i), gv = L_g(i), step = gv;
+    ACC lr = L_lrp(0), pv = L_p(i), gv = L_g(i), step = gv;
     if (wd != 0) gv = gv + wd * pv;
     step = gv;
     if (mom != 0) {
@@ -150,7 +150,7 @@ def _optim_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
         acc = "float64" if p.name == "float64" else "float32"
         outs = [be.empty(a.shape, a.dtype) for a in (p, m, v)]
         if p.size:
-            names = {"p": p, "g": g, "m": m, "v": v, "lr": lr, "b1": bc1, "b2": bc2}
+            names = {"p": p, "g": g, "m": m, "v": v, "lrp": lr, "b1p": bc1, "b2p": bc2}
             spec = {k: (a.name, "in") for k, a in names.items()}
             spec.update(po=(p.name, "out"), mo=(m.name, "out"), vo=(v.name, "out"))
             k = be.kernel(defs(be, acc, **spec) + _ADAM, "adam")
@@ -164,7 +164,7 @@ def _optim_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
         po = be.empty(p.shape, p.dtype)
         bo = be.empty(buf.shape, buf.dtype) if momentum else buf
         if p.size:
-            names = {"p": p, "g": g, "b": buf, "lr": lr}
+            names = {"p": p, "g": g, "b": buf, "lrp": lr}
             spec = {k: (a.name, "in") for k, a in names.items()}
             spec.update(po=(p.name, "out"), bo=(buf.name, "out"))
             k = be.kernel(defs(be, acc, **spec) + _SGD, "sgd")
