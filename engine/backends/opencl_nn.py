@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyopencl as cl
 
 from ...protocol import dtypes
 from ...protocol.ops_nn import pool_params
@@ -227,7 +228,8 @@ def _pool_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
 
 _INDEX = """
 __kernel void idx(__global T_out* out, __global const T_x* x, __global const T_i* ix,
-                  __global const T_s* s, __global const long* p, long n) {
+                  __global const T_s* s, __global const long* p, long n,
+                  __global int* err) {
     long gid = get_global_id(0);
     if (gid >= n) return;
     BODY
@@ -238,13 +240,14 @@ __kernel void idx(__global T_out* out, __global const T_x* x, __global const T_i
 _SELECT = """long inner = P(2), K = P(1), D = P(3);
     long in_ = gid % inner, k = (gid / inner) % K, o = gid / (inner * K);
     long j = ix[k]; if (j < 0) j += D;
+    if (j < 0 || j >= D) { err[0] = 1; return; }
     S_out(gid, L_x((o * D + j) * inner + in_));"""
 
 # p: outer, K, inner, size (output axis length)
 _INDEX_ADD = """long inner = P(2), K = P(1), D = P(3);
     long in_ = gid % inner, j = (gid / inner) % D, o = gid / (inner * D);
     ACC acc = 0;
-    for (long k = 0; k < K; ++k) { long t = ix[k]; if (t < 0) t += D; if (t == j) acc += L_x((o * K + k) * inner + in_); }
+    for (long k = 0; k < K; ++k) { long t = ix[k]; if (t < 0) t += D; if (t < 0 || t >= D) err[0] = 1; if (t == j) acc += L_x((o * K + k) * inner + in_); }
     S_out(gid, acc);"""
 
 # p: nd, axis, x shape[nd], index shape[nd]; out has x's shape (scatter) or the index's (gather)
@@ -264,6 +267,7 @@ _GATHER = (
     _ND.replace("OUTER_SHAPE(d)", "P(2 + nd + d)")
     + """
     long j = ix[io]; if (j < 0) j += D;
+    if (j < 0 || j >= D) { err[0] = 1; return; }
     S_out(gid, L_x(xo + (j - coord_axis) * xstride));"""
 )
 
@@ -275,6 +279,7 @@ _SCATTER = (
         long ibase = io - coord_axis * istride;
         for (long k = 0; k < P(2 + nd + axis); ++k) {
             long t = ix[ibase + k * istride]; if (t < 0) t += D;
+            if (t < 0 || t >= D) err[0] = 1;
             if (t == coord_axis) acc += L_s(ibase + k * istride);
         }
     }
@@ -294,8 +299,14 @@ def _index_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
             idx = be.cast(idx, "int64")
             text = text.replace("#define T_i int\n", "#define T_i long\n")
         k = be.kernel(text + _P + _INDEX.replace("BODY", body), "idx")
+        err = be.empty((1,), np.int32)
+        flag = np.zeros(1, np.int32)
+        cl.enqueue_copy(be.queue, err.data, flag)
         be.launch(k, out.size, out.data, be.buf(x), be.buf(idx), be.buf(s),
-                  be.longs(params), np.int64(out.size))  # fmt: skip
+                  be.longs(params), np.int64(out.size), err.data)  # fmt: skip
+        cl.enqueue_copy(be.queue, flag, err.data)  # the one sync an index op costs
+        if flag[0]:
+            raise IndexError("an index is out of bounds for its axis")
         return out
 
     def index_select(x, idx, axis):
