@@ -122,9 +122,13 @@ def compile_graph(graph: Graph, backend: Backend) -> Plan:
         )
         for s in range(slot)
     ]
-    return Plan(
+    plan = Plan(
         graph, steps, slot, n_inputs, value_slots, constants, tuple(graph.outputs), liveness
     )
+    # a backend may rewrite the plan once per compiled graph (GPU backends fuse elementwise
+    # chains into generated kernels; engine/fusion.py)
+    optimize = getattr(backend, "optimize_plan", None)
+    return optimize(plan) if optimize is not None else plan
 
 
 class Executor:

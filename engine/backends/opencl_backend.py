@@ -17,6 +17,7 @@ No op falls back to the host. float64 needs cl_khr_fp64 (PoCL on a CPU has it).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -122,6 +123,7 @@ class OpenCLBackend:
         self._kernels: dict[tuple[str, str], Any] = {}
         self._meta: dict[bytes, Any] = {}
         self._specs: dict[tuple, _Spec] = {}
+        self.fusion = os.environ.get("BURN_REMOTE_FUSION", "1") != "0"
         self._dummy = cl.Buffer(self.context, cl.mem_flags.READ_ONLY, 8)
         from .opencl_ops import build_kernels
 
@@ -194,6 +196,7 @@ class OpenCLBackend:
         value_dtype: str,
         compute: Sequence[str] | None = None,
         out: View | None = None,
+        pre: Sequence[str] = (),
     ) -> CLArray:
         """Run a generated kernel computing `body` for every element of the broadcast shape
         of `inputs` (or of `out`, a strided view to write into, returned as its array)."""
@@ -213,8 +216,8 @@ class OpenCLBackend:
             meta.append(out.offset)
         src = elementwise_source(
             [v.array.name for v in inputs], out_dtype, body, value_dtype, nd, out is not None,
-            compute,
-        )
+            compute, pre,
+        )  # fmt: skip
         k = self.kernel(src, "ew")
         bufs = [self.buf(v.array) for v in inputs]
         self.launch(k, n, result.data, *bufs, self.longs(meta), np.int64(n))
@@ -243,6 +246,28 @@ class OpenCLBackend:
     def cast_view(self, v: View, dtype: str) -> CLArray:
         comp = "float32" if v.array.name in ("float16", "bfloat16") else v.array.name
         return self.elementwise("x0", [v], dtype, comp, [comp])
+
+    def optimize_plan(self, plan: Any) -> Any:
+        """Called once per compiled (cached) graph: fuse elementwise chains unless
+        BURN_REMOTE_FUSION=0 (or `fusion` is set False)."""
+        if not self.fusion:
+            return plan
+        from ..fusion import fuse_plan
+
+        return fuse_plan(plan, self._fused_kernel)
+
+    def _fused_kernel(self, program: Any) -> Any:
+        from .opencl_codegen import COMPUTE
+
+        pre = program.body(COMPUTE, lambda k: f"x{k}")
+        result = f"t{len(program.instructions) - 1}"
+        out_dtype = program.out_dtype
+        value = "float32" if out_dtype in ("float16", "bfloat16") else out_dtype
+
+        def run(*arrays: CLArray) -> CLArray:
+            return self.elementwise(result, [view(a) for a in arrays], out_dtype, value, pre=pre)
+
+        return run
 
     def fill(self, shape: Sequence[int], value: Any, dtype: str) -> CLArray:
         out = self.empty(shape, dtypes.to_numpy(dtype))

@@ -86,9 +86,10 @@ def elementwise_source(
     nd: int,
     out_strided: bool,
     compute: Sequence[str] | None = None,
+    pre: Sequence[str] = (),
 ) -> str:
     """A kernel `ew(out, in0.., meta, n)` computing `body` (over `x0`, `x1`, ... already
-    loaded in their `compute` dtypes) for each of n output elements.
+    loaded in their `compute` dtypes, after the statements `pre`) for each of n output elements.
 
     meta holds, as longs: the nd-dim shape, nd strides per input (and for the output when
     `out_strided`), then one element offset per input and for the output.
@@ -116,6 +117,7 @@ def elementwise_source(
     for i, d in enumerate(in_dtypes):
         c = compute[i] or d
         lines.append(f"{COMPUTE[c]} x{i} = {load(d, f'in{i}', f'o{i}', c)};")
+    lines.extend(pre)
     lines.append(store(out_dtype, "out", "oo", body, value_dtype))
     inner = "\n    ".join(lines)
     return f"{HEADER}\n__kernel void ew({', '.join(args)}) {{\n    {inner}\n}}\n"
