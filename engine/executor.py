@@ -164,6 +164,13 @@ class Executor:
 
     def run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         """Execute a plan; returns the arrays of the graph's outputs in order."""
+        activate = getattr(self.backend, "activate", None)
+        if activate is None:
+            return self._run(plan, inputs, values)
+        with activate():  # GPU backends: the session's device and stream
+            return self._run(plan, inputs, values)
+
+    def _run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         self.replays += 1
         slots: list[Any] = [None] * plan.n_slots
         slots[: plan.n_inputs] = inputs

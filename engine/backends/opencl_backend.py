@@ -292,3 +292,6 @@ def _bstrides(v: View, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 TABLE_OPS = frozenset(cexpr.UNARY) | frozenset(cexpr.BINARY) | frozenset(cexpr.TERNARY)
 """Ops whose kernels come straight from the expression table."""
+
+HOST_FALLBACK: dict[str, str] = {}
+"""Ops that would run on the host (name -> why). Empty: every primitive has a device kernel."""
