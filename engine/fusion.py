@@ -96,7 +96,7 @@ def fuse_plan(plan: Plan, make_kernel: Callable[[FusedProgram], Any], min_ops: i
         group_of[n] = sorted(members)
         producer[st.outputs[0]] = n
     steps: list[Step] = []
-    for n, st in enumerate(plan.steps):
+    for n in range(len(plan.steps)):
         if n in absorbed:
             continue
         members = group_of.get(n)
@@ -104,6 +104,7 @@ def fuse_plan(plan: Plan, make_kernel: Callable[[FusedProgram], Any], min_ops: i
             steps.extend(plan.steps[m] for m in (members or [n]))
             continue
         steps.append(_fused_step(plan, members, slot_dt, make_kernel))
+    _release_after_last_use(steps, set(plan.outputs))
     new = Plan(
         plan.graph, steps, plan.n_slots, plan.n_inputs, plan.value_slots, plan.constants,
         plan.outputs,
@@ -134,8 +135,6 @@ def _fused_step(plan: Plan, members: list[int], slot_dt: list[str], make_kernel)
         made[st.outputs[0]] = len(instructions) - 1
     program = FusedProgram(tuple(slot_dt[i] for i in external), tuple(instructions))
     root = plan.steps[members[-1]]
-    inner = set(made)
-    release = tuple(s for m in members for s in plan.steps[m].release if s not in inner)
     return Step(
         node=root.node,
         op="fused:" + "+".join(plan.steps[m].op for m in members),
@@ -144,8 +143,23 @@ def _fused_step(plan: Plan, members: list[int], slot_dt: list[str], make_kernel)
         outputs=root.outputs,
         attrs={},
         dtypes=root.dtypes,
-        release=release,
+        release=(),  # set by _release_after_last_use
     )
+
+
+def _release_after_last_use(steps: list[Step], kept: set[int]) -> None:
+    """Recompute every step's release list: a fused step runs where its last member ran,
+    so an operand an earlier member shared with a step in between now dies later."""
+    last: dict[int, int] = {}
+    for n, st in enumerate(steps):
+        for i in st.inputs:
+            last[i] = n
+    releases: dict[int, list[int]] = {}
+    for s, n in last.items():
+        if s not in kept:
+            releases.setdefault(n, []).append(s)
+    for n, st in enumerate(steps):
+        st.release = tuple(releases.get(n, ()))
 
 
 def _liveness(plan: Plan) -> list[tuple[int, int, int]]:
