@@ -127,7 +127,7 @@ def main() -> None:
         median_time(lambda: runtime.executor.run(plan, inputs, cap.values), args.iters, 1)
         for _ in range(args.repeats)
     )
-    del loss, cap
+    del loss
 
     # recording cost: record a chain of ops without executing it
     a = dev.tensor(rng.random((4, 4), dtype=np.float32))
@@ -145,7 +145,9 @@ def main() -> None:
         f"digits MLP step (batch {args.batch}, 64-{args.hidden}-10, AdamW, pools {'on' if pooled else 'off'})"
     )
     print(f"  hand-written NumPy            : {tn * 1e6:8.1f} us/step")
-    print(f"  engine, cached plan replayed  : {t_replay * 1e6:8.1f} us/step  ratio {t_replay / tn:5.2f}x (target <= 1.3x)")
+    print(
+        f"  engine, cached plan replayed  : {t_replay * 1e6:8.1f} us/step  ratio {t_replay / tn:5.2f}x (target <= 1.3x)"
+    )
     print(f"  engine, record + replay       : {te * 1e6:8.1f} us/step  ratio {te / tn:5.2f}x")
     print(f"  graphs registered {stats['graphs_registered']}, replays {stats['replays']}")
     print(f"recording cost           : {t_rec * 1e6:8.2f} us/op  (target <= 30 us/op)")

@@ -4,9 +4,10 @@ The public surface is re-exported here from private modules; tests/test_exports.
 honest. Transport, server and GPU stacks load only when a device needs them.
 """
 
-from . import functional, nn, optim
+from . import functional, lora, nn, optim
 from ._autograd import no_grad
 from ._device import Device
+from ._extension import Extension, ExtensionOp
 from ._ops import RecordError
 from ._recorder import OpFailed
 from ._tensor import Tensor, matmul
@@ -17,10 +18,13 @@ bool_ = "bool"
 
 __all__ = [
     "Device",
+    "Extension",
+    "ExtensionOp",
     "OpFailed",
     "RecordError",
     "Tensor",
     "functional",
+    "lora",
     "matmul",
     "nn",
     "no_grad",

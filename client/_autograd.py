@@ -76,6 +76,7 @@ def _topo(root: Any) -> list[GradNode]:
 
 def backward(root: Any, grad: Any = None) -> None:
     from ._ops import Builder, call
+    from ._recorder import fmt_location
 
     if not root.requires_grad:
         raise RuntimeError("backward(): this tensor does not require gradients")
@@ -101,9 +102,16 @@ def backward(root: Any, grad: Any = None) -> None:
                     "backward(): this graph was already differentiated (its tape is freed)"
                 )
             if node.op.grad is NOT_DIFFERENTIABLE:
-                raise RuntimeError(f"backward(): op {node.op.name!r} is not differentiable")
-            out = node.outputs[0]()
-            g = gouts[0]
+                raise RuntimeError(
+                    f"backward(): op {node.op.name!r} (recorded at {fmt_location(node.where)}) "
+                    "is not differentiable"
+                )
+            if node.op.n_outputs > 1:  # multi-output rules see every output and its gradient
+                out = tuple(o() for o in node.outputs)
+                g = tuple(gouts)
+            else:
+                out = node.outputs[0]()
+                g = gouts[0]
             builder = Builder(node.inputs[0]._dev if node.inputs else out._dev, node.where)
             gins = node.op.grad(builder, g, node.inputs, out, node.attrs)
             for inp, gi in zip(node.inputs, gins):

@@ -62,4 +62,7 @@ def get_backend(spec: str) -> Backend:
                     f"opencl: the PyOpenCL backend is not available ({exc})"
                 ) from None
             _CACHE[key] = OpenCLBackend(index)
+        from .extensions import install
+
+        install(_CACHE[key])  # extension kernels registered so far, and later ones
     return _CACHE[key]

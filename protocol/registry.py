@@ -54,6 +54,9 @@ class Builder(Protocol):
 
 Spec = tuple[tuple[int, ...], str]
 InferRule = Callable[[Sequence[Handle], Mapping[str, Any]], list[Spec]]
+# A gradient rule gets (builder, g, inputs, out, attrs). For an op with n_outputs > 1, `g` and
+# `out` are tuples with one entry per output (None where that output got no gradient, or where
+# the output tensor is gone), so the rule should rebuild what it needs from the inputs.
 GradRule = Callable[[Builder, Handle, Sequence[Handle], Handle, Mapping[str, Any]], Sequence[Any]]
 Decomposition = Callable[..., Any]
 

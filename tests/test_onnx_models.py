@@ -217,28 +217,24 @@ def test_sizes_that_follow_the_batch_are_computed_at_run_time(tmp_path):
     assert outs[1].type.tensor_type.shape.dim[0].dim_param == "batch"
 
 
-class MergedCopy(nn.Module):
-    """merge() returns a merged copy, and the LoRA layer is a submodule of a Sequential."""
+def test_real_lora_is_merged_for_export_and_unmerged_after(tmp_path):
+    from burn_remote.lora import LoraConfig
 
-    def __init__(self, inner):
-        self.inner = inner
-
-    def merge(self):
-        w = DEV.tensor(self.inner.weight.numpy() + self.inner._delta())
-        return lambda x: F.linear(x, w)
-
-    def forward(self, x):
-        return self.inner(x)
-
-
-def test_lora_merge_hooks_on_submodules_and_merged_copies(tmp_path):
-    x = np.random.default_rng(6).standard_normal((3, 5)).astype(np.float32)
-    for model in (nn.Sequential(LoraLinear(np.random.default_rng(7)), nn.ReLU()),
-                  MergedCopy(LoraLinear(np.random.default_rng(8)))):  # fmt: skip
-        path = export(model, x, tmp_path / "m.onnx")
-        assert len(onnx.load(str(path)).graph.initializer) == 1  # only the merged weight
-        check(model, path, (3, 2), lambda b: np.resize(x, (b, 5)))
-        assert not any(getattr(m, "merged", False) for _, m in model.named_modules())
+    nn.seed(9)
+    model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 2)).to(DEV)
+    model.apply_lora(LoraConfig(r=2, alpha=4, target_modules=["0", "2"]))
+    rng = np.random.default_rng(10)
+    for name, t in model.named_tensors():  # B starts at zero: give the adapter an effect
+        if "lora_B" in name:
+            t._assign(DEV.tensor(rng.standard_normal(t.shape).astype(np.float32)))
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    before = {n: t.numpy() for n, t in model.named_tensors()}
+    path = export(model, x, tmp_path / "m.onnx")
+    names = {t.name for t in onnx.load(str(path)).graph.initializer}
+    assert not any("lora" in n for n in names)  # the adapters were folded into the weights
+    check(model, path, (3, 2), lambda b: np.resize(x, (b, 5)))
+    for n, t in model.named_tensors():  # unmerged again afterwards
+        np.testing.assert_allclose(t.numpy(), before[n], atol=1e-6)
 
 
 def test_held_records_without_running():

@@ -15,6 +15,7 @@ import pytest
 from burn_remote import RecordError, no_grad
 from burn_remote import functional as F
 from burn_remote.protocol import ops as registry
+from burn_remote.protocol.extensions import parse_wire_name
 from burn_remote.protocol.registry import NOT_DIFFERENTIABLE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -95,6 +96,8 @@ def differentiable_ops() -> set[str]:
     """Primitives with a gradient rule, and composites except the random draws."""
     out = set()
     for name, op in registry.OPS.items():
+        if parse_wire_name(name) is not None:
+            continue  # extension ops (``ext.op@version``) are tested with their extensions
         if (
             op.primitive
             and callable(op.grad)

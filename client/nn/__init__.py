@@ -1,8 +1,56 @@
 """Neural-network modules; `functional` holds the stateless forms."""
 
 from .. import functional
+from ._attention import (
+    MLP,
+    CausalSelfAttention,
+    MultiHeadAttention,
+    TransformerBlock,
+    causal_mask,
+    scaled_dot_product_attention,
+)
+from ._gpt import GPT, GPTConfig
 from ._init import seed
-from ._layers import Linear, ReLU
+from ._layers import (
+    GELU,
+    Conv2d,
+    Dropout,
+    Embedding,
+    Flatten,
+    LayerNorm,
+    Linear,
+    MaxPool2d,
+    ReLU,
+    RMSNorm,
+)
 from ._module import Module, ModuleList, Sequential
+from ._serialize import load_arrays as load_safetensors
+from ._serialize import save_arrays as save_safetensors
 
-__all__ = ["Linear", "Module", "ModuleList", "ReLU", "Sequential", "functional", "seed"]
+__all__ = [
+    "GELU",
+    "GPT",
+    "MLP",
+    "CausalSelfAttention",
+    "Conv2d",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "GPTConfig",
+    "LayerNorm",
+    "Linear",
+    "MaxPool2d",
+    "Module",
+    "ModuleList",
+    "MultiHeadAttention",
+    "RMSNorm",
+    "ReLU",
+    "Sequential",
+    "TransformerBlock",
+    "causal_mask",
+    "functional",
+    "load_safetensors",
+    "save_safetensors",
+    "scaled_dot_product_attention",
+    "seed",
+]

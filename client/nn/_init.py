@@ -1,18 +1,32 @@
-"""Parameter initialisation on the host: reproducible from one seed, independent of device."""
+"""Initialisation and dropout keys: reproducible from one seed, independent of device.
+
+Weights are drawn on the host once (construction is not a hot path). Dropout keys come from a
+counter: each dropout call in a step gets the next value as a `dev.scalar` binding, so the
+step's graph keeps one hash while the dropped elements change every step.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Any
 
 import numpy as np
 
 _rng = np.random.default_rng(0)
+_keys = itertools.count(1)
 
 
 def seed(value: int) -> None:
-    """Reset the generator that module constructors draw initial weights from."""
-    global _rng
+    """Reset the weight generator and the dropout key counter."""
+    global _rng, _keys
     _rng = np.random.default_rng(value)
+    _keys = itertools.count((value & 0xFFFF_FFFF) << 20 | 1)
+
+
+def next_key(dev: Any) -> Any:
+    """A fresh random key on `dev`, as a binding (its value is not part of the graph hash)."""
+    return dev.scalar(next(_keys), "int64")
 
 
 def kaiming_uniform(shape: tuple[int, ...], fan_in: int, a: float = math.sqrt(5)) -> np.ndarray:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 from .. import functional as F
 from .._device import Device
 from .._tensor import Tensor
 from . import _init
 from ._module import Module
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 class Linear(Module):
@@ -33,6 +40,135 @@ class Linear(Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class Embedding(Module):
+    """A lookup table (num, dim); the backward scatters into the rows that were used."""
+
+    def __init__(
+        self, num_embeddings: int, dim: int, std: float = 1.0, device: Device | None = None
+    ) -> None:
+        dev = device or Device.cpu()
+        self.num_embeddings, self.dim = num_embeddings, dim
+        self.weight = dev.tensor(_init.normal((num_embeddings, dim), std), requires_grad=True)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class LayerNorm(Module):
+    """Normalise the last axis to zero mean, unit variance, then scale and shift."""
+
+    def __init__(
+        self, dim: int, eps: float = 1e-5, bias: bool = True, device: Device | None = None
+    ) -> None:
+        dev = device or Device.cpu()
+        self.eps = eps
+        self.weight = dev.tensor(np.ones(dim, np.float32), requires_grad=True)
+        self.bias = dev.tensor(np.zeros(dim, np.float32), requires_grad=True) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    """Scale by the root mean square of the last axis (no centring), as LLaMA does."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device: Device | None = None) -> None:
+        dev = device or Device.cpu()
+        self.eps = eps
+        self.weight = dev.tensor(np.ones(dim, np.float32), requires_grad=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight, self.eps)
+
+
+class Dropout(Module):
+    """Inverted dropout while training. Each call draws a fresh key binding (see `_init`), so
+    the step graph is replayed with new masks instead of being registered again."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        if not 0 <= p < 1:
+            raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        return F.dropout(x, self.p, _init.next_key(x.device))
+
+
+class Conv2d(Module):
+    """2-d convolution over NCHW input, weight (out, in / groups, kh, kw)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        device: Device | None = None,
+    ) -> None:
+        dev = device or Device.cpu()
+        kh, kw = _pair(kernel_size)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv2d: channels {in_channels}->{out_channels} vs groups {groups}")
+        fan_in = in_channels // groups * kh * kw
+        self.stride, self.padding, self.dilation, self.groups = (
+            _pair(stride),
+            _pair(padding),
+            _pair(dilation),
+            groups,
+        )
+        self.weight = dev.tensor(
+            _init.kaiming_uniform((out_channels, in_channels // groups, kh, kw), fan_in),
+            requires_grad=True,
+        )
+        self.bias = (
+            dev.tensor(_init.uniform((out_channels,), 1 / math.sqrt(fan_in)), requires_grad=True)
+            if bias
+            else None
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(
+            x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
+        )
+
+
+class MaxPool2d(Module):
+    def __init__(
+        self,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] | None = None,
+        padding: int | tuple[int, int] = 0,
+    ) -> None:
+        self.kernel = _pair(kernel_size)
+        self.stride = _pair(stride) if stride is not None else None
+        self.padding = _pair(padding)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.max_pool2d(x, self.kernel, self.stride, self.padding)
+
+
 class ReLU(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.relu(x)
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none") -> None:
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, self.approximate)
+
+
+class Flatten(Module):
+    def __init__(self, start: int = 1) -> None:
+        self.start = start
+
+    def forward(self, x: Tensor) -> Any:
+        return x.flatten(self.start)

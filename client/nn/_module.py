@@ -1,8 +1,15 @@
-"""Module: a tree of named parameters, like PyTorch's, on whatever device it is moved to."""
+"""Module: a tree of named parameters and buffers, like PyTorch's, on any device.
+
+Parameters are Tensor attributes (trainable while they require gradients, frozen otherwise);
+buffers are tensors a module needs but never trains (a causal mask, position ids, quantised
+codes). Names are dotted paths (`h.0.attn.c_attn.weight`), the keys of `state_dict` and of
+the safetensors files that `save` writes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,25 +19,41 @@ from .._tensor import Tensor
 
 
 class Module:
-    """Attributes that are Tensors are parameters (trainable when they require gradients);
-    attributes that are Modules are children. Names are dotted paths: `layers.0.weight`."""
+    """Tensor attributes are parameters, `register_buffer` adds buffers, Module attributes are
+    children. A frozen parameter (requires_grad False) stays a parameter: it is saved, moved
+    and can be unfrozen, but optimizers skip it."""
 
     training: bool = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         d = self.__dict__
-        if isinstance(value, Tensor):
+        buffers = d.get("_buffers", {})
+        if isinstance(value, Tensor) and name in buffers:
+            buffers[name] = value
+        elif isinstance(value, Tensor):
             d.setdefault("_params", {})[name] = value
             d.get("_children", {}).pop(name, None)
         elif isinstance(value, Module):
             d.setdefault("_children", {})[name] = value
             d.get("_params", {}).pop(name, None)
+        elif value is None:
+            d.get("_params", {}).pop(name, None)
+            d.get("_children", {}).pop(name, None)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        self.__dict__.get("_params", {}).pop(name, None)
-        self.__dict__.get("_children", {}).pop(name, None)
+        for key in ("_params", "_children", "_buffers"):
+            self.__dict__.get(key, {}).pop(name, None)
+        self.__dict__.get("_transient", set()).discard(name)
         object.__delattr__(self, name)
+
+    def register_buffer(self, name: str, tensor: Tensor, persistent: bool = True) -> None:
+        """Keep `tensor` with the module (moved by `to`); `persistent` buffers are saved too."""
+        self.__dict__.get("_params", {}).pop(name, None)
+        self.__dict__.setdefault("_buffers", {})[name] = tensor
+        if not persistent:
+            self.__dict__.setdefault("_transient", set()).add(name)
+        object.__setattr__(self, name, tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
@@ -40,34 +63,61 @@ class Module:
 
     # --- the tree -------------------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, Module]]:
-        yield from self.__dict__.get("_children", {}).items()
+        yield from list(self.__dict__.get("_children", {}).items())
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
         yield prefix, self
         for name, child in self.named_children():
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
 
-    def named_tensors(self, prefix: str = "") -> Iterator[tuple[str, Tensor]]:
-        """Every tensor attribute, trainable or not (state_dict order)."""
-        for mod_name, mod in self.named_modules(prefix):
-            for name, t in mod.__dict__.get("_params", {}).items():
-                yield (f"{mod_name}.{name}" if mod_name else name), t
+    def get_submodule(self, path: str) -> Module:
+        mod = self
+        for part in filter(None, path.split(".")):
+            mod = mod.__dict__.get("_children", {})[part]
+        return mod
 
-    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
-        """Trainable tensors only (those that require gradients)."""
-        return ((n, t) for n, t in self.named_tensors() if t.requires_grad)
+    def _named(self, kinds: tuple[str, ...], persistent_only: bool) -> Iterator[tuple[str, Tensor]]:
+        for mod_name, mod in self.named_modules():
+            transient = mod.__dict__.get("_transient", set())
+            for kind in kinds:
+                for name, t in mod.__dict__.get(kind, {}).items():
+                    if t is None or (persistent_only and name in transient):
+                        continue
+                    yield (f"{mod_name}.{name}" if mod_name else name), t
 
-    def parameters(self) -> list[Tensor]:
-        return [t for _, t in self.named_parameters()]
+    def named_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """Parameters (frozen or not) and persistent buffers: exactly what `state_dict` holds."""
+        return self._named(("_params", "_buffers"), persistent_only=True)
 
-    # --- devices, modes, state --------------------------------------------------------------
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
+        return self._named(("_buffers",), persistent_only=False)
+
+    def named_parameters(self, include_frozen: bool = False) -> Iterator[tuple[str, Tensor]]:
+        """Trainable parameters; with `include_frozen`, frozen ones too (to unfreeze later)."""
+        for name, t in self._named(("_params",), persistent_only=False):
+            if include_frozen or t.requires_grad:
+                yield name, t
+
+    def parameters(self, include_frozen: bool = False) -> list[Tensor]:
+        return [t for _, t in self.named_parameters(include_frozen)]
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(t.size for _, t in self.named_parameters(include_frozen=not trainable_only))
+
+    # --- devices, modes ---------------------------------------------------------------------
     def to(self, device: Device | str) -> Module:
-        """Move every tensor to `device`, keeping the same tensor objects."""
+        """Move every parameter and buffer to `device`, keeping the same tensor objects."""
         dev = Device.parse(device) if isinstance(device, str) else device
-        for _, t in self.named_tensors():
+        for _, t in self._named(("_params", "_buffers"), persistent_only=False):
             if t.device is not dev:
                 t._assign(t.to(dev))
         return self
+
+    @property
+    def device(self) -> Device:
+        for _, t in self._named(("_params", "_buffers"), persistent_only=False):
+            return t.device
+        return Device.cpu()
 
     def train(self, mode: bool = True) -> Module:
         for _, m in self.named_modules():
@@ -77,11 +127,12 @@ class Module:
     def eval(self) -> Module:
         return self.train(False)
 
+    # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
         return {name: t.numpy() for name, t in self.named_tensors()}
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        """Copy arrays into this module's tensors; names and shapes must agree."""
+        """Copy arrays into this module's tensors (same objects, so optimizers keep them)."""
         own = dict(self.named_tensors())
         if strict:
             missing, unexpected = own.keys() - state.keys(), state.keys() - own.keys()
@@ -100,8 +151,48 @@ class Module:
                 )
             t._assign(t.device.tensor(arr, dtype=t.dtype))
 
+    def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
+        """Write `state_dict()` as safetensors (no pickle: a header and raw little-endian data)."""
+        from ._serialize import save_arrays
+
+        save_arrays(self.state_dict(), path, metadata)
+
+    def load(self, path: str | Path, strict: bool = True) -> None:
+        from ._serialize import load_arrays
+
+        self.load_state_dict(load_arrays(path), strict=strict)
+
+    # --- LoRA (lives in burn_remote.lora; these are the entry points people look for) -------
+    def apply_lora(self, config: Any) -> Module:
+        """Wrap the targeted Linear layers with LoRA adapters and freeze everything else."""
+        from ..lora import apply_lora
+
+        return apply_lora(self, config)
+
+    def merge_lora(self) -> None:
+        from ..lora import merge
+
+        merge(self)
+
+    def unmerge_lora(self) -> None:
+        from ..lora import unmerge
+
+        unmerge(self)
+
+    def save_adapter(self, directory: str | Path, **config_fields: Any) -> None:
+        from ..lora import save_adapter
+
+        save_adapter(self, directory, **config_fields)
+
+    def load_adapter(self, directory: str | Path) -> None:
+        from ..lora import load_adapter
+
+        load_adapter(self, directory)
+
 
 class Sequential(Module):
+    """Children named 0, 1, 2 ... applied in order."""
+
     def __init__(self, *modules: Module) -> None:
         for i, m in enumerate(modules):
             setattr(self, str(i), m)
@@ -113,7 +204,7 @@ class Sequential(Module):
         return list(self)[i]
 
     def __len__(self) -> int:
-        return len(list(self.named_children()))
+        return len(self.__dict__.get("_children", {}))
 
     def forward(self, x: Any) -> Any:
         for m in self:
@@ -122,6 +213,8 @@ class Sequential(Module):
 
 
 class ModuleList(Module):
+    """A list of children named by position, for blocks that a parent applies itself."""
+
     def __init__(self, modules: Iterable[Module] = ()) -> None:
         for m in modules:
             self.append(m)

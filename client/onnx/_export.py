@@ -49,7 +49,7 @@ def _device_of(model: Any, examples: Sequence[Any]) -> Device:
     return Device.cpu()
 
 
-_LORA_HOOKS = (("merge_lora", "unmerge_lora"), ("merge", "unmerge"))
+_LORA_HOOKS = (("merge_lora", "unmerge_lora"),)
 
 
 def _lora_hook(obj: Any) -> tuple[str, Callable[[], Any], Any] | None:
@@ -66,11 +66,11 @@ def _lora_hook(obj: Any) -> tuple[str, Callable[[], Any], Any] | None:
 def _inference_form(model: Any) -> Iterator[Callable[..., Any]]:
     """Eval mode and LoRA merged for the trace; the model is given back as it was.
 
-    LoRA is duck-typed, so any adapter implementation works. The model's own
-    `merge_lora()`/`merge()` is used when it has one, else that of each submodule that has
-    one. A merge that returns a new module (a merged copy) has that copy traced; one that
-    merges in place is undone with `unmerge_lora()`/`unmerge()` afterwards (lacking one, the
-    model stays merged and a warning says so).
+    The model's `merge_lora()` is used when it has one (every `nn.Module` does: it merges
+    the adapters of `burn_remote.lora`), else that of each submodule that has one. A merge
+    that returns a new module (a merged copy) has that copy traced; one that merges in place
+    is undone with `unmerge_lora()` afterwards (lacking one, the model stays merged and a
+    warning says so). Only these names count: a generic `merge()` may mean anything.
     """
     named = getattr(model, "named_modules", None)
     modules = [m for _, m in named()] if callable(named) else []

@@ -1,5 +1,21 @@
-"""Optimizers: updates recorded as fused ops with the learning rate as a graph binding."""
+"""Optimizers: fused updates, parameter groups, LR schedules carried as graph bindings."""
 
-from ._optimizers import SGD, Adam, AdamW, Optimizer
+from ._clip import clip_grad_norm
+from ._groups import ParamGroup
+from ._optimizer import Group, Optimizer
+from ._optimizers import SGD, Adam, AdamW
+from ._schedule import WarmupCosine, constant, cosine, linear_warmup
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Group",
+    "Optimizer",
+    "ParamGroup",
+    "WarmupCosine",
+    "clip_grad_norm",
+    "constant",
+    "cosine",
+    "linear_warmup",
+]

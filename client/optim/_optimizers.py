@@ -1,67 +1,38 @@
-"""SGD, Adam and AdamW over fused update ops (protocol/ops_optim.py).
-
-Per-step numbers (learning rate, bias corrections) enter each step's graph as `dev.scalar`
-bindings, so step 1000 replays the graph that step 2 registered.
-"""
+"""SGD, Adam and AdamW over the fused update ops of protocol/ops_optim.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
-from .._autograd import no_grad
 from .._ops import call
 from .._tensor import Tensor
-
-
-class Optimizer:
-    def __init__(self, params: Iterable[Tensor], **defaults: Any) -> None:
-        self.params = [p for p in params]
-        if not self.params:
-            raise ValueError(f"{type(self).__name__}: got no parameters to optimise")
-        for p in self.params:
-            if not p.requires_grad:
-                raise ValueError(
-                    f"{type(self).__name__}: a parameter of shape {p.shape} does not require gradients"
-                )
-        self.defaults = defaults
-        self.lr = defaults["lr"]
-        self.state: dict[int, dict[str, Tensor]] = {}
-        self.steps = 0
-
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    def _state(self, p: Tensor, *names: str) -> list[Tensor]:
-        st = self.state.get(id(p))
-        if st is None:
-            st = self.state[id(p)] = {n: p.device.zeros(p.shape, p.dtype) for n in names}
-        return [st[n] for n in names]
-
-    def step(self) -> None:
-        self.steps += 1
-        with no_grad():
-            for p in self.params:
-                if p.grad is not None:
-                    self._update(p, p.grad)
-
-    def _update(self, p: Tensor, g: Tensor) -> None:
-        raise NotImplementedError
+from ._groups import ParamGroup
+from ._optimizer import Group, Optimizer
+from ._schedule import Schedule
 
 
 class SGD(Optimizer):
+    """SGD with momentum (PyTorch's form: buf = m buf + (1 - dampening) g), Nesterov
+    (step = g + m buf) and L2 weight decay (g += wd p)."""
+
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Any,
         lr: float = 1e-2,
         momentum: float = 0.0,
         dampening: float = 0.0,
         nesterov: bool = False,
         weight_decay: float = 0.0,
+        groups: Sequence[ParamGroup] = (),
+        schedule: Schedule | None = None,
     ) -> None:
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: Nesterov needs momentum > 0 and no dampening")
         super().__init__(
             params,
+            groups,
+            schedule,
             lr=lr,
             momentum=momentum,
             dampening=dampening,
@@ -69,67 +40,61 @@ class SGD(Optimizer):
             weight_decay=weight_decay,
         )
 
-    def _update(self, p: Tensor, g: Tensor) -> None:
-        d = self.defaults
+    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+        s = group.settings
         (buf,) = self._state(p, "momentum")
-        lr = p.device.scalar(self.lr, p.dtype)
         new_p, new_buf = call(
             "sgd_update",
             p,
             g,
             buf,
-            lr,
-            momentum=d["momentum"],
-            dampening=d["dampening"],
-            nesterov=d["nesterov"],
-            weight_decay=d["weight_decay"],
+            self._binding(group, p, "lr", lr),
+            momentum=s["momentum"],
+            dampening=s["dampening"],
+            nesterov=s["nesterov"],
+            weight_decay=s["weight_decay"],
         )
         p._assign(new_p)
         buf._assign(new_buf)
 
 
 class Adam(Optimizer):
+    """Adam; `weight_decay` is L2 added to the gradient (AdamW decouples it)."""
+
     decoupled = False
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Any,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        groups: Sequence[ParamGroup] = (),
+        schedule: Schedule | None = None,
     ) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-
-    def step(self) -> None:
-        b1, b2 = self.defaults["betas"]
-        t = self.steps + 1
-        self._bc = (1 - b1**t, 1 - b2**t)
-        super().step()
-
-    def _update(self, p: Tensor, g: Tensor) -> None:
-        d = self.defaults
-        m, v = self._state(p, "m", "v")
-        dev = p.device
-        lr, bc1, bc2 = (
-            dev.scalar(self.lr, "float64"),
-            dev.scalar(self._bc[0], "float64"),
-            dev.scalar(self._bc[1], "float64"),
+        super().__init__(
+            params, groups, schedule, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
-        b1, b2 = d["betas"]
+
+    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+        s = group.settings
+        b1, b2 = s["betas"]
+        t = self.steps + 1
+        m, v = self._state(p, "m", "v")
         new_p, new_m, new_v = call(
             "adam_update",
             p,
             g,
             m,
             v,
-            lr,
-            bc1,
-            bc2,
+            self._binding(group, p, "lr", lr),
+            self._binding(group, p, "bc1", 1 - b1**t),
+            self._binding(group, p, "bc2", 1 - b2**t),
             beta1=b1,
             beta2=b2,
-            eps=d["eps"],
-            weight_decay=d["weight_decay"],
+            eps=s["eps"],
+            weight_decay=s["weight_decay"],
             decoupled=self.decoupled,
         )
         p._assign(new_p)
@@ -138,14 +103,18 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
+    """Adam with decoupled weight decay: p *= 1 - lr wd before the Adam step."""
+
     decoupled = True
 
     def __init__(
         self,
-        params: Iterable[Tensor],
+        params: Any,
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        groups: Sequence[ParamGroup] = (),
+        schedule: Schedule | None = None,
     ) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, lr, betas, eps, weight_decay, groups, schedule)

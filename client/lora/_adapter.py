@@ -1,0 +1,90 @@
+"""PEFT-format adapters: `adapter_model.safetensors` + `adapter_config.json`.
+
+Keys are `base_model.model.<module path>.lora_A.weight` ([r, in]) and `.lora_B.weight`
+([out, r]), the layout `peft.PeftModel.from_pretrained` reads; the config carries the fields
+PEFT needs to rebuild the LoRA layers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..nn import Module
+from ..nn._serialize import load_arrays, save_arrays
+from ._config import LoraConfig
+from ._model import apply_lora, lora_layers
+
+PREFIX = "base_model.model."
+WEIGHTS = "adapter_model.safetensors"
+CONFIG = "adapter_config.json"
+
+
+def adapter_state(model: Module) -> dict[str, Any]:
+    out = {}
+    for path, layer in lora_layers(model):
+        out[f"{PREFIX}{path}.lora_A.weight"] = layer.lora_A.weight.numpy()
+        out[f"{PREFIX}{path}.lora_B.weight"] = layer.lora_B.weight.numpy()
+    return out
+
+
+def save_adapter(model: Module, directory: str | Path, **config_fields: Any) -> None:
+    """Write the adapter; `config_fields` override or add adapter_config.json entries."""
+    config: LoraConfig | None = getattr(model, "lora_config", None)
+    if config is None:
+        raise ValueError("save_adapter: this model has no LoRA adapters (apply_lora first)")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_arrays(adapter_state(model), directory / WEIGHTS, {"format": "pt"})
+    doc = {
+        "peft_type": "LORA",
+        "task_type": config.task_type,
+        "base_model_name_or_path": config.base_model_name_or_path,
+        "r": config.r,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": config.targets_json(model.lora_targets),
+        "bias": "none",
+        "use_rslora": config.use_rslora,
+        "fan_in_fan_out": hasattr(model, "save_gpt2"),  # GPT-2's Conv1D layout
+        "init_lora_weights": True,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "revision": None,
+    }
+    doc.update(config_fields)
+    (directory / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def read_config(directory: str | Path) -> LoraConfig:
+    doc = json.loads((Path(directory) / CONFIG).read_text())
+    if doc.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"load_adapter: peft_type {doc['peft_type']!r} is not LORA")
+    if doc.get("bias", "none") != "none":
+        raise ValueError(f"load_adapter: bias {doc['bias']!r} is not supported (only 'none')")
+    return LoraConfig(
+        r=int(doc["r"]),
+        alpha=float(doc["lora_alpha"]),
+        dropout=float(doc.get("lora_dropout", 0.0)),
+        target_modules=doc["target_modules"],
+        use_rslora=bool(doc.get("use_rslora", False)),
+        task_type=doc.get("task_type") or "CAUSAL_LM",
+        base_model_name_or_path=doc.get("base_model_name_or_path"),
+    )
+
+
+def load_adapter(model: Module, directory: str | Path) -> None:
+    """Load an adapter; a model without LoRA gets it applied from the saved config first."""
+    config = read_config(directory)
+    if not lora_layers(model):
+        apply_lora(model, config)
+    state = {}
+    for key, arr in load_arrays(Path(directory) / WEIGHTS).items():
+        key = key.removeprefix(PREFIX).replace(".default.", ".")
+        state[key] = arr
+    own = {f"{p}.lora_{ab}.weight" for p, _ in lora_layers(model) for ab in "AB"}
+    missing, unexpected = own - state.keys(), state.keys() - own
+    if missing or unexpected:
+        raise KeyError(f"load_adapter: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    model.load_state_dict(state, strict=False)

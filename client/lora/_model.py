@@ -1,0 +1,114 @@
+"""Applying LoRA to a model: finding targets, wrapping them, merging, counting.
+
+As PEFT does (bias "none"), applying LoRA freezes every parameter of the model and leaves
+only the adapters trainable; `ParamGroup.unfreeze` brings others back if wanted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..nn import Linear, Module
+from ._config import LoraConfig
+from ._layer import LoraLinear
+
+
+def _suffix_match(path: str, name: str) -> bool:
+    return path == name or path.endswith("." + name)
+
+
+def find_targets(model: Module, target: Any) -> list[str]:
+    """Paths of the Linear layers `target` selects (see LoraConfig), in model order."""
+    from ..optim import ParamGroup
+
+    out = []
+    for path, mod in model.named_modules():
+        if not path or not isinstance(mod, Linear) or ".lora_" in f".{path}":
+            continue
+        if isinstance(target, ParamGroup):
+            hit = target.matches(f"{path}.weight", mod.weight)
+        elif isinstance(target, re.Pattern):
+            hit = target.fullmatch(path) is not None
+        elif isinstance(target, str):
+            hit = _suffix_match(path, target) or re.fullmatch(target, path) is not None
+        else:
+            hit = any(_suffix_match(path, t) for t in target)
+        if hit:
+            out.append(path)
+    return out
+
+
+def lora_layers(model: Module) -> list[tuple[str, LoraLinear]]:
+    return [(p, m) for p, m in model.named_modules() if isinstance(m, LoraLinear)]
+
+
+def apply_lora(model: Module, config: LoraConfig) -> Module:
+    """Wrap every targeted Linear in a LoraLinear; freeze all non-adapter parameters."""
+    if lora_layers(model):
+        raise ValueError("apply_lora: this model already has LoRA adapters")
+    targets = find_targets(model, config.target_modules)
+    if not targets:
+        raise ValueError(
+            f"apply_lora: target_modules {config.target_modules!r} matches no Linear layer"
+        )
+    for _, t in model.named_parameters():
+        t.requires_grad_(False)
+        t.grad = None
+    for path in targets:
+        parent_path, _, attr = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        setattr(parent, attr, LoraLinear(getattr(parent, attr), config))
+    object.__setattr__(model, "lora_config", config)
+    object.__setattr__(model, "lora_targets", targets)
+    return model
+
+
+def merge(model: Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.merge()
+
+
+def unmerge(model: Module) -> None:
+    for _, layer in lora_layers(model):
+        layer.unmerge()
+
+
+@dataclass(frozen=True)
+class LoraStats:
+    """What an adapter costs: trainable share and storage of the targeted base weights."""
+
+    trainable: int
+    total: int
+    base_params: int
+    """Elements of the targeted base weights."""
+    base_bytes: int
+    """Bytes those weights take as stored (float32, or NF4 + double-quantised scales)."""
+
+    @property
+    def trainable_share(self) -> float:
+        return self.trainable / self.total
+
+    @property
+    def bytes_per_base_param(self) -> float:
+        return self.base_bytes / self.base_params
+
+    def __str__(self) -> str:
+        return (
+            f"trainable {self.trainable:,} of {self.total:,} ({100 * self.trainable_share:.2f}%), "
+            f"{self.bytes_per_base_param:.4f} bytes per targeted base parameter"
+        )
+
+
+def lora_stats(model: Module) -> LoraStats:
+    """Counts like PEFT's print_trainable_parameters (NF4 bases count as parameters)."""
+    trainable = model.num_parameters(trainable_only=True)
+    layers = lora_layers(model)
+    quant = sum(m.base_numel() for _, m in layers if m.quantized)
+    return LoraStats(
+        trainable=trainable,
+        total=model.num_parameters() + quant,
+        base_params=sum(m.base_numel() for _, m in layers),
+        base_bytes=sum(m.base_nbytes() for _, m in layers),
+    )
