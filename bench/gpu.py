@@ -155,7 +155,10 @@ def run_torch(kind: str, size: tuple[int, ...], steps: int) -> dict | None:
         opt.step()
         opt.zero_grad()
         loss.item()
-    return {"ms": (time.perf_counter() - t0) / steps * 1e3, "peak": torch.cuda.max_memory_reserved()}
+    return {
+        "ms": (time.perf_counter() - t0) / steps * 1e3,
+        "peak": torch.cuda.max_memory_reserved(),
+    }
 
 
 # --- driver --------------------------------------------------------------------------------

@@ -42,7 +42,9 @@ class FusedProgram:
         `ctypes` spells each dtype's compute type in the target language."""
         lines = []
         for j, (op, refs, out) in enumerate(self.instructions):
-            in_dt = tuple(self.inputs[k] if kind == "in" else self.instructions[k][2] for kind, k in refs)
+            in_dt = tuple(
+                self.inputs[k] if kind == "in" else self.instructions[k][2] for kind, k in refs
+            )
             comp = cexpr.compute_dtype(op, in_dt, out)
             args = tuple(
                 f"(({ctypes[c]})({operand(k) if kind == 'in' else f't{k}'}))"

@@ -58,7 +58,9 @@ BINARY: dict[str, str | Mapping[str, str]] = {
 
 TERNARY: dict[str, str] = {"where": "({c} ? {a} : {b})"}
 
-COMPARE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
+COMPARE = frozenset(
+    {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"}
+)
 """Ops whose result is bool while they compute in their operands' promoted type."""
 
 PREAMBLE = """

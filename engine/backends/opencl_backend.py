@@ -32,7 +32,9 @@ try:
     import pyopencl as cl
     import pyopencl.tools as cl_tools
 except ImportError as exc:  # the backend module imports only where PyOpenCL is installed
-    raise ImportError(f"PyOpenCL is not installed ({exc}); pip install 'burn-remote[opencl]'") from None
+    raise ImportError(
+        f"PyOpenCL is not installed ({exc}); pip install 'burn-remote[opencl]'"
+    ) from None
 
 
 class CLArray:
@@ -228,7 +230,9 @@ class OpenCLBackend:
         key = (name, *((a.shape, a.name) for a in arrays))
         spec = self._specs.get(key)
         if spec is None:
-            (spec,) = [_Spec(*s) for s in OPS[name].infer([_Spec(a.shape, a.name) for a in arrays], {})]
+            (spec,) = [
+                _Spec(*s) for s in OPS[name].infer([_Spec(a.shape, a.name) for a in arrays], {})
+            ]
             self._specs[key] = spec
         body, comp, value_dtype = op_body(name, [a.name for a in arrays], spec.dtype)
         return self.elementwise(body, [view(a) for a in arrays], spec.dtype, value_dtype, comp)

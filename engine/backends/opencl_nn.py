@@ -201,7 +201,7 @@ def _pool_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
         n, c, h, w = in_shape
         if out_shape is None:
             out_shape = (n, c, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
-        oh, ow = (g.shape[2:] if g is not None else out_shape[2:])
+        oh, ow = g.shape[2:] if g is not None else out_shape[2:]
         final = out_shape if kind in ("max", "avg") else in_shape
         out = be.empty(tuple(final), dtypes.to_numpy(dt))
         if out.size == 0:

@@ -89,11 +89,15 @@ def _rows(be: OpenCLBackend, x: CLArray, axes: tuple[int, ...]) -> tuple[CLArray
     r = math.prod(x.shape[i] for i in axes)
     if order != list(range(x.ndim)):
         v = view(x)
-        x = be.copy(View(x, tuple(x.shape[i] for i in order), tuple(v.strides[i] for i in order), 0))
+        x = be.copy(
+            View(x, tuple(x.shape[i] for i in order), tuple(v.strides[i] for i in order), 0)
+        )
     return x, m, r
 
 
-def _row_kernel(be: OpenCLBackend, kind: str, x: CLArray, m: int, r: int, out_dtype: str) -> CLArray:
+def _row_kernel(
+    be: OpenCLBackend, kind: str, x: CLArray, m: int, r: int, out_dtype: str
+) -> CLArray:
     if kind == "sum":
         acc = acc_dtype(be, x.name)
     elif kind in ("max", "min", "argmax", "argmin"):
@@ -120,8 +124,10 @@ def _reduction(be: OpenCLBackend, kind: str) -> Callable[..., CLArray]:
         else:
             out_dtype = x.name
         out = _row_kernel(be, kind, rows, m, r, out_dtype)
-        shape = tuple(1 if i in ax else d for i, d in enumerate(x.shape)) if keepdims else tuple(
-            d for i, d in enumerate(x.shape) if i not in ax
+        shape = (
+            tuple(1 if i in ax else d for i, d in enumerate(x.shape))
+            if keepdims
+            else tuple(d for i, d in enumerate(x.shape) if i not in ax)
         )
         return CLArray(out.data, shape, out.dtype)
 
@@ -222,7 +228,8 @@ def _batched(be: OpenCLBackend, x: CLArray, batch: tuple[int, ...], dtype: str) 
     v = view(x)
     lead = len(shape) - x.ndim
     strides = (0,) * lead + tuple(
-        0 if d == 1 and shape[lead + i] != 1 else s for i, (d, s) in enumerate(zip(x.shape, v.strides))
+        0 if d == 1 and shape[lead + i] != 1 else s
+        for i, (d, s) in enumerate(zip(x.shape, v.strides))
     )
     return be.copy(View(x, shape, strides, 0), dtype)
 
@@ -240,7 +247,9 @@ def _movement(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
 
     def permute(x: CLArray, dims: Any) -> CLArray:
         v = view(x)
-        return be.copy(View(x, tuple(x.shape[d] for d in dims), tuple(v.strides[d] for d in dims), 0))
+        return be.copy(
+            View(x, tuple(x.shape[d] for d in dims), tuple(v.strides[d] for d in dims), 0)
+        )
 
     def expand(x: CLArray, shape: Any) -> CLArray:
         shape = tuple(shape)
@@ -272,7 +281,9 @@ def _movement(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
         out = be.fill(shape, value, x.name)
         st = contiguous_strides(shape)
         offset = sum(lo * s for (lo, _), s in zip(pads, st))
-        return be.elementwise("x0", [view(x)], x.name, x.name, None, out=View(out, x.shape, st, offset))
+        return be.elementwise(
+            "x0", [view(x)], x.name, x.name, None, out=View(out, x.shape, st, offset)
+        )
 
     def cat(*xs: CLArray, axis: int) -> CLArray:
         axis %= xs[0].ndim
@@ -286,7 +297,9 @@ def _movement(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
         at = 0
         for x in xs:
             comp = "float32" if x.name in ("float16", "bfloat16") else x.name
-            be.elementwise("x0", [view(x)], dt, comp, [comp], out=View(out, x.shape, st, at * st[axis]))
+            be.elementwise(
+                "x0", [view(x)], dt, comp, [comp], out=View(out, x.shape, st, at * st[axis])
+            )
             at += x.shape[axis]
         return out
 
@@ -306,7 +319,8 @@ def _expand_strides(x: CLArray, shape: tuple[int, ...]) -> tuple[int, ...]:
     v = view(x)
     lead = len(shape) - x.ndim
     return (0,) * lead + tuple(
-        0 if d == 1 and shape[lead + i] != 1 else s for i, (d, s) in enumerate(zip(x.shape, v.strides))
+        0 if d == 1 and shape[lead + i] != 1 else s
+        for i, (d, s) in enumerate(zip(x.shape, v.strides))
     )
 
 
@@ -334,7 +348,9 @@ def build_kernels(be: OpenCLBackend) -> dict[str, Any]:
     for name in TABLE_OPS:
         kernels[name] = _table_kernel(be, name)
     kernels["cast"] = lambda x, dtype: be.cast(x, dtypes.normalize(dtype))
-    kernels["full"] = lambda shape, value, dtype: be.fill(tuple(shape), value, dtypes.normalize(dtype))
+    kernels["full"] = lambda shape, value, dtype: be.fill(
+        tuple(shape), value, dtypes.normalize(dtype)
+    )
     for kind in ("sum", "max", "min", "logsumexp"):
         kernels[kind] = _reduction(be, kind)
     kernels["argmax"] = _arg(be, "argmax")

@@ -95,8 +95,12 @@ def _quant_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
     return {
         "quantize_int8": lambda x, block: quantize(x, block, False),
         "quantize_nf4": lambda x, block: quantize(x, block, True),
-        "dequantize_int8": lambda q, s, block, shape, dtype: dequantize(q, s, block, shape, dtype, False),
-        "dequantize_nf4": lambda q, s, block, shape, dtype: dequantize(q, s, block, shape, dtype, True),
+        "dequantize_int8": lambda q, s, block, shape, dtype: dequantize(
+            q, s, block, shape, dtype, False
+        ),
+        "dequantize_nf4": lambda q, s, block, shape, dtype: dequantize(
+            q, s, block, shape, dtype, True
+        ),
     }
 
 
