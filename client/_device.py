@@ -28,6 +28,9 @@ class LocalRuntime:
         from burn_remote.engine.executor import ExecutionError, Executor
 
         self.backend = get_backend(spec)
+        session = getattr(self.backend, "session", None)
+        if session is not None:  # GPU backends: a stream of this runtime's own
+            self.backend = session()
         self.executor = Executor(self.backend)
         self._execution_error = ExecutionError
         self.store: dict[int, Any] = {}
@@ -67,7 +70,10 @@ class LocalRuntime:
 
     def memory_stats(self) -> Any:
         """engine.memory.MemoryStats of this device (None where no pool is installed)."""
-        return None if self.memory is None else self.memory.memory.memory_stats()
+        if self.memory is None:  # CUDA: the pool installed as CuPy's allocator, if any
+            stats = getattr(self.backend, "memory_stats", None)
+            return stats() if stats is not None else None
+        return self.memory.memory.memory_stats()
 
     def stats(self) -> dict[str, int]:
         return {

@@ -122,9 +122,13 @@ def compile_graph(graph: Graph, backend: Backend) -> Plan:
         )
         for s in range(slot)
     ]
-    return Plan(
+    plan = Plan(
         graph, steps, slot, n_inputs, value_slots, constants, tuple(graph.outputs), liveness
     )
+    # a backend may rewrite the plan once per compiled graph (GPU backends fuse elementwise
+    # chains into generated kernels; engine/fusion.py)
+    optimize = getattr(backend, "optimize_plan", None)
+    return optimize(plan) if optimize is not None else plan
 
 
 class Executor:
@@ -160,6 +164,13 @@ class Executor:
 
     def run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         """Execute a plan; returns the arrays of the graph's outputs in order."""
+        activate = getattr(self.backend, "activate", None)
+        if activate is None:
+            return self._run(plan, inputs, values)
+        with activate():  # GPU backends: the session's device and stream
+            return self._run(plan, inputs, values)
+
+    def _run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
         self.replays += 1
         slots: list[Any] = [None] * plan.n_slots
         slots[: plan.n_inputs] = inputs

@@ -28,6 +28,31 @@ def kernel(name: str):
     return register
 
 
+def _mod(a):
+    """The array module of `a`: NumPy, or CuPy for CuPy arrays. The CUDA backend shares these
+    kernels (cupy_kernels.py); for NumPy arrays this is always `np`, so CPU behaviour is as
+    written."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy  # type: ignore[import-not-found]
+
+        return cupy
+    return np
+
+
+def _contig(a, dtype=None):
+    return _mod(a).ascontiguousarray(a, dtype=dtype)
+
+
+def _add_at(out, index, values) -> None:
+    """Unbuffered `out[index] += values` (duplicates accumulate), on either module."""
+    if _mod(out) is np:
+        np.add.at(out, index, values)
+    else:
+        import cupyx  # type: ignore[import-not-found]
+
+        cupyx.scatter_add(out, index, values)
+
+
 def _ufunc(name: str, fn) -> None:
     KERNELS[name] = lambda x: fn(x)
 
@@ -143,25 +168,25 @@ def _axes(axes):
 @kernel("sum")
 def _sum(x, axes, keepdims):
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
-    return np.asarray(np.sum(x, axis=_axes(axes), keepdims=keepdims, dtype=dt))
+    return _mod(x).asarray(np.sum(x, axis=_axes(axes), keepdims=keepdims, dtype=dt))
 
 
 @kernel("max")
 def _max(x, axes, keepdims):
-    return np.asarray(np.max(x, axis=_axes(axes), keepdims=keepdims))
+    return _mod(x).asarray(np.max(x, axis=_axes(axes), keepdims=keepdims))
 
 
 @kernel("min")
 def _min(x, axes, keepdims):
-    return np.asarray(np.min(x, axis=_axes(axes), keepdims=keepdims))
+    return _mod(x).asarray(np.min(x, axis=_axes(axes), keepdims=keepdims))
 
 
 def _arg(fn):
     def run(x, axis, keepdims):
         if axis is None:
-            r = np.asarray(fn(x), dtype=np.int64)
+            r = _mod(x).asarray(fn(x), dtype=np.int64)
             return r.reshape((1,) * x.ndim) if keepdims else r
-        return np.asarray(fn(x, axis=axis, keepdims=keepdims), dtype=np.int64)
+        return _mod(x).asarray(fn(x, axis=axis, keepdims=keepdims), dtype=np.int64)
 
     return run
 
@@ -173,11 +198,11 @@ KERNELS["argmin"] = _arg(np.argmin)
 @kernel("logsumexp")
 def _logsumexp(x, axes, keepdims):
     axes = _axes(axes)
-    m = np.max(x, axis=axes, keepdims=True) if x.size else np.zeros((1,) * x.ndim, x.dtype)
+    m = np.max(x, axis=axes, keepdims=True) if x.size else _mod(x).zeros((1,) * x.ndim, x.dtype)
     m = np.where(np.isfinite(m), m, 0)
     with np.errstate(divide="ignore"):  # an empty axis sums to 0: log gives -inf
         out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
-    return np.asarray(out if keepdims else np.squeeze(out, axis=axes), dtype=x.dtype)
+    return _mod(x).asarray(out if keepdims else np.squeeze(out, axis=axes), dtype=x.dtype)
 
 
 def _shift(x, axis):
@@ -236,7 +261,7 @@ def _slice(x, starts, stops, steps):
 
 @kernel("slice_backward")
 def _slice_backward(g, in_shape, starts, stops, steps):
-    out = np.zeros(in_shape, dtype=g.dtype)
+    out = _mod(g).zeros(in_shape, dtype=g.dtype)
     out[_slices(starts, stops, steps)] = g
     return out
 
@@ -267,9 +292,9 @@ def _gather(x, idx, axis):
 @kernel("scatter_add")
 def _scatter_add(x, idx, src, axis):
     out = x.copy()
-    grids = list(np.indices(idx.shape, sparse=True))
+    grids = list(_mod(x).indices(idx.shape, sparse=True))
     grids[axis % x.ndim] = idx
-    np.add.at(out, tuple(grids), src)
+    _add_at(out, tuple(grids), src)
     return out
 
 
@@ -281,15 +306,15 @@ def _index_select(x, idx, axis):
 @kernel("index_add")
 def _index_add(g, idx, axis, size):
     shape = (*g.shape[:axis], size, *g.shape[axis + idx.ndim :])
-    out = np.zeros(shape, dtype=g.dtype)
+    out = _mod(g).zeros(shape, dtype=g.dtype)
     flat_g = g.reshape((*g.shape[:axis], idx.size, *g.shape[axis + idx.ndim :]))
-    np.add.at(out, (slice(None),) * axis + (idx.reshape(-1),), flat_g)
+    _add_at(out, (slice(None),) * axis + (idx.reshape(-1),), flat_g)
     return out
 
 
 @kernel("one_hot")
 def _one_hot(idx, num_classes, dtype):
-    return (idx[..., None] == np.arange(num_classes)).astype(dtypes.to_numpy(dtype))
+    return (idx[..., None] == _mod(idx).arange(num_classes)).astype(dtypes.to_numpy(dtype))
 
 
 # --- convolution and pooling ------------------------------------------------------------
@@ -303,11 +328,13 @@ def _windows(x, kh, kw, sh, sw, dh, dw, oh, ow):
     """A strided view (N, C, OH, OW, KH, KW) over a padded input: im2col without copying."""
     n, c = x.shape[:2]
     s = x.strides
-    return np.lib.stride_tricks.as_strided(
+    m = _mod(x)
+    writeable = {"writeable": False} if m is np else {}
+    return m.lib.stride_tricks.as_strided(
         x,
         shape=(n, c, oh, ow, kh, kw),
         strides=(s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw),
-        writeable=False,
+        **writeable,
     )
 
 
@@ -326,14 +353,14 @@ def _conv2d(x, w, stride, padding, dilation, groups):
     )
     dt = np.result_type(x, w)
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-    cols = _windows(np.ascontiguousarray(xp), kh, kw, sh, sw, dh, dw, oh, ow)
+    cols = _windows(_contig(xp), kh, kw, sh, sw, dh, dw, oh, ow)
     n, c = x.shape[:2]
     o = w.shape[0]
     cg, og = c // groups, o // groups
     cols = cols.reshape(n, groups, cg, oh, ow, kh, kw)
     wg = w.reshape(groups, og, cg, kh, kw)
     out = np.einsum("ngchwij,gocij->ngohw", cols, wg, optimize=True)
-    return np.ascontiguousarray(out.reshape(n, o, oh, ow), dtype=dt)
+    return _contig(out.reshape(n, o, oh, ow), dtype=dt)
 
 
 @kernel("conv2d_grad_input")
@@ -348,7 +375,7 @@ def _conv2d_grad_input(g, w, input_shape, stride, padding, dilation, groups):
     wg = w.reshape(groups, og, cg, kh, kw)
     # contribution of every (output position, kernel tap) to the padded input
     contrib = np.einsum("ngohw,gocij->ngchwij", gg, wg, optimize=True)
-    dxp = np.zeros((n, groups, cg, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
+    dxp = _mod(g).zeros((n, groups, cg, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
     for i in range(kh):
         for j in range(kw):
             dxp[
@@ -357,7 +384,7 @@ def _conv2d_grad_input(g, w, input_shape, stride, padding, dilation, groups):
                 j * dw : j * dw + sw * (ow - 1) + 1 : sw,
             ] += contrib[..., i, j]
     dx = dxp[..., ph : ph + h, pw : pw + wd]
-    return np.ascontiguousarray(dx.reshape(n, c, h, wd))
+    return _contig(dx.reshape(n, c, h, wd))
 
 
 @kernel("conv2d_grad_weight")
@@ -369,12 +396,12 @@ def _conv2d_grad_weight(x, g, weight_shape, stride, padding, dilation, groups):
     o = weight_shape[0]
     cg, og = c // groups, o // groups
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-    cols = _windows(np.ascontiguousarray(xp), kh, kw, sh, sw, dh, dw, oh, ow).reshape(
+    cols = _windows(_contig(xp), kh, kw, sh, sw, dh, dw, oh, ow).reshape(
         n, groups, cg, oh, ow, kh, kw
     )
     gg = g.reshape(n, groups, og, oh, ow)
     dw_ = np.einsum("ngchwij,ngohw->gocij", cols, gg, optimize=True)
-    return np.ascontiguousarray(dw_.reshape(weight_shape), dtype=g.dtype)
+    return _contig(dw_.reshape(weight_shape), dtype=g.dtype)
 
 
 def _lowest(dtype):
@@ -389,14 +416,14 @@ def _pool_setup(x, attrs, fill):
     oh = (x.shape[2] + 2 * ph - kh) // sh + 1
     ow = (x.shape[3] + 2 * pw - kw) // sw + 1
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill) if ph or pw else x
-    return np.ascontiguousarray(xp), kh, kw, sh, sw, ph, pw, oh, ow
+    return _contig(xp), kh, kw, sh, sw, ph, pw, oh, ow
 
 
 @kernel("max_pool2d")
 def _max_pool2d(x, **attrs):
     xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
-    return np.ascontiguousarray(win.max(axis=(4, 5)), dtype=x.dtype)
+    return _contig(win.max(axis=(4, 5)), dtype=x.dtype)
 
 
 @kernel("max_pool2d_backward")
@@ -406,19 +433,19 @@ def _max_pool2d_backward(x, g, **attrs):
     n, c = x.shape[:2]
     arg = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
     ii, jj = np.divmod(arg, kw)
-    rows = np.arange(oh)[:, None] * sh + ii
-    cols = np.arange(ow)[None, :] * sw + jj
-    dxp = np.zeros(xp.shape, dtype=g.dtype)
-    nn_, cc = np.indices((n, c), sparse=True)
-    np.add.at(dxp, (nn_[..., None, None], cc[..., None, None], rows, cols), g)
-    return np.ascontiguousarray(dxp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]])
+    rows = _mod(g).arange(oh)[:, None] * sh + ii
+    cols = _mod(g).arange(ow)[None, :] * sw + jj
+    dxp = _mod(g).zeros(xp.shape, dtype=g.dtype)
+    nn_, cc = _mod(g).indices((n, c), sparse=True)
+    _add_at(dxp, (nn_[..., None, None], cc[..., None, None], rows, cols), g)
+    return _contig(dxp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]])
 
 
 @kernel("avg_pool2d")
 def _avg_pool2d(x, **attrs):
     xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, 0)
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
-    return np.ascontiguousarray(win.mean(axis=(4, 5)), dtype=x.dtype)
+    return _contig(win.mean(axis=(4, 5)), dtype=x.dtype)
 
 
 @kernel("avg_pool2d_backward")
@@ -426,12 +453,12 @@ def _avg_pool2d_backward(g, input_shape, **attrs):
     (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
     n, c, h, w = input_shape
     oh, ow = g.shape[2:]
-    dxp = np.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=g.dtype)
+    dxp = _mod(g).zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=g.dtype)
     share = g / (kh * kw)
     for i in range(kh):
         for j in range(kw):
             dxp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += share
-    return np.ascontiguousarray(dxp[:, :, ph : ph + h, pw : pw + w])
+    return _contig(dxp[:, :, ph : ph + h, pw : pw + w])
 
 
 # --- randomness -------------------------------------------------------------------------
@@ -497,16 +524,18 @@ def _dequantize_int8(q, scales, block, shape, dtype):
 @kernel("quantize_nf4")
 def _quantize_nf4(x, block):
     xb, absmax, safe = _blocks(x, block)
-    codes = np.searchsorted(_NF4_MID, (xb / safe[:, None]).reshape(-1)).astype(np.uint8)
+    m = _mod(x)
+    codes = m.searchsorted(m.asarray(_NF4_MID), (xb / safe[:, None]).reshape(-1)).astype(np.uint8)
     return (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8), absmax.astype(np.float32)
 
 
 @kernel("dequantize_nf4")
 def _dequantize_nf4(packed, scales, block, shape, dtype):
-    codes = np.empty(packed.size * 2, dtype=np.uint8)
+    m = _mod(packed)
+    codes = m.empty(packed.size * 2, dtype=np.uint8)
     codes[0::2] = packed & 0x0F
     codes[1::2] = packed >> 4
-    x = _NF4[codes].reshape(-1, block) * scales[:, None]
+    x = m.asarray(_NF4)[codes].reshape(-1, block) * scales[:, None]
     return x.reshape(shape).astype(dtypes.to_numpy(dtype))
 
 
