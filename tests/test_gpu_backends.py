@@ -146,3 +146,9 @@ def test_cuda_sessions_get_their_own_streams():
     be = get_backend("cuda:0")
     one, two = be.session(), be.session()
     assert one.stream is not two.stream and one.kernels is two.kernels
+
+
+@pytest.mark.skipif(os.environ.get("CI") != "true", reason="outside CI the OpenCL suite may skip")
+def test_opencl_backend_is_available_in_ci():
+    """CI must run the op suite on PoCL: a missing OpenCL platform there is a failure."""
+    assert get_backend("opencl").name.startswith("opencl")
