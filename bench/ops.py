@@ -5,7 +5,7 @@ Prints, from one process run (ratios side by side, medians over repeats):
     with its graph replayed, against the same step written by hand in NumPy;
   - the per-op recording cost (record only, no execution).
 Usage: python bench/ops.py [--batch 64] [--hidden 128] [--repeats 7]
-       BURN_REMOTE_POOL=0 python bench/ops.py   (the engine on NumPy's own allocator)
+       BURN_REMOTE_POOL=1 python bench/ops.py   (every tensor in the adaptive pools)
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.random((args.batch, 64), dtype=np.float32)
     y = rng.integers(0, 10, args.batch)
-    pooled = os.environ.get("BURN_REMOTE_POOL", "1") != "0"
+    pooled = os.environ.get("BURN_REMOTE_POOL", "") == "1"
     dev = br.Device.cpu()
     br.nn.seed(0)
     model = br.nn.Sequential(

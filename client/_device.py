@@ -14,8 +14,9 @@ from ._recorder import OpFailed, Recorder, op_failure
 from ._tensor import Tensor, make_tensor
 
 POOL_ENV = "BURN_REMOTE_POOL"
-"""Set to 0 to run local devices on the backend's own allocator instead of the adaptive pools
-(on the CPU that saves a copy per op; memory_stats() then reports nothing)."""
+"""1: local CPU devices allocate every tensor from the adaptive pools (engine.memory); 0: from
+NumPy. Unset: pools only where a memory limit is set, because on the CPU a pool costs a copy
+per op (about 10 us) that NumPy's allocator does not; `memory_stats()` answers either way."""
 
 
 class LocalRuntime:
@@ -35,15 +36,25 @@ class LocalRuntime:
         self._execution_error = ExecutionError
         self.store: dict[int, Any] = {}
         if pooled is None:
-            pooled = os.environ.get(POOL_ENV, "1") != "0" or memory_limit is not None
+            env = os.environ.get(POOL_ENV, "")
+            pooled = env == "1" or (env != "0" and memory_limit is not None)
         # engine.memory.GraphMemory, or None to keep NumPy's own allocations
         self.memory = _memory_hook(spec, memory_limit) if pooled else None
         self.executor.memory = self.memory
+        self.accounting = None
+        if self.memory is None and getattr(self.backend, "memory_stats", None) is None:
+            from burn_remote.engine.memory import Accounting
+
+            self.accounting = Accounting(spec)
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
         self.drop((tensor_id,))
         arr = self.backend.from_numpy(array)
-        self.store[tensor_id] = self.memory.adopt(arr) if self.memory is not None else arr
+        if self.memory is not None:
+            arr = self.memory.adopt(arr)
+        elif self.accounting is not None:
+            self.accounting.add(arr.nbytes)
+        self.store[tensor_id] = arr
 
     def execute(self, capture: Any) -> None:
         ex = self.executor
@@ -53,9 +64,11 @@ class LocalRuntime:
             outs = ex.run(plan, [store[i] for i in capture.input_ids], capture.values)
         except self._execution_error as exc:
             raise op_failure(capture, exc.node, exc.op, str(exc)) from exc
-        if self.memory is not None:
-            self.drop([i for i in capture.output_ids if i in store])
+        self.drop([i for i in capture.output_ids if i in store])
         store.update(zip(capture.output_ids, outs))
+        if self.accounting is not None:
+            for a in outs:
+                self.accounting.add(a.nbytes)
 
     def read(self, tensor_id: int) -> np.ndarray:
         arr = self.backend.to_numpy(self.store[tensor_id])
@@ -65,15 +78,21 @@ class LocalRuntime:
     def drop(self, ids: Sequence[int]) -> None:
         for i in ids:
             arr = self.store.pop(i, None)
-            if arr is not None and self.memory is not None:
+            if arr is None:
+                continue
+            if self.memory is not None:
                 self.memory.forget(arr)
+            elif self.accounting is not None:
+                self.accounting.remove(arr.nbytes)
 
     def memory_stats(self) -> Any:
-        """engine.memory.MemoryStats of this device (None where no pool is installed)."""
-        if self.memory is None:  # CUDA: the pool installed as CuPy's allocator, if any
-            stats = getattr(self.backend, "memory_stats", None)
-            return stats() if stats is not None else None
-        return self.memory.memory.memory_stats()
+        """engine.memory.MemoryStats of this device: its pools, the allocator installed on the
+        backend (CuPy), or the live tensor bytes where neither is in use."""
+        if self.memory is not None:
+            return self.memory.memory.memory_stats()
+        if self.accounting is not None:
+            return self.accounting.stats()
+        return self.backend.memory_stats()
 
     def stats(self) -> dict[str, int]:
         return {

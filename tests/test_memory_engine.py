@@ -26,15 +26,15 @@ def train(dev, steps=3):
 
 
 def fresh(limit=None, pooled=True):
-    runtime = LocalRuntime("cpu", memory_limit=limit)
-    if not pooled:
-        runtime.memory = runtime.executor.memory = None
-    return Device("cpu", runtime)
+    return Device("cpu", LocalRuntime("cpu", memory_limit=limit, pooled=pooled))
 
 
 def test_pooled_engine_matches_plain_arrays():
-    pooled, plain = fresh(), fresh(pooled=False)
+    pooled, plain = fresh(pooled=True), fresh(pooled=False)
     assert train(pooled, 4) == train(plain, 4)
+    keep = plain.tensor(np.ones(1000, np.float32))
+    unpooled = plain.memory_stats()  # without pools the live tensor bytes are still counted
+    assert unpooled.in_use == keep.size * 4 and unpooled.peak_in_use > unpooled.in_use
     stats = pooled.memory_stats()
     assert stats.peak_in_use > 0 and stats.reserved >= stats.in_use
     assert any(p.name.startswith("arena:") for p in stats.pools)

@@ -4,6 +4,7 @@ statistics and quota.
 Everything public is re-exported here from private modules; import from this package.
 """
 
+from ._accounting import Accounting
 from ._adaptive import AdaptivePool
 from ._arena import ArenaPlan, Buffer, plan_arena
 from ._block import Block, align_up
@@ -21,6 +22,7 @@ from ._trace import Alloc, Event, Free, ReplayResult, peak_live, replay, transie
 from ._tuning import PageChoice, choose_page_size
 
 __all__ = [
+    "Accounting",
     "ALIGNMENT",
     "SMALL_ALLOC_MAX",
     "AdaptivePool",

@@ -8,6 +8,7 @@ host memory (NumPy), device memory (CuPy) or no memory at all (planning and simu
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -107,8 +108,8 @@ class HostPageAllocator(_CountingAllocator):
         page.handle = None
 
     def view(self, page: Page, offset: int, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        dt = dtype if type(dtype) is np.dtype else np.dtype(dtype)
+        count = math.prod(shape)
         flat = page.handle[offset : offset + count * dt.itemsize].view(dt)
         return flat.reshape(shape)
 
