@@ -18,6 +18,7 @@ import math
 import numpy as np
 from burn_remote import Device, nn, optim
 from burn_remote import functional as F
+from burn_remote._device import LocalRuntime
 from burn_remote.engine.memory import Event, fmt_bytes, replay
 
 SEED = 0
@@ -85,8 +86,8 @@ class Transformer(nn.Module):
 def trace_training(name: str, steps: int) -> tuple[list[Event], list[int], object]:
     """Train `steps` steps on the CPU device, recording the engine's allocation trace; returns
     the trace, the trace positions where each step ended, and the device's measured stats."""
-    dev = Device.cpu()
-    runtime = dev._rec.runtime  # the local engine runtime (LocalRuntime)
+    runtime = LocalRuntime("cpu", pooled=True)  # the pooled engine runtime
+    dev = Device("cpu", runtime)
     runtime.memory.memory.reset_peaks()
     trace = runtime.memory.start_trace()
     rng = np.random.default_rng(SEED)

@@ -60,8 +60,11 @@ class LocalRuntime:
         ex = self.executor
         plan = ex.plan(capture.digest) or ex.register(capture.digest, capture.graph)
         store = self.store
+        inputs = [store[i] for i in capture.input_ids]
+        for k in capture.donated:  # the graph frees these at their last use
+            self.drop((capture.input_ids[k],), into_graph=True)
         try:
-            outs = ex.run(plan, [store[i] for i in capture.input_ids], capture.values)
+            outs = ex.run(plan, inputs, capture.values, capture.donated)
         except self._execution_error as exc:
             raise op_failure(capture, exc.node, exc.op, str(exc)) from exc
         self.drop([i for i in capture.output_ids if i in store])
@@ -75,13 +78,15 @@ class LocalRuntime:
         # A pool block is reused once its tensor is dropped: hand out a copy, not a view.
         return np.array(arr, copy=True) if self.memory is not None else arr
 
-    def drop(self, ids: Sequence[int]) -> None:
+    def drop(self, ids: Sequence[int], into_graph: bool = False) -> None:
+        """Forget tensors; `into_graph`: a graph about to run takes over their memory."""
         for i in ids:
             arr = self.store.pop(i, None)
             if arr is None:
                 continue
             if self.memory is not None:
-                self.memory.forget(arr)
+                if not into_graph:
+                    self.memory.forget(arr)
             elif self.accounting is not None:
                 self.accounting.remove(arr.nbytes)
 

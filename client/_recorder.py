@@ -70,6 +70,7 @@ class Capture:
     """A graph ready to run: its structure key/hash plus the concrete bindings."""
 
     __slots__ = (
+        "donated",
         "key",
         "digest",
         "nodes",
@@ -89,6 +90,9 @@ class Capture:
         self.output_ids: list[int] = output_ids
         self.output_specs: list[tuple] = output_specs
         self._graph: Graph | None = graph
+        self.donated: list[int] = []
+        """Positions of inputs no Tensor holds any more (an optimizer's old parameters): the
+        runtime may free them inside the graph. Not part of the hash."""
 
     @property
     def graph(self) -> Graph:
@@ -217,9 +221,11 @@ class Recorder:
             if len(_DIGESTS) >= MAX_DIGEST_CACHE:
                 _DIGESTS.clear()
             cached = _DIGESTS[key] = (graph.digest(), graph)
-        return Capture(
+        capture = Capture(
             key, cached[0], nodes, input_ids, values, output_ids, output_specs, cached[1]
         )
+        capture.donated = [k for k, i in enumerate(input_ids) if i not in refs]
+        return capture
 
     def _live_nodes(self, nodes: list[Node]) -> list[Node]:
         """Dead-code elimination: keep nodes that feed a tensor somebody still holds.

@@ -162,15 +162,28 @@ class Executor:
     def __contains__(self, digest: str) -> bool:
         return digest in self._plans
 
-    def run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
-        """Execute a plan; returns the arrays of the graph's outputs in order."""
+    def run(
+        self,
+        plan: Plan,
+        inputs: Sequence[Any],
+        values: Sequence[Any],
+        donated: Sequence[int] = (),
+    ) -> list[Any]:
+        """Execute a plan; returns the arrays of the graph's outputs in order.
+
+        `donated` lists input positions whose caller has let go of them (an optimizer's old
+        parameters and moments): their memory is freed at their last use inside the graph,
+        so the step's results can take it instead of adding to the peak.
+        """
         activate = getattr(self.backend, "activate", None)
         if activate is None:
-            return self._run(plan, inputs, values)
+            return self._run(plan, inputs, values, donated)
         with activate():  # GPU backends: the session's device and stream
-            return self._run(plan, inputs, values)
+            return self._run(plan, inputs, values, donated)
 
-    def _run(self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any]) -> list[Any]:
+    def _run(
+        self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any], donated: Sequence[int]
+    ) -> list[Any]:
         self.replays += 1
         slots: list[Any] = [None] * plan.n_slots
         slots[: plan.n_inputs] = inputs
@@ -181,6 +194,9 @@ class Executor:
             slots[s] = backend.scalar(v, dt)
         conform = backend.conform
         mem = self.memory.run(plan) if self.memory is not None else None
+        if mem is not None:
+            for i in donated:
+                mem.donate(i, slots[i])
         for step in plan.steps:
             try:
                 result = step.kernel(*[slots[i] for i in step.inputs], **step.attrs)

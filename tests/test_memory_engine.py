@@ -47,3 +47,23 @@ def test_quota_error_is_clear_and_device_stays_usable():
     with pytest.raises(MemoryQuotaExceeded, match="memory limit exceeded on cpu"):
         dev.tensor(np.ones(1 << 19, dtype=np.float32))  # 2 MiB
     assert float((small * 2).sum().item()) == 2000.0
+
+
+def test_donated_inputs_free_their_memory_inside_the_graph():
+    """An input nobody holds any more (an optimizer's old weights) gives its bytes to the
+    step's results: the peak is one buffer, not two."""
+    n = 1 << 18  # 1 MiB of float32
+
+    def peak(donate: bool) -> int:
+        dev = fresh(pooled=True)
+        x = dev.tensor(np.ones(n, np.float32))
+        y = x * 2.0
+        keep = x if not donate else None
+        del x
+        dev.sync()
+        assert y.numpy()[0] == 2.0 and (keep is None) == donate
+        return dev.memory_stats().peak_in_use
+
+    donated, kept = peak(True), peak(False)
+    assert kept >= 2 * n * 4
+    assert donated < 1.5 * n * 4

@@ -129,6 +129,7 @@ class GraphRun:
         self.clock = 0
         self.born: dict[int, tuple[int, int]] = {}
         self.spans: dict[int, Buffer] = {}
+        self.donated: dict[int, Any] = {}
         if self.dry:
             owner.memory.begin_dry_run()
 
@@ -154,8 +155,16 @@ class GraphRun:
         self.clock += 1
         return _fill(block, array)
 
+    def donate(self, slot: int, array: Any) -> None:
+        """An input its holder gave up: this execution frees it at its last use."""
+        self.donated[slot] = array
+
     def release(self, slot: int) -> None:
         """The slot's last reader has run: free its block."""
+        donated = self.donated.pop(slot, None)
+        if donated is not None:
+            self.owner.forget(donated)
+            return
         block = self.blocks.pop(slot, None)
         if block is None:
             return
@@ -181,7 +190,10 @@ class GraphRun:
         return out
 
     def abort(self) -> None:
-        """A kernel failed: free everything this execution allocated."""
+        """A kernel failed: free everything this execution allocated (and what was donated)."""
+        for array in self.donated.values():
+            self.owner.forget(array)
+        self.donated.clear()
         for block in self.blocks.values():
             self.owner._free(block)
         self.blocks.clear()
