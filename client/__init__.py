@@ -9,6 +9,7 @@ from ._autograd import no_grad
 from ._device import Device
 from ._ops import RecordError
 from ._recorder import OpFailed
+from ._remote import RemoteDevice, RemoteError
 from ._tensor import Tensor, matmul
 
 float16, bfloat16, float32, float64 = "float16", "bfloat16", "float32", "float64"
@@ -19,6 +20,8 @@ __all__ = [
     "Device",
     "OpFailed",
     "RecordError",
+    "RemoteDevice",
+    "RemoteError",
     "Tensor",
     "functional",
     "matmul",
