@@ -149,14 +149,15 @@ class RemoteDevice(Device):
     """A device whose tensors live on a `burn-remote serve` peer.
 
     ``RemoteDevice("peer-id@host:port")`` dials that address; ``RemoteDevice("peer-id")``
-    looks the peer up in the address book. The same target gives the same device object.
+    looks the peer up in the address book. The same target (and key) gives the same device
+    object; another ``key`` (this client's identity file) gives a separate session.
     Nothing is sent until the first read; the connection opens then, on a background thread.
     """
 
     _remote: dict[str, RemoteDevice] = {}
 
-    def __new__(cls, target: str, *args: Any, **kwargs: Any) -> RemoteDevice:
-        dev = cls._remote.get(target)
+    def __new__(cls, target: str, key: str | Path | None = None) -> RemoteDevice:
+        dev = cls._remote.get(f"{target}|{key or ''}")
         if dev is None or dev._closed:
             dev = super().__new__(cls)
             dev._initialised = False
@@ -181,7 +182,7 @@ class RemoteDevice(Device):
         self._rt = runtime
         self._closed = False
         self._initialised = True
-        RemoteDevice._remote[target] = self
+        RemoteDevice._remote[f"{target}|{key or ''}"] = self
 
     @classmethod
     def over(cls, runtime: RemoteRuntime, peer_id: str = "memory") -> RemoteDevice:
