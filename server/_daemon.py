@@ -32,6 +32,9 @@ from ._state import ServerState
 
 log = logging.getLogger("burn_remote.server")
 
+BULK_WAIT = 60.0
+"""Seconds an Upload waits for its bulk stream before it fails (the session goes on)."""
+
 FETCH_TIMEOUT = 120.0
 """Seconds a server-to-server fetch may take before the destination reports CAPABILITY."""
 
@@ -149,9 +152,12 @@ class _SessionPump:
             frame = None
             if session.waiting is None or session.closed:
                 return
-            while not session._ready(session.waiting):
-                await self._arrived.wait()
-                self._arrived = trio.Event()
+            with trio.move_on_after(BULK_WAIT) as scope:
+                while not session._ready(session.waiting):
+                    await self._arrived.wait()
+                    self._arrived = trio.Event()
+            if scope.cancelled_caught and session.waiting[0] == "bulk":
+                session.feed_bulk(session.waiting[1], None)  # never came: the Upload fails
 
     async def _send_bulk(self, out: SendBulk) -> None:
         s = await self.conn.open_stream()

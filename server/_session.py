@@ -66,7 +66,7 @@ class Session:
         """Set when the connection must end (bad version, session limit)."""
         self.greeted = False
         self.queue: deque[m.Message] = deque()
-        self.bulk_in: dict[int, bytes] = {}
+        self.bulk_in: dict[int, bytes | None] = {}
         self.fetched: dict[int, Any] = {}
         self.waiting: tuple[str, int] | None = None
         """("bulk", bulk_id) or ("fetch", tensor_id) while ``step`` cannot go on."""
@@ -84,7 +84,8 @@ class Session:
             return
         self.queue.extend(msgs)
 
-    def feed_bulk(self, bulk_id: int, payload: bytes) -> None:
+    def feed_bulk(self, bulk_id: int, payload: bytes | None) -> None:
+        """A bulk stream's bytes (None: the glue gave up waiting for them)."""
         self.bulk_in[bulk_id] = payload
 
     def feed_fetched(self, tensor_id: int, result: Any) -> None:
@@ -207,6 +208,8 @@ class Session:
                 return
             self.waiting = None
             data = self.bulk_in.pop(msg.bulk_id)
+            if data is None:
+                raise _Failure(m.MALFORMED, f"bulk {msg.bulk_id} of an Upload never arrived")
         self._put(msg.tensor_id, self._array(msg.dtype, msg.shape, data))
 
     def _array(self, dtype: str, shape: tuple[int, ...], data: bytes) -> Any:
