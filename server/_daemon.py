@@ -85,8 +85,8 @@ async def _connection(state: ServerState, ep: Endpoint, conn: Connection) -> Non
         finally:
             session.close()
             log.info("session %d of %s ended", session.id, session.peer_id[:12])
-    except TransportError as exc:
-        log.info("connection from %s ended: %s", str(conn.peer_id)[:12], exc)
+    except* TransportError as group:  # the client went away, or the server is stopping
+        log.info("connection from %s ended: %s", str(conn.peer_id)[:12], group.exceptions[0])
 
 
 def _is_fetch(frame: bytes) -> bool:
