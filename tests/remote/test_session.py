@@ -84,3 +84,17 @@ def test_malformed_frames_get_errors() -> None:
         assert isinstance(err, m.Error) and err.code == m.MALFORMED
     s.feed_control(m.encode(m.Sync(5)))
     assert m.decode(s.step()[0]) == [m.Ack(5)]
+
+
+def test_targets_and_address_book(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from burn_remote._remote import lookup_address, parse_target
+
+    assert parse_target("abc@127.0.0.1:4433") == ("abc", ("127.0.0.1", 4433))
+    assert parse_target("abc@[::1]:5") == ("abc", ("::1", 5))
+    assert parse_target("abc") == ("abc", None)
+    book = tmp_path / "addresses.toml"
+    book.write_text('[peers]\nabc = ["10.0.0.1:7000", "10.0.0.2:7000"]\nxyz = "h:1"\n')
+    assert lookup_address("abc", book) == ("10.0.0.1", 7000)
+    assert lookup_address("xyz", book) == ("h", 1)
+    with pytest.raises(ValueError, match="not in the address book"):
+        lookup_address("nope", book)
