@@ -10,6 +10,7 @@ from ._device import Device
 from ._extension import Extension, ExtensionOp
 from ._ops import RecordError
 from ._recorder import OpFailed
+from ._remote import RemoteDevice, RemoteError
 from ._tensor import Tensor, matmul
 
 float16, bfloat16, float32, float64 = "float16", "bfloat16", "float32", "float64"
@@ -22,6 +23,8 @@ __all__ = [
     "ExtensionOp",
     "OpFailed",
     "RecordError",
+    "RemoteDevice",
+    "RemoteError",
     "Tensor",
     "functional",
     "lora",

@@ -1,0 +1,165 @@
+"""Remote vs local on loopback, in one run: digits-MLP step time, messages and bytes per step,
+graph replay vs re-sending the graph every step, and one item() round trip beside a bare
+64-byte echo over the same QUIC transport (aioquic driven by trio).
+
+Run: .venv/bin/python bench/remote.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from burn_remote import Device, RemoteDevice, nn, optim  # noqa: E402
+from burn_remote import functional as F  # noqa: E402
+from remote_demo import start_server  # noqa: E402
+
+
+def mlp_loop(dev, steps: int, resend_graph: bool = False) -> tuple[float, dict, dict]:
+    """Seconds per step (after 5 warm-up steps) and stats before/after the timed part."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+    nn.seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(k: int) -> float:
+        i = (k * 64) % (len(x) - 64)
+        loss = F.cross_entropy(model(dev.tensor(x[i : i + 64])), dev.tensor(y[i : i + 64]))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if resend_graph:
+            dev._rt.proto.known.clear()
+        return loss.item()
+
+    for k in range(5):
+        step(k)
+    before = dict(dev.stats())
+    t = time.perf_counter()
+    for k in range(steps):
+        step(k)
+    dt = (time.perf_counter() - t) / steps
+    return dt, before, dict(dev.stats())
+
+
+def item_round_trip(dev, n: int) -> float:
+    t = dev.tensor(np.ones(4, np.float32)).sum()
+    t.item()
+    start = time.perf_counter()
+    for _ in range(n):
+        t.item()
+    return (time.perf_counter() - start) / n
+
+
+def transport_echo(n: int) -> float:
+    """Seconds per 64-byte echo round trip over the bare transport (no session, no engine)."""
+    import trio
+    from burn_remote.protocol.transport import Endpoint, Identity
+
+    home = Path(tempfile.mkdtemp())
+    srv_id = Identity.load_or_create(home / "s")
+    cli_id = Identity.load_or_create(home / "c")
+    ready = threading.Event()
+    addr: list = []
+    stop = threading.Event()
+
+    async def echo(conn) -> None:
+        s = await conn.accept_stream()
+        while (f := await s.receive_frame()) is not None:
+            await s.send_frame(f)
+
+    async def server() -> None:
+        async with Endpoint.open(srv_id, allow_any=True) as ep:
+            addr.append(ep.local_address)
+            ready.set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ep.serve, echo)
+                while not stop.is_set():
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+
+    th = threading.Thread(target=trio.run, args=(server,), daemon=True)
+    th.start()
+    ready.wait(30)
+    result: list[float] = []
+
+    async def client() -> None:
+        async with Endpoint.open(cli_id) as ep:
+            conn = await ep.connect(srv_id.peer_id, addr[0])
+            s = await conn.open_stream()
+            payload = b"x" * 64
+            for _ in range(20):
+                await s.send_frame(payload)
+                await s.receive_frame()
+            t = time.perf_counter()
+            for _ in range(n):
+                await s.send_frame(payload)
+                await s.receive_frame()
+            result.append((time.perf_counter() - t) / n)
+            await s.close()
+            await conn.close()
+
+    trio.run(client)
+    stop.set()
+    th.join(10)
+    return result[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    args = ap.parse_args()
+    home = tempfile.mkdtemp(prefix="burn-remote-bench-")
+    os.chmod(home, 0o700)
+    os.environ["BURN_REMOTE_HOME"] = home
+    proc, peer, addr = start_server(os.path.join(home, "server"))
+    try:
+        local, _, _ = mlp_loop(Device.cpu(), args.steps)
+        dev = RemoteDevice(f"{peer}@{addr}")
+        remote, b, a = mlp_loop(dev, args.steps)
+        n = args.steps
+        print(
+            f"digits MLP step: local {local * 1e6:.0f} us, remote {remote * 1e6:.0f} us, "
+            f"remote/local {remote / local:.2f}"
+        )
+        print(
+            f"per step: {(a['messages_sent'] - b['messages_sent']) / n:.2f} messages sent, "
+            f"{(a['bytes_sent'] - b['bytes_sent']) / n:.0f} bytes sent "
+            f"({(a['data_bytes_sent'] - b['data_bytes_sent']) / n:.0f} of them batch data), "
+            f"{(a['messages_received'] - b['messages_received']) / n:.2f} messages and "
+            f"{(a['bytes_received'] - b['bytes_received']) / n:.0f} bytes received"
+        )
+        dev2 = RemoteDevice(f"{peer}@{addr}", key=Path(home) / "second-key")
+        resend, b2, a2 = mlp_loop(dev2, args.steps, resend_graph=True)
+        print(
+            f"graph replay: {remote * 1e6:.0f} us and {(a['bytes_sent'] - b['bytes_sent']) / n:.0f} "
+            f"B/step; re-sending the graph every step: {resend * 1e6:.0f} us and "
+            f"{(a2['bytes_sent'] - b2['bytes_sent']) / n:.0f} B/step"
+        )
+        rt = item_round_trip(dev, 300)
+        echo = transport_echo(300)
+        print(
+            f"item() round trip {rt * 1e6:.0f} us; bare transport echo of 64 bytes "
+            f"{echo * 1e6:.0f} us; ratio {rt / echo:.2f}"
+        )
+        dev.close()
+        dev2.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

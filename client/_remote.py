@@ -1,0 +1,233 @@
+"""RemoteDevice: the same Tensor API, with graphs run by a `burn-remote serve` peer.
+
+The runtime queues messages and returns at once; only reads (``item``, ``numpy``),
+``dev.sync()``, memory statistics and server-to-server moves wait for the server. Errors the
+server found come back at the next of those, naming the op and the user's line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from burn_remote.protocol import messages as m
+
+from ._device import Device
+from ._recorder import OpFailed
+from ._remote_protocol import ClientProtocol
+from ._tensor import Tensor, make_tensor
+
+WAIT_TIMEOUT = float(os.environ.get("BURN_REMOTE_WAIT_TIMEOUT", "300"))
+"""Seconds a read waits for its reply before raising (a dead server must not hang forever)."""
+
+
+class RemoteError(ConnectionError):
+    """The connection to the server failed or closed; the device cannot go on."""
+
+
+class RemoteRuntime:
+    """The Runtime of a remote device (see ``_recorder.Runtime``), over a link."""
+
+    def __init__(self, link_factory: Any) -> None:
+        self.cond = threading.Condition()
+        self.proto = ClientProtocol()
+        self.link = link_factory(self.proto, self.cond)
+
+    # --- Runtime protocol -------------------------------------------------------------------
+    def upload(self, tensor_id: int, array: np.ndarray) -> None:
+        with self.cond:
+            self.proto.upload(tensor_id, array)
+            send = self.proto.should_send()
+        if send:
+            self.link.kick()
+
+    def execute(self, capture: Any) -> None:
+        with self.cond:
+            self._check()
+            self.proto.execute(capture)
+            send = self.proto.should_send()
+        if send:
+            self.link.kick()
+
+    def drop(self, ids: Sequence[int]) -> None:
+        with self.cond:
+            self.proto.drop(ids)
+
+    def read(self, tensor_id: int) -> np.ndarray:
+        return self._call(m.Read, tensor_id)
+
+    # --- waits ------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.proto.fatal is not None:
+            raise RemoteError(self.proto.fatal)
+
+    def _call(self, kind: type, *fields: Any) -> Any:
+        """Queue a request, send everything pending, wait for the reply; raise server errors."""
+        with self.cond:
+            self._check()
+            rid = self.proto.request(kind, *fields)
+        self.link.kick()
+        with self.cond:
+            proto = self.proto
+            done = self.cond.wait_for(
+                lambda: rid in proto.results or proto.fatal is not None, WAIT_TIMEOUT
+            )
+            result = proto.results.pop(rid, None)
+            error = proto.take_errors()
+            if not done:
+                raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
+            if result is None:
+                self._check()
+        if error is not None:
+            raise error
+        if isinstance(result, OpFailed):
+            raise result
+        return result
+
+    def sync(self) -> None:
+        self._call(m.Sync)
+
+    def memory_stats(self) -> dict[str, int]:
+        r = self._call(m.MemoryStats, 0, 0, 0, 0, 0)
+        return {k: v for k, v in dataclasses.asdict(r).items() if k != "request_id"}
+
+    def expose(self, tensor_id: int, peer_id: str) -> bytes:
+        return self._call(m.Expose, tensor_id, peer_id).token
+
+    def fetch(self, tensor_id: int, source_peer: str, address: str, token: bytes) -> None:
+        with self.cond:
+            self.proto.fetch(tensor_id, source_peer, address, token)
+
+    def stats(self) -> dict[str, int]:
+        with self.cond:
+            return dataclasses.asdict(self.proto.counters)
+
+    def close(self) -> None:
+        self.link.kick()
+        self.link.close()
+
+
+def parse_target(target: str) -> tuple[str, tuple[str, int] | None]:
+    """'peer@host:port' or 'peer@[v6]:port' -> (peer, (host, port)); 'peer' -> (peer, None)."""
+    peer, sep, addr = target.strip().partition("@")
+    if not sep:
+        return peer, None
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad address {addr!r}: expected host:port")
+    return peer, (host, int(port))
+
+
+def lookup_address(peer: str, book: str | Path | None = None) -> tuple[str, int]:
+    """The first address of ``peer`` in the address book (``addresses.toml``): a table mapping
+    peer ids to "host:port" strings (or lists of them), at top level or under ``[peers]``."""
+    from burn_remote.protocol.transport import default_address_book_path
+
+    path = Path(book) if book else default_address_book_path()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(
+            f"{peer[:12]}...: no address given and no address book at {path}"
+        ) from None
+    entry = data.get("peers", {}).get(peer) or data.get(peer)
+    if isinstance(entry, list):
+        entry = entry[0] if entry else None
+    if not isinstance(entry, str):
+        raise ValueError(f"{peer[:12]}... is not in the address book {path}")
+    return parse_target(f"{peer}@{entry}")[1]  # type: ignore[return-value]
+
+
+class RemoteDevice(Device):
+    """A device whose tensors live on a `burn-remote serve` peer.
+
+    ``RemoteDevice("peer-id@host:port")`` dials that address; ``RemoteDevice("peer-id")``
+    looks the peer up in the address book. The same target (and key) gives the same device
+    object; another ``key`` (this client's identity file) gives a separate session.
+    Nothing is sent until the first read; the connection opens then, on a background thread.
+    """
+
+    _remote: dict[str, RemoteDevice] = {}
+
+    def __new__(cls, target: str, key: str | Path | None = None) -> RemoteDevice:
+        dev = cls._remote.get(f"{target}|{key or ''}")
+        if dev is None or dev._closed:
+            dev = super().__new__(cls)
+            dev._initialised = False
+        return dev
+
+    def __init__(self, target: str, key: str | Path | None = None) -> None:
+        if getattr(self, "_initialised", False):
+            return
+        from ._remote_link import Link
+
+        peer, address = parse_target(target)
+        if address is None:
+            address = lookup_address(peer)
+        from burn_remote.protocol.transport import PeerId
+
+        self.peer_id = str(PeerId.parse(peer))
+        self.address = address
+        runtime = RemoteRuntime(
+            lambda proto, cond: Link(self.peer_id, address, proto, cond, key_path=key)
+        )
+        super().__init__(f"remote:{self.peer_id}", runtime)
+        self._rt = runtime
+        self._closed = False
+        self._initialised = True
+        RemoteDevice._remote[f"{target}|{key or ''}"] = self
+
+    @classmethod
+    def over(cls, runtime: RemoteRuntime, peer_id: str = "memory") -> RemoteDevice:
+        """A remote device over any link (tests use an in-memory one)."""
+        dev = super().__new__(cls)
+        Device.__init__(dev, f"remote:{peer_id}", runtime)
+        dev.peer_id, dev.address, dev._rt, dev._closed = peer_id, ("memory", 0), runtime, False
+        dev._initialised = True
+        return dev
+
+    def __repr__(self) -> str:
+        return f"RemoteDevice('{self.peer_id}@{self.address[0]}:{self.address[1]}')"
+
+    def sync(self) -> None:
+        """Run everything recorded and wait until the server did; raises its errors."""
+        super().sync()
+        self._rt.sync()
+
+    def memory_stats(self) -> dict[str, int]:
+        """This session's and the whole server's tensor counts and bytes, and live sessions."""
+        self._rec.flush()
+        return self._rt.memory_stats()
+
+    def close(self) -> None:
+        """End the session (the server frees its tensors); the device cannot be used after."""
+        self._rec.flush()
+        self._rt.close()
+        self._closed = True
+
+    def _receive(self, t: Tensor) -> Tensor:
+        src = t.device
+        if not isinstance(src, RemoteDevice) or src is self:
+            return super()._receive(t)
+        # Server to server: the source grants a token bound to our server; ours fetches.
+        src._rec.flush()
+        token = src._rt.expose(t._id, self.peer_id)
+        tid = self._rec.new_id()
+        host, port = src.address
+        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._rt.fetch(tid, src.peer_id, addr, token)
+        self._rec.specs[tid] = (t.shape, t.dtype)
+        out = make_tensor(self, tid, t.shape, t.dtype)
+        if t.requires_grad:
+            out.requires_grad_(True)
+        return out
+
+
+__all__ = ["RemoteDevice", "RemoteError", "RemoteRuntime", "lookup_address", "parse_target"]

@@ -1,0 +1,285 @@
+"""The client half of the wire protocol, sans I/O: batching, request ids, replies, replay.
+
+Calls from the user's thread queue messages; nothing is sent until a result is awaited or a
+batch passes a count or byte bound. ``take()`` hands the link a batch (one control frame, plus
+bulk payloads); ``receive_control``/``receive_bulk`` take the server's frames. Every message
+sent since the last answered request is kept in a journal, so when the server says
+UNKNOWN_GRAPH (its plan cache evicted a graph) the protocol re-registers the graph and resends
+the journal from that execution on, and the user never notices. Not thread-safe by itself:
+the runtime holds one lock around every call.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from burn_remote.protocol import dtypes
+from burn_remote.protocol import messages as m
+
+from ._recorder import OpFailed, op_failure
+
+BATCH_MAX_MESSAGES = 512
+"""A batch with this many messages is sent without waiting for a read."""
+BATCH_MAX_BYTES = 1 << 20
+"""A batch with this many inline bytes is sent without waiting for a read."""
+JOURNAL_MAX = 2048
+"""Past this many unanswered messages a Sync is queued so the journal can be trimmed."""
+MAX_KNOWN_GRAPHS = 4096
+"""Digests remembered as registered; forgetting one only costs a re-registration."""
+
+
+@dataclass(slots=True)
+class Counters:
+    """What ``dev.stats()`` reports for a remote device."""
+
+    messages_sent: int = 0
+    bytes_sent: int = 0
+    data_bytes_sent: int = 0
+    messages_received: int = 0
+    bytes_received: int = 0
+    data_bytes_received: int = 0
+    graphs_registered: int = 0
+    replays: int = 0
+    reregistrations: int = 0
+    errors: int = 0
+
+
+@dataclass(slots=True)
+class _Entry:
+    msg: m.Message
+    payload: bytes | None = None
+    """Bulk payload of an Upload sent on its own stream."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """What the link sends next: one control frame, then bulk transfers."""
+
+    frame: bytes
+    bulk: list[tuple[int, bytes]] = field(default_factory=list)
+
+
+class ClientProtocol:
+    """One session's client state machine."""
+
+    def __init__(self) -> None:
+        self.counters = Counters()
+        self.pending: list[_Entry] = [_Entry(m.Hello(m.PROTOCOL_VERSION, b""))]
+        self.pending_bytes = 0
+        self.journal: deque[_Entry] = deque()
+        self.known: set[bytes] = set()
+        self.captures: dict[int, Any] = {}
+        """request id -> Capture of executions not yet known to have succeeded."""
+        self.results: dict[int, Any] = {}
+        self.errors: list[OpFailed] = []
+        self.welcome: m.Welcome | None = None
+        self.fatal: str | None = None
+        self._drops: list[int] = []
+        self._rid = 0
+        self._bulk = 0
+        self._data_waiting: dict[int, m.Data] = {}
+        self._bulk_early: dict[int, bytes] = {}
+
+    # --- queueing (user thread) -------------------------------------------------------------
+    def _next_rid(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def _queue(self, msg: m.Message, payload: bytes | None = None, size: int = 0) -> None:
+        self.pending.append(_Entry(msg, payload))
+        self.pending_bytes += size
+
+    def upload(self, tensor_id: int, array: np.ndarray) -> None:
+        a = np.ascontiguousarray(array)
+        data = a.tobytes()
+        name = dtypes.from_numpy(a.dtype)
+        self.counters.data_bytes_sent += len(data)
+        if len(data) > m.BULK_THRESHOLD:
+            self._bulk += 1
+            self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
+        else:
+            self._queue(m.Upload(tensor_id, name, a.shape, data, 0), size=len(data))
+
+    def execute(self, capture: Any) -> None:
+        digest = m.digest_bytes(capture.digest)
+        if digest not in self.known:
+            if len(self.known) >= MAX_KNOWN_GRAPHS:
+                self.known.clear()
+            graph = capture.graph.encode()
+            self._queue(m.RegisterGraph(digest, graph), size=len(graph))
+            self.known.add(digest)
+            self.counters.graphs_registered += 1
+        else:
+            self.counters.replays += 1
+        rid = self._next_rid()
+        self.captures[rid] = capture
+        drops, self._drops = tuple(self._drops), []
+        self._queue(
+            m.ExecuteGraph(
+                rid,
+                digest,
+                tuple(capture.input_ids),
+                tuple(capture.values),
+                tuple(capture.output_ids),
+                drops,
+            )
+        )
+
+    def drop(self, ids: Any) -> None:
+        """Batched: the ids ride on the next ExecuteGraph, or a Drop when a batch is sent."""
+        self._drops.extend(ids)
+
+    def request(self, kind: type, *fields: Any) -> int:
+        """Queue a message that gets a reply (Read, Sync, MemoryStats, Expose); its id."""
+        rid = self._next_rid()
+        self._queue(kind(rid, *fields))
+        return rid
+
+    def fetch(self, tensor_id: int, source_peer: str, address: str, token: bytes) -> None:
+        self._queue(m.Fetch(tensor_id, source_peer, address, token))
+
+    def should_send(self) -> bool:
+        """A batch this large goes out even though nothing waits for it."""
+        return len(self.pending) >= BATCH_MAX_MESSAGES or self.pending_bytes >= BATCH_MAX_BYTES
+
+    # --- sending (link) -----------------------------------------------------------------------
+    def take(self) -> Batch | None:
+        """The next batch to send, journaled; None when nothing is pending."""
+        if self._drops:
+            self._queue(m.Drop(tuple(self._drops)))
+            self._drops = []
+        if len(self.journal) > JOURNAL_MAX and not any(
+            isinstance(e.msg, m.Sync) for e in self.pending
+        ):
+            self.request(m.Sync)
+        if not self.pending:
+            return None
+        entries, self.pending, self.pending_bytes = self.pending, [], 0
+        frame = m.encode([e.msg for e in entries])
+        batch = Batch(frame)
+        for e in entries:
+            if not isinstance(e.msg, m.Hello):
+                self.journal.append(e)
+            if e.payload is not None:
+                batch.bulk.append((e.msg.bulk_id, e.payload))
+        c = self.counters
+        c.messages_sent += 1 + len(batch.bulk)
+        c.bytes_sent += len(frame) + sum(len(p) for _, p in batch.bulk)
+        return batch
+
+    # --- receiving (link) ---------------------------------------------------------------------
+    def receive_control(self, frame: bytes) -> None:
+        self.counters.messages_received += 1
+        self.counters.bytes_received += len(frame)
+        try:
+            msgs = m.decode(frame)
+        except m.DecodeError as exc:
+            self.fatal = f"the server sent a malformed frame: {exc}"
+            return
+        for msg in msgs:
+            self._on_message(msg)
+
+    def receive_bulk(self, bulk_id: int, payload: bytes) -> None:
+        self.counters.messages_received += 1
+        self.counters.bytes_received += len(payload)
+        header = self._data_waiting.pop(bulk_id, None)
+        if header is None:
+            self._bulk_early[bulk_id] = payload
+        else:
+            self._complete(header, payload)
+
+    def _complete(self, msg: m.Data, payload: bytes) -> None:
+        self.counters.data_bytes_received += len(payload)
+        a = np.frombuffer(payload, dtype=dtypes.to_numpy(msg.dtype)).reshape(msg.shape)
+        self.results[msg.request_id] = a
+
+    def _answered(self, rid: int) -> None:
+        """Every message up to request ``rid`` was processed: trim journal and captures."""
+        j = self.journal
+        while j:
+            e = j.popleft()
+            if getattr(e.msg, "request_id", None) == rid:
+                break
+        for k in [k for k in self.captures if k < rid]:
+            del self.captures[k]
+
+    def _on_message(self, msg: m.Message) -> None:
+        if isinstance(msg, m.Data):
+            self._answered(msg.request_id)
+            if msg.bulk_id:
+                early = self._bulk_early.pop(msg.bulk_id, None)
+                if early is None:
+                    self._data_waiting[msg.bulk_id] = msg
+                else:
+                    self._complete(msg, early)
+            else:
+                self.counters.data_bytes_received += len(msg.data)
+                self._complete(msg, msg.data)
+        elif isinstance(msg, m.Ack | m.Token | m.MemoryStats):
+            self._answered(msg.request_id)
+            self.results[msg.request_id] = msg
+        elif isinstance(msg, m.Welcome):
+            self.welcome = msg
+        elif isinstance(msg, m.Error):
+            self._on_error(msg)
+
+    def _on_error(self, err: m.Error) -> None:
+        if err.code == m.STALLED:
+            return  # the request is in the journal and will be resent after Resync
+        if err.code == m.UNKNOWN_GRAPH:
+            self._replay(err.request_id)
+            return
+        self.counters.errors += 1
+        if err.code == m.VERSION or (err.code == m.LIMIT and self.welcome is None):
+            self.fatal = err.message
+            return
+        capture = self.captures.pop(err.request_id, None)
+        if capture is not None:
+            if err.node >= 0:
+                op = capture.nodes[err.node].op if err.node < len(capture.nodes) else "?"
+                exc = op_failure(capture, err.node, op, err.message)
+            else:
+                exc = OpFailed(f"graph execution failed on the server: {err.message}")
+            self.errors.append(exc)
+        elif err.request_id and err.request_id <= self._rid and _is_request(err):
+            self.results[err.request_id] = OpFailed(err.message)
+        else:
+            self.errors.append(OpFailed(f"server error {err.code}: {err.message}"))
+
+    def _replay(self, rid: int) -> None:
+        """Re-register the evicted graph and resend the journal from its execution on."""
+        entries = list(self.journal)
+        start = next(
+            (i for i, e in enumerate(entries) if getattr(e.msg, "request_id", None) == rid), None
+        )
+        capture = self.captures.get(rid)
+        if start is None or capture is None:
+            self.fatal = f"server lost graph of request {rid} and it cannot be replayed"
+            return
+        self.counters.reregistrations += 1
+        digest = m.digest_bytes(capture.digest)
+        keep, resend = entries[:start], entries[start:]
+        self.journal = deque(keep)
+        head = [_Entry(m.Resync()), _Entry(m.RegisterGraph(digest, capture.graph.encode()))]
+        self.pending = head + resend + self.pending
+        self.known.add(digest)
+
+    def take_errors(self) -> OpFailed | None:
+        """The first server-side failure since the last call (others are summarised)."""
+        if not self.errors:
+            return None
+        first, rest = self.errors[0], self.errors[1:]
+        self.errors = []
+        if rest:
+            return OpFailed(f"{first} (and {len(rest)} later error(s): {rest[0]})")
+        return first
+
+
+def _is_request(err: m.Error) -> bool:
+    return err.code in (m.MISSING_TENSOR, m.LIMIT, m.CAPABILITY, m.INTERNAL, m.MALFORMED)
+
+
+__all__ = ["Batch", "ClientProtocol", "Counters"]

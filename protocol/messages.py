@@ -1,0 +1,496 @@
+"""The wire protocol between a client and a server (and between two servers), in one module.
+
+A *frame* is the payload of one length-prefixed transport frame. A control frame is a msgpack
+array of 1..MAX_BATCH messages; each message is a msgpack array ``[tag, field, field, ...]``
+with the fields in the order declared below. Tensor ids are client-chosen u64s, so nothing
+waits for an allocation; only messages that get a reply carry a ``request_id`` (also
+client-chosen, increasing). Bulk tensor bytes travel on their own streams as two frames: a
+one-message control-style frame (``Bulk``) then the raw bytes. ``protocol/README.md`` is the
+prose version of this file.
+
+Decoding is strict: every size is bounded by the constants below, every field is type-checked,
+and any deviation raises :class:`DecodeError` naming what was wrong (never another exception).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+"""Sent in Hello and Welcome; a server refuses any other version."""
+
+MAX_FRAME = 64 * 1024 * 1024
+"""Largest frame (bytes) either end accepts; larger frames are refused before decoding."""
+MAX_BATCH = 4096
+"""Most messages in one control frame."""
+MAX_ARRAY = 1_000_000
+"""Longest msgpack array anywhere in a message (id lists, shapes, values, batches)."""
+MAX_BIN = MAX_FRAME
+"""Largest msgpack bin (tensor bytes inline, graph bytes)."""
+MAX_STR = 64 * 1024
+"""Longest msgpack str (error messages, dtype names, addresses)."""
+MAX_MAP = 64
+"""Most entries in a msgpack map (only Welcome's limits use one)."""
+MAX_NDIM = 32
+"""Most dimensions of a tensor shape."""
+U64_MAX = 2**64 - 1
+BULK_THRESHOLD = 256 * 1024
+"""Tensor bytes above this travel on a bulk stream instead of inline (both directions)."""
+
+# --- error codes ---------------------------------------------------------------------------
+MALFORMED = 1
+"""The frame or a message in it did not decode; the frame was skipped."""
+VERSION = 2
+"""Hello carried another PROTOCOL_VERSION; the connection is closed after this error."""
+UNKNOWN_GRAPH = 3
+"""ExecuteGraph named a digest the server does not hold (never registered, or evicted). The
+session stalls: every later message is skipped (requests answered with STALLED) until Resync."""
+BAD_GRAPH = 4
+"""RegisterGraph did not validate, or its recomputed digest differs from the claimed one."""
+EXECUTION = 5
+"""A kernel failed; ``node`` is the index of the failing node in the graph."""
+MISSING_TENSOR = 6
+"""A message referred to a tensor id this session does not hold."""
+LIMIT = 7
+"""A resource limit (frame, tensor, graph or session count, memory quota) was exceeded."""
+STALLED = 8
+"""A request arrived while the session was stalled after UNKNOWN_GRAPH; resend it after Resync."""
+CAPABILITY = 9
+"""A Fetch token was unknown, already used, bound to another peer, or the fetch failed."""
+INTERNAL = 10
+"""The server hit a bug; the session goes on."""
+
+
+class DecodeError(ValueError):
+    """A frame or message did not follow this protocol; the text names what was wrong."""
+
+
+# --- messages ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Client -> server, first message of the control stream."""
+
+    TAG: ClassVar[int] = 1
+    version: int
+    """The client's PROTOCOL_VERSION."""
+    resume_token: bytes
+    """Empty for a new session (resuming a detached session is reserved for later versions)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """Server -> client, answer to Hello."""
+
+    TAG: ClassVar[int] = 2
+    version: int
+    """The server's PROTOCOL_VERSION."""
+    session_id: int
+    """Server-chosen id of this session (for logs and MemoryStats)."""
+    resume_token: bytes
+    """Opaque token naming this session (reserved for resumption)."""
+    server_peer_id: str
+    """The server's peer id (already proven by TLS; repeated for logs)."""
+    limits: dict[str, int]
+    """The server's limits: max_frame, max_tensors, max_graphs, session_memory, bulk_threshold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """Store a tensor under a client-chosen id (replacing any tensor with that id). No reply."""
+
+    TAG: ClassVar[int] = 3
+    tensor_id: int
+    """Client-chosen u64 id of the new tensor."""
+    dtype: str
+    """Wire dtype name (protocol/dtypes.py)."""
+    shape: tuple[int, ...]
+    """Dimensions; the data holds prod(shape) elements."""
+    data: bytes
+    """C-order little-endian element bytes; empty when ``bulk_id`` is set."""
+    bulk_id: int
+    """0 for inline data; else the id of the Bulk transfer that carries the bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterGraph:
+    """Make a graph known under its digest; the server recomputes the digest. No reply."""
+
+    TAG: ClassVar[int] = 4
+    digest: bytes
+    """sha256 (32 bytes) of the canonical graph encoding."""
+    graph: bytes
+    """The canonical graph encoding (protocol/graph.py ``Graph.encode``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecuteGraph:
+    """Run a registered graph under bindings. Replies only on failure (Error)."""
+
+    TAG: ClassVar[int] = 5
+    request_id: int
+    """Client-chosen id that an Error about this execution names."""
+    digest: bytes
+    """Digest of a graph registered earlier in this or any session."""
+    input_ids: tuple[int, ...]
+    """Tensor ids bound to the graph's inputs, in order."""
+    values: tuple[float | int | bool, ...]
+    """Scalars bound to the graph's value nodes, in order."""
+    output_ids: tuple[int, ...]
+    """Ids under which the graph's outputs are stored, in order."""
+    drops: tuple[int, ...]
+    """Tensor ids to forget after the graph ran (batched drops)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Ask for a tensor's value; answered by Data (or Error)."""
+
+    TAG: ClassVar[int] = 6
+    request_id: int
+    """Client-chosen id the Data reply repeats."""
+    tensor_id: int
+    """The tensor to read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """A tensor's value, answer to Read (or to Fetch between servers)."""
+
+    TAG: ClassVar[int] = 7
+    request_id: int
+    """The Read's request id (0 on a Fetch stream)."""
+    dtype: str
+    """Wire dtype name."""
+    shape: tuple[int, ...]
+    """Dimensions."""
+    data: bytes
+    """Element bytes; empty when ``bulk_id`` is set."""
+    bulk_id: int
+    """0 for inline data; else the bytes follow on a bulk stream with this id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Forget tensors. No reply."""
+
+    TAG: ClassVar[int] = 8
+    tensor_ids: tuple[int, ...]
+    """Ids to forget; unknown ids are ignored."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Barrier: answered by Ack once every earlier message was processed."""
+
+    TAG: ClassVar[int] = 9
+    request_id: int
+    """Client-chosen id the Ack repeats."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Answer to Sync."""
+
+    TAG: ClassVar[int] = 10
+    request_id: int
+    """The Sync's request id."""
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """Something failed; the session goes on (except after VERSION)."""
+
+    TAG: ClassVar[int] = 11
+    code: int
+    """One of the error codes above."""
+    message: str
+    """Human-readable cause."""
+    node: int
+    """Index of the failing graph node, or -1 (a signed integer)."""
+    request_id: int
+    """The request this error answers or is about (ExecuteGraph, Read, ...), or 0."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStats:
+    """Request (client -> server, counts 0) and reply (server -> client) in one message."""
+
+    TAG: ClassVar[int] = 12
+    request_id: int
+    """Client-chosen id; the reply repeats it."""
+    session_tensors: int
+    """Tensors this session holds."""
+    session_bytes: int
+    """Bytes this session's tensors occupy."""
+    server_tensors: int
+    """Tensors all sessions hold."""
+    server_bytes: int
+    """Bytes all sessions' tensors occupy."""
+    sessions: int
+    """Live sessions on the server."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    """Client -> server after UNKNOWN_GRAPH: leave the stalled state; the client then resends
+    RegisterGraph and every message from the failed ExecuteGraph on. No reply."""
+
+    TAG: ClassVar[int] = 13
+
+
+@dataclass(frozen=True, slots=True)
+class Expose:
+    """Client -> source server: grant a one-time capability to fetch a tensor. Answered by
+    Token."""
+
+    TAG: ClassVar[int] = 14
+    request_id: int
+    """Client-chosen id the Token repeats."""
+    tensor_id: int
+    """The tensor to expose (its value at this point of the session)."""
+    peer_id: str
+    """The only peer (the destination server) that may use the token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """Source server -> client: the capability granted by Expose."""
+
+    TAG: ClassVar[int] = 15
+    request_id: int
+    """The Expose's request id."""
+    token: bytes
+    """32 random bytes; valid once, only for the peer named in Expose."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Two uses. Client -> destination server (control stream): store under ``tensor_id`` the
+    tensor that ``source_peer`` exposed under ``token``. Destination -> source server (first
+    and only request on a fresh connection's stream): send the tensor; answered by Data."""
+
+    TAG: ClassVar[int] = 16
+    tensor_id: int
+    """Id under which the destination stores the tensor (0 on the server-to-server leg)."""
+    source_peer: str
+    """Peer id of the source server."""
+    source_address: str
+    """"host:port" of the source server, as the client reached it."""
+    token: bytes
+    """The capability from Token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """First frame of a bulk stream; the next frame is the raw bytes. No reply."""
+
+    TAG: ClassVar[int] = 17
+    bulk_id: int
+    """The id an Upload or Data named."""
+    size: int
+    """Length of the bytes frame that follows."""
+
+
+Message = (
+    Hello
+    | Welcome
+    | Upload
+    | RegisterGraph
+    | ExecuteGraph
+    | Read
+    | Data
+    | Drop
+    | Sync
+    | Ack
+    | Error
+    | MemoryStats
+    | Resync
+    | Expose
+    | Token
+    | Fetch
+    | Bulk
+)
+MESSAGES: dict[int, type] = {
+    c.TAG: c
+    for c in (
+        Hello,
+        Welcome,
+        Upload,
+        RegisterGraph,
+        ExecuteGraph,
+        Read,
+        Data,
+        Drop,
+        Sync,
+        Ack,
+        Error,
+        MemoryStats,
+        Resync,
+        Expose,
+        Token,
+        Fetch,
+        Bulk,
+    )
+}
+
+
+# --- field checks (by annotation) ----------------------------------------------------------
+def _u64(v: Any, name: str) -> int:
+    if type(v) is not int or not 0 <= v <= U64_MAX:
+        raise DecodeError(f"{name}: expected an unsigned 64-bit integer, got {_show(v)}")
+    return v
+
+
+def _i64(v: Any, name: str) -> int:
+    if type(v) is not int or not -(2**63) <= v <= U64_MAX:
+        raise DecodeError(f"{name}: expected an integer, got {_show(v)}")
+    return v
+
+
+def _str(v: Any, name: str) -> str:
+    if type(v) is not str:
+        raise DecodeError(f"{name}: expected a string, got {_show(v)}")
+    return v
+
+
+def _bin(v: Any, name: str) -> bytes:
+    if type(v) is not bytes:
+        raise DecodeError(f"{name}: expected bytes, got {_show(v)}")
+    return v
+
+
+def _ids(v: Any, name: str) -> tuple[int, ...]:
+    if type(v) is not list:
+        raise DecodeError(f"{name}: expected an array of ids, got {_show(v)}")
+    return tuple(_u64(x, f"{name}[{i}]") for i, x in enumerate(v))
+
+
+def _shape(v: Any, name: str) -> tuple[int, ...]:
+    ids = _ids(v, name)
+    if len(ids) > MAX_NDIM or any(d > 2**40 for d in ids):
+        raise DecodeError(f"{name}: shape {list(ids)[:8]} is too large")
+    return ids
+
+
+def _values(v: Any, name: str) -> tuple[float | int | bool, ...]:
+    if type(v) is not list:
+        raise DecodeError(f"{name}: expected an array of scalars, got {_show(v)}")
+    for i, x in enumerate(v):
+        if type(x) not in (int, float, bool):
+            raise DecodeError(f"{name}[{i}]: expected a number or bool, got {_show(x)}")
+    return tuple(v)
+
+
+def _limits(v: Any, name: str) -> dict[str, int]:
+    if type(v) is not dict:
+        raise DecodeError(f"{name}: expected a map, got {_show(v)}")
+    return {_str(k, f"{name} key"): _i64(x, f"{name}[{k!r}]") for k, x in v.items()}
+
+
+_CHECKS = {
+    "int": _u64,
+    "str": _str,
+    "bytes": _bin,
+    "tuple[int, ...]": _ids,
+    "tuple[float | int | bool, ...]": _values,
+    "dict[str, int]": _limits,
+}
+_BY_NAME = {"shape": _shape, "node": _i64}
+"""Fields whose check is stricter (shape) or signed (node: -1 means none)."""
+_SCHEMAS: dict[type, tuple[tuple[str, Any], ...]] = {
+    cls: tuple((f.name, _BY_NAME.get(f.name) or _CHECKS[f.type]) for f in dataclasses.fields(cls))
+    for cls in MESSAGES.values()
+}
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return f"{type(v).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+# --- encoding ------------------------------------------------------------------------------
+def _pack_one(msg: Any) -> list[Any]:
+    out: list[Any] = [msg.TAG]
+    for name, _ in _SCHEMAS[type(msg)]:
+        v = getattr(msg, name)
+        out.append(list(v) if isinstance(v, tuple) else v)
+    return out
+
+
+def encode(messages: Message | list[Message] | tuple[Message, ...]) -> bytes:
+    """One control frame holding one message or a batch of them."""
+    if not isinstance(messages, list | tuple):
+        messages = [messages]
+    return msgpack.packb([_pack_one(m) for m in messages], use_bin_type=True)
+
+
+def decode_message(raw: Any, where: str = "message") -> Message:
+    """Check one already-unpacked message array and build its dataclass."""
+    if type(raw) is not list or not raw:
+        raise DecodeError(f"{where}: expected a non-empty array [tag, fields...], got {_show(raw)}")
+    tag = raw[0]
+    cls = MESSAGES.get(tag) if type(tag) is int else None
+    if cls is None:
+        raise DecodeError(f"{where}: unknown message tag {_show(tag)}")
+    schema = _SCHEMAS[cls]
+    if len(raw) != len(schema) + 1:
+        raise DecodeError(
+            f"{where} ({cls.__name__}): expected {len(schema)} fields, got {len(raw) - 1}"
+        )
+    kwargs = {
+        name: check(v, f"{where} ({cls.__name__}).{name}")
+        for (name, check), v in zip(schema, raw[1:])
+    }
+    return cls(**kwargs)
+
+
+def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
+    """Decode a control frame into its messages; raises DecodeError, never anything else."""
+    if len(frame) > MAX_FRAME:
+        raise DecodeError(f"frame of {len(frame)} bytes exceeds MAX_FRAME {MAX_FRAME}")
+    try:
+        raw = msgpack.unpackb(
+            frame,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_str_len=MAX_STR,
+            max_bin_len=MAX_BIN,
+            max_array_len=MAX_ARRAY,
+            max_map_len=MAX_MAP,
+            max_ext_len=0,
+        )
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
+        raise DecodeError(f"frame is not valid msgpack within limits: {exc}") from None
+    except Exception as exc:  # msgpack raises a few odd types on hostile input
+        raise DecodeError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from None
+    if type(raw) is not list or not 1 <= len(raw) <= MAX_BATCH:
+        raise DecodeError(f"frame: expected an array of 1..{MAX_BATCH} messages, got {_show(raw)}")
+    return [decode_message(m, f"message {i}") for i, m in enumerate(raw)]
+
+
+def digest_bytes(hex_digest: str) -> bytes:
+    """The 32-byte wire form of a graph digest."""
+    return bytes.fromhex(hex_digest)
+
+
+__all__ = [
+    "BULK_THRESHOLD",
+    "MAX_ARRAY",
+    "MAX_BATCH",
+    "MAX_BIN",
+    "MAX_FRAME",
+    "MAX_MAP",
+    "MAX_NDIM",
+    "MAX_STR",
+    "PROTOCOL_VERSION",
+    "DecodeError",
+    "Message",
+    "decode",
+    "decode_message",
+    "encode",
+]

@@ -1,0 +1,297 @@
+"""One authenticated QUIC connection driven from trio: events in, datagrams out, one timer.
+
+The endpoint feeds received datagrams into ``_quic`` and then calls ``_process_events`` and
+``_transmit`` once per batch; application calls (send, read, close) call ``_transmit``
+themselves. A connection owns a nursery (timer, keep-alive and, on a server, the handler)
+that ends when the connection terminates.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import trio
+from aioquic import tls
+from aioquic.quic import events
+
+from ._config import EndpointConfig
+from ._errors import PeerRejected, TransportError
+from ._identity import PeerId
+from ._quic import PeerQuicConnection
+from ._streams import FrameStream
+
+if TYPE_CHECKING:
+    from ._endpoint import Endpoint
+
+log = logging.getLogger("burn_remote.transport")
+
+Handler = Callable[["Connection"], Awaitable[None]]
+
+_AUTH_ALERTS = {
+    tls.AlertDescription.bad_certificate,
+    tls.AlertDescription.unsupported_certificate,
+    tls.AlertDescription.access_denied,
+    tls.AlertDescription.certificate_required,
+}
+
+
+def _termination_error(event: events.ConnectionTerminated, where: str) -> TransportError:
+    """Turn aioquic's close event into an exception whose text says what happened."""
+    code = event.error_code
+    reason = event.reason_phrase or "no reason given"
+    if 0x100 <= code < 0x200:
+        try:
+            alert = tls.AlertDescription(code - 0x100)
+        except ValueError:
+            return TransportError(f"{where}: TLS alert {code - 0x100}: {reason}")
+        cls = PeerRejected if alert in _AUTH_ALERTS else TransportError
+        return cls(f"{where}: TLS {alert.name}: {reason}")
+    if code == 0 and event.frame_type is None:
+        return TransportError(f"{where}: closed: {reason}")
+    return TransportError(f"{where}: closed (error 0x{code:x}): {reason}")
+
+
+class Connection:
+    """An authenticated connection to one peer; ``peer_id`` is the key it proved it holds."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        quic: PeerQuicConnection,
+        addr: tuple,
+        config: EndpointConfig,
+        handler: Handler | None = None,
+    ) -> None:
+        self._ep = endpoint
+        self._quic = quic
+        self._addr = addr
+        self._config = config
+        self._handler = handler
+        self._is_client = quic.configuration.is_client
+        self._streams: dict[int, FrameStream] = {}
+        self._incoming_send, self._incoming = trio.open_memory_channel[FrameStream](math.inf)
+        self._send_space = trio.lowlevel.ParkingLot()
+        self._ready = trio.Event()  # handshake confirmed, or terminated
+        self._terminated = trio.Event()
+        self._error: TransportError | None = None
+        self._timer_at: float | None = None
+        self._timer_scope = trio.CancelScope()
+        self._cids: set[bytes] = set()
+        self._ping_uid = 0
+        self.peer_id: PeerId | None = None
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.peer_id or '?'} at {self.remote_address}>"
+
+    @property
+    def remote_address(self) -> tuple:
+        """The peer's UDP address (host, port)."""
+        return self._addr[:2]
+
+    @property
+    def is_closed(self) -> bool:
+        return self._error is not None
+
+    @property
+    def close_reason(self) -> TransportError | None:
+        """Why the connection ended, once it has."""
+        return self._error
+
+    # -- application API -------------------------------------------------------------------
+
+    async def open_stream(self) -> FrameStream:
+        """A new bidirectional stream; the peer sees it with its first frame."""
+        self._check_open()
+        sid = self._quic.get_next_available_stream_id()
+        stream = self._new_stream(sid)
+        await trio.lowlevel.checkpoint()
+        return stream
+
+    async def accept_stream(self) -> FrameStream:
+        """Wait for the next stream the peer opened.
+
+        Raises:
+            TransportError: the connection closed (the reason is the peer's or ours).
+        """
+        try:
+            return await self._incoming.receive()
+        except trio.EndOfChannel:
+            raise self._error or TransportError("connection closed") from None
+
+    async def close(self, reason: str = "", *, flush_timeout: float = 5.0) -> None:
+        """Close gracefully: wait (up to ``flush_timeout``) for sent data to be acknowledged,
+        then send CONNECTION_CLOSE with ``reason``, which the peer sees in its error text."""
+        if self._error is None and self._quic.handshake_confirmed:
+            with trio.move_on_after(flush_timeout):
+                while self._error is None and any(
+                    self._quic.sender_buffered(sid) for sid in self._streams
+                ):
+                    await self._send_space.park()
+        self._close_now(0, reason or "closed by peer")
+        await trio.lowlevel.checkpoint()
+
+    async def wait_closed(self) -> TransportError:
+        """Wait until the connection has terminated; returns the reason."""
+        await self._terminated.wait()
+        assert self._error is not None
+        return self._error
+
+    async def ping(self) -> None:
+        """Send a PING now (keep-alive is automatic; this is for tests and tools)."""
+        self._check_open()
+        self._ping_uid += 1
+        self._quic.send_ping(self._ping_uid)
+        self._transmit()
+        await trio.lowlevel.checkpoint()
+
+    # -- helpers used by FrameStream -------------------------------------------------------
+
+    def _is_open(self) -> bool:
+        return self._error is None
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _consumed(self, stream_id: int, n: int) -> None:
+        quic = self._quic
+        quic.app_consumed[stream_id] = quic.app_consumed.get(stream_id, 0) + n
+        quic.app_buffered -= n
+        if self._error is None and quic.window_update_due(stream_id):
+            self._transmit()
+
+    def _new_stream(self, sid: int) -> FrameStream:
+        stream = FrameStream(self, sid)
+        self._streams[sid] = stream
+        return stream
+
+    # -- driver ----------------------------------------------------------------------------
+
+    def _close_now(self, code: int, reason: str) -> None:
+        if self._error is None:
+            self._quic.close(error_code=code, reason_phrase=reason)
+            self._transmit()
+
+    def _transmit(self) -> None:
+        """Send everything aioquic has ready, then re-arm the single timer."""
+        quic = self._quic
+        now = trio.current_time()
+        send = self._ep._sendto
+        for data, addr in quic.datagrams_to_send(now):
+            send(data, addr)
+        t = quic.get_timer()
+        self._timer_at = t
+        self._timer_scope.deadline = math.inf if t is None else t
+
+    def _process_events(self) -> None:
+        quic = self._quic
+        while (event := quic.next_event()) is not None:
+            kind = type(event)
+            if kind is events.StreamDataReceived:
+                quic.app_buffered += len(event.data)
+                stream = self._streams.get(event.stream_id)
+                if stream is None:
+                    stream = self._new_stream(event.stream_id)
+                    self._incoming_send.send_nowait(stream)
+                stream._feed(event.data, event.end_stream)
+            elif kind is events.ConnectionIdIssued:
+                self._cids.add(event.connection_id)
+                self._ep._register_cid(event.connection_id, self)
+            elif kind is events.ConnectionIdRetired:
+                self._cids.discard(event.connection_id)
+                self._ep._forget_cid(event.connection_id)
+            elif kind is events.StreamReset:
+                stream = self._streams.get(event.stream_id)
+                if stream is not None:
+                    stream._fail(TransportError(f"peer reset stream {event.stream_id}"))
+            elif kind is events.StopSendingReceived:
+                stream = self._streams.get(event.stream_id)
+                if stream is not None:
+                    stream._fail(TransportError(f"peer stopped reading stream {event.stream_id}"))
+            elif kind is events.ConnectionTerminated:
+                self._on_terminated(event)
+        if not self._ready.is_set() and quic.handshake_confirmed and quic.peer_id is not None:
+            self.peer_id = quic.peer_id
+            self._ready.set()
+        if self._send_space:
+            self._send_space.unpark_all()
+
+    def _on_terminated(self, event: events.ConnectionTerminated) -> None:
+        if self._error is not None:
+            return
+        host, port = self.remote_address
+        self._error = _termination_error(event, f"connection to {host}:{port}")
+        self._incoming_send.close()
+        for stream in self._streams.values():
+            stream._fail(self._error)
+        self._send_space.unpark_all()
+        self._ready.set()
+        self._terminated.set()
+
+    def _abandon(self, reason: str) -> None:
+        """Terminate without waiting for the closing period (handshake timeout, shutdown)."""
+        if self._error is None:
+            self._close_now(0, reason)
+            self._on_terminated(
+                events.ConnectionTerminated(error_code=0, frame_type=None, reason_phrase=reason)
+            )
+
+    async def _run(self) -> None:
+        """The connection's life: timers, handshake deadline, keep-alive, handler."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._timer_loop)
+                nursery.start_soon(self._cancel_when_terminated, nursery.cancel_scope)
+                with trio.move_on_after(self._config.handshake_timeout):
+                    await self._ready.wait()
+                if not self._ready.is_set():
+                    self._abandon(f"no handshake within {self._config.handshake_timeout:g} s")
+                    return
+                if self._config.keepalive_interval is not None:
+                    nursery.start_soon(self._keepalive_loop)
+                if self._handler is not None and self._error is None:
+                    nursery.start_soon(self._run_handler)
+        finally:
+            self._ep._forget(self)
+
+    async def _cancel_when_terminated(self, scope: trio.CancelScope) -> None:
+        await self._terminated.wait()
+        scope.cancel()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._timer_scope = trio.CancelScope(
+                deadline=math.inf if self._timer_at is None else self._timer_at
+            )
+            with self._timer_scope:
+                await trio.sleep_forever()
+            now = trio.current_time()
+            if self._timer_at is not None and now >= self._timer_at:
+                self._quic.handle_timer(now)
+                self._process_events()
+                self._transmit()
+
+    async def _keepalive_loop(self) -> None:
+        assert self._config.keepalive_interval is not None
+        while True:
+            await trio.sleep(self._config.keepalive_interval)
+            self._ping_uid += 1
+            self._quic.send_ping(self._ping_uid)
+            self._transmit()
+
+    async def _run_handler(self) -> None:
+        assert self._handler is not None
+        try:
+            await self._handler(self)
+        except TransportError as exc:
+            log.info("connection from %s ended: %s", self.peer_id, exc)
+        except Exception:
+            # One client's failure must not take the server down; it is logged, and the
+            # client sees the connection close with a reason.
+            log.exception("handler failed for peer %s", self.peer_id)
+            self._close_now(0x1, "server handler failed")
+            return
+        await self.close("handler finished")

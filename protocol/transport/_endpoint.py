@@ -1,0 +1,326 @@
+"""The endpoint: one UDP socket, the connection-id table, and the receive loop.
+
+Datagrams are read in batches without awaiting between them, fed to their connections, and
+each touched connection then drains its events and sends once: acknowledgements and window
+updates for a whole batch leave together. A datagram whose destination connection id is
+unknown starts a new connection only if the endpoint is serving and it parses as a QUIC
+Initial of at least 1200 bytes (RFC 9000 section 14.1) that decrypts; an unknown version
+gets a Version Negotiation reply; anything else is dropped without a word.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager, suppress
+
+import trio
+from aioquic.buffer import Buffer
+from aioquic.quic.packet import (
+    QuicPacketType,
+    encode_quic_version_negotiation,
+    pull_quic_header,
+)
+
+from ._authorized import AuthorizedPeers
+from ._config import EndpointConfig, quic_configuration
+from ._connection import Connection, Handler
+from ._errors import PeerRejected, TransportError
+from ._identity import Identity, PeerId
+from ._quic import PeerQuicConnection
+
+log = logging.getLogger("burn_remote.transport")
+
+CID_LENGTH = 8
+"""Length of the connection ids this endpoint issues (short headers carry no length)."""
+
+_RECV_BATCH = 256
+_SUPPORTED_VERSIONS = [0x00000001, 0x6B3343CF]
+
+
+class Endpoint:
+    """A node's UDP endpoint: dials peers and, while :meth:`serve` runs, accepts them.
+
+    Create with ``async with Endpoint.open(identity, ...) as ep``.
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        sock: socket.socket,
+        config: EndpointConfig,
+        authorized: AuthorizedPeers,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.identity = identity
+        self._sock = sock
+        self._config = config
+        self._authorized = authorized
+        self._nursery = nursery
+        self._cids: dict[bytes, Connection] = {}
+        self._conns: set[Connection] = set()
+        self._handler: Handler | None = None
+        self._backlog: deque[tuple[bytes, tuple]] = deque()
+        self._writable = trio.Event()
+        self.max_connections = 1024
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        identity: Identity,
+        bind: tuple[str, int] = ("127.0.0.1", 0),
+        *,
+        config: EndpointConfig | None = None,
+        authorized_peers: Iterable[PeerId] | str | os.PathLike[str] | None = None,
+        allow_any: bool = False,
+    ) -> AsyncIterator[Endpoint]:
+        """Bind a UDP socket and run the endpoint until the block exits.
+
+        Args:
+            identity: this node's key; its certificate is presented to every peer.
+            bind: local (host, port); port 0 picks a free one.
+            config: sizes, windows and timeouts (defaults suit bulk tensors).
+            authorized_peers: peer ids (or an ``authorized_peers`` file, re-read when it
+                changes) that :meth:`serve` admits. ``None`` admits nobody.
+            allow_any: admit every client with a valid certificate (open mode); required
+                explicitly so that a missing list never means "everyone".
+        """
+        config = config or EndpointConfig()
+        authorized = AuthorizedPeers(authorized_peers, allow_any=allow_any)
+        family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            _size_buffers(sock, config.socket_buffer)
+            sock.setblocking(False)
+            sock.bind(bind)
+            async with trio.open_nursery() as nursery:
+                ep = cls(identity, sock, config, authorized, nursery)
+                nursery.start_soon(ep._receive_loop)
+                nursery.start_soon(ep._backlog_loop)
+                try:
+                    yield ep
+                finally:
+                    ep._shutdown()
+                    nursery.cancel_scope.cancel()
+        finally:
+            sock.close()
+
+    @property
+    def local_address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        return self._sock.getsockname()[:2]
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self.identity.peer_id
+
+    @property
+    def connections(self) -> frozenset[Connection]:
+        """Live connections (both directions); for diagnostics and tests."""
+        return frozenset(self._conns)
+
+    async def serve(self, handler: Handler) -> None:
+        """Accept authorised peers until cancelled; ``handler(conn)`` runs once per
+        connection, in that connection's nursery, after the client's key was checked.
+        When the handler returns the connection is closed gracefully."""
+        if self._handler is not None:
+            raise RuntimeError("serve() is already running on this endpoint")
+        self._handler = handler
+        try:
+            await trio.sleep_forever()
+        finally:
+            self._handler = None
+
+    async def connect(self, peer: PeerId | str, addr: tuple[str, int]) -> Connection:
+        """Dial ``peer`` at ``addr`` and return once both sides accepted each other.
+
+        Raises:
+            PeerRejected: the server's key is not ``peer``, or the server refused us.
+            TransportError: no answer within ``handshake_timeout``, or another failure.
+        """
+        peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
+        host, port = await _resolve(addr, self._sock.family)
+        remote = (host, port) if self._sock.family == socket.AF_INET else (host, port, 0, 0)
+        quic = PeerQuicConnection(
+            configuration=quic_configuration(
+                self.identity,
+                is_client=True,
+                config=self._config,
+                datagram_size=self._config.datagram_size_for(host),
+            ),
+            expected_peer=peer_id,
+            max_streams=self._config.max_streams,
+        )
+        conn = Connection(self, quic, remote, self._config)
+        self._adopt(conn, [quic.host_cid])
+        quic.connect(remote, now=trio.current_time())
+        conn._transmit()
+        self._nursery.start_soon(conn._run)
+        await conn._ready.wait()
+        if conn._error is not None:
+            err = conn._error
+            if isinstance(err, PeerRejected) or "TLS" not in str(err):
+                raise err
+            raise PeerRejected(str(err))
+        return conn
+
+    # -- connection table ------------------------------------------------------------------
+
+    def _adopt(self, conn: Connection, cids: Iterable[bytes]) -> None:
+        self._conns.add(conn)
+        for cid in cids:
+            conn._cids.add(cid)
+            self._cids[cid] = conn
+
+    def _register_cid(self, cid: bytes, conn: Connection) -> None:
+        self._cids[cid] = conn
+
+    def _forget_cid(self, cid: bytes) -> None:
+        self._cids.pop(cid, None)
+
+    def _forget(self, conn: Connection) -> None:
+        self._conns.discard(conn)
+        for cid in conn._cids:
+            if self._cids.get(cid) is conn:
+                del self._cids[cid]
+        conn._cids.clear()
+
+    def _shutdown(self) -> None:
+        for conn in list(self._conns):
+            conn._abandon("endpoint closing")
+
+    # -- I/O -------------------------------------------------------------------------------
+
+    def _sendto(self, data: bytes, addr: tuple) -> None:
+        if self._backlog:
+            self._backlog.append((data, addr))
+            return
+        try:
+            self._sock.sendto(data, addr)
+        except BlockingIOError:
+            self._backlog.append((data, addr))
+            self._writable.set()
+        except OSError as exc:  # e.g. ECONNREFUSED from an ICMP error: the peer is gone
+            if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                raise
+
+    async def _backlog_loop(self) -> None:
+        while True:
+            await self._writable.wait()
+            self._writable = trio.Event()
+            while self._backlog:
+                await trio.lowlevel.wait_writable(self._sock)
+                while self._backlog:
+                    data, addr = self._backlog[0]
+                    try:
+                        self._sock.sendto(data, addr)
+                    except BlockingIOError:
+                        break
+                    except OSError:
+                        pass
+                    self._backlog.popleft()
+
+    async def _receive_loop(self) -> None:
+        sock = self._sock
+        cids = self._cids
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            touched: dict[Connection, None] = {}
+            now = trio.current_time()
+            for _ in range(_RECV_BATCH):
+                try:
+                    data, addr = sock.recvfrom(65536)
+                except BlockingIOError:
+                    break
+                except OSError:  # ICMP errors surface here on Linux; nothing to do
+                    continue
+                if not data:
+                    continue
+                first = data[0]
+                if first & 0x80:
+                    if len(data) < 7:
+                        continue
+                    dcid = data[6 : 6 + data[5]]
+                else:
+                    dcid = data[1 : 1 + CID_LENGTH]
+                conn = cids.get(dcid)
+                if conn is not None:
+                    conn._quic.receive_datagram(data, addr, now)
+                    touched[conn] = None
+                elif first & 0x80 and self._handler is not None:
+                    conn = self._accept_initial(data, addr, now)
+                    if conn is not None:
+                        touched[conn] = None
+            for conn in touched:
+                conn._process_events()
+                if conn._error is None or conn._quic._close_pending:
+                    conn._transmit()
+
+    def _accept_initial(self, data: bytes, addr: tuple, now: float) -> Connection | None:
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=CID_LENGTH)
+        except Exception:  # garbage: any parse failure just drops the datagram
+            return None
+        if header.version is not None and header.version not in _SUPPORTED_VERSIONS:
+            if len(data) >= 1200:
+                self._sendto(
+                    encode_quic_version_negotiation(
+                        source_cid=header.destination_cid,
+                        destination_cid=header.source_cid,
+                        supported_versions=_SUPPORTED_VERSIONS,
+                    ),
+                    addr,
+                )
+            return None
+        if header.packet_type != QuicPacketType.INITIAL or len(data) < 1200:
+            return None
+        if len(self._conns) >= self.max_connections:
+            log.warning("refusing new connection from %s: %d connections", addr, len(self._conns))
+            return None
+        quic = PeerQuicConnection(
+            configuration=quic_configuration(
+                self.identity,
+                is_client=False,
+                config=self._config,
+                datagram_size=self._config.datagram_size_for(addr[0]),
+            ),
+            original_destination_connection_id=header.destination_cid,
+            authorize=self._authorized.check,
+            max_streams=self._config.max_streams,
+        )
+        quic.receive_datagram(data, addr, now)
+        if not quic.first_flight_accepted:
+            return None  # well-formed header, but it did not decrypt: not a client
+        conn = Connection(self, quic, addr, self._config, handler=self._handler)
+        self._adopt(conn, [header.destination_cid, quic.host_cid])
+        self._nursery.start_soon(conn._run)
+        return conn
+
+
+def _size_buffers(sock: socket.socket, size: int) -> None:
+    """Ask for big socket buffers: a burst of 64 KiB datagrams overflows the default."""
+    for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size)  # SO_*BUFFORCE (privileged)
+        except OSError:
+            with suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+async def _resolve(addr: tuple[str, int], family: int) -> tuple[str, int]:
+    host, port = addr[0], int(addr[1])
+    try:
+        ipaddress.ip_address(host)
+        return host, port
+    except ValueError:
+        pass
+    infos = await trio.socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)
+    if not infos:
+        raise TransportError(f"cannot resolve {host!r}")
+    return infos[0][4][0], port

@@ -1,0 +1,228 @@
+"""aioquic's sans-I/O connection, adjusted for peer-to-peer use. No sockets, no event loop.
+
+Two changes to stock aioquic, each kept to an override:
+
+* **Peer keys are checked inside TLS.** The client compares the server's certificate key with
+  the peer id it dialled right after verifying the CertificateVerify signature (which proves
+  the server holds that key); the server demands a client certificate (aioquic only asks for
+  one when told before the ClientHello, and would accept an empty one) and asks an
+  ``authorize`` callback about the client's peer id. A failure raises a TLS alert, so the
+  handshake never completes and not one application byte is read or sent; the peer gets a
+  CONNECTION_CLOSE with the alert code and our reason text.
+* **STREAM frames may exceed 16 KiB.** aioquic writes a STREAM frame's length as a 2-byte
+  varint, so a frame longer than 16383 bytes is corrupt; with 64 KiB loopback datagrams the
+  length is written as a 4-byte varint instead (RFC 9000 varints allow either).
+* **Flow-control windows follow the reader.** Stock aioquic doubles a receive window once
+  half of it has *arrived*, whether or not the application read anything, so a peer can make
+  it buffer without bound. Here the window is what the application consumed plus a fixed
+  allowance, and MAX_STREAMS stays at the configured number of concurrent streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aioquic import tls
+from aioquic.buffer import Buffer, size_uint_var
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.stream import QuicStream
+
+from ._errors import TransportError
+from ._identity import PeerId, peer_id_of_certificate
+
+Authorize = Callable[[PeerId], str | None]
+"""Server policy: return ``None`` to admit a client, or the reason it is refused."""
+
+_VARINT_MAX = 8
+
+
+class _AlertAccessDenied(tls.Alert):
+    description = tls.AlertDescription.access_denied
+
+
+class _AlertCertificateRequired(tls.Alert):
+    description = tls.AlertDescription.certificate_required
+
+
+class _PeerCheckingContext(tls.Context):
+    """aioquic's TLS context plus the peer-key checks; set up by ``PeerQuicConnection``."""
+
+    expected_peer: PeerId | None
+    authorize: Authorize | None
+    peer_id: PeerId | None
+
+    def _peer_from_certificate(self) -> PeerId:
+        try:
+            return peer_id_of_certificate(self._peer_certificate)
+        except TransportError as exc:
+            raise tls.AlertBadCertificate(str(exc)) from None
+
+    def _client_handle_certificate_verify(self, input_buf: Buffer) -> None:
+        super()._client_handle_certificate_verify(input_buf)
+        actual = self._peer_from_certificate()
+        if self.expected_peer is not None and actual != self.expected_peer:
+            raise tls.AlertBadCertificate(
+                f"server presented peer id {actual}, but {self.expected_peer} was dialled"
+            )
+        self.peer_id = actual
+
+    def _server_handle_certificate(self, input_buf: Buffer) -> None:
+        super()._server_handle_certificate(input_buf)
+        if self._peer_certificate is None:
+            raise _AlertCertificateRequired(
+                "client presented no certificate; this server requires one"
+            )
+
+    def _server_handle_certificate_verify(self, input_buf: Buffer) -> None:
+        super()._server_handle_certificate_verify(input_buf)
+        client = self._peer_from_certificate()
+        reason = self.authorize(client) if self.authorize is not None else None
+        if reason is not None:
+            raise _AlertAccessDenied(reason)
+        self.peer_id = client
+
+
+class PeerQuicConnection(QuicConnection):
+    """A ``QuicConnection`` that authenticates peers by key and bounds its receive buffers.
+
+    ``app_consumed`` (stream id -> bytes the application has read) and ``app_buffered``
+    (bytes delivered in events but not yet read) are kept up to date by the driver; the
+    windows advertised to the peer are derived from them when packets are built.
+    """
+
+    def __init__(
+        self,
+        *,
+        configuration: QuicConfiguration,
+        expected_peer: PeerId | None = None,
+        authorize: Authorize | None = None,
+        max_streams: int = 128,
+        **kwargs,
+    ) -> None:
+        super().__init__(configuration=configuration, **kwargs)
+        self._expected_peer = expected_peer
+        self._authorize = authorize
+        self._stream_window = configuration.max_stream_data
+        self._connection_window = configuration.max_data
+        self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
+        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+        self.app_consumed: dict[int, int] = {}
+        self.app_buffered = 0
+
+    @property
+    def peer_id(self) -> PeerId | None:
+        """The authenticated peer, once the handshake got past the key check."""
+        ctx = getattr(self, "tls", None)
+        return getattr(ctx, "peer_id", None)
+
+    @property
+    def handshake_confirmed(self) -> bool:
+        """True once both sides accepted each other (client: HANDSHAKE_DONE received)."""
+        return self._handshake_confirmed
+
+    @property
+    def first_flight_accepted(self) -> bool:
+        """Server side: whether a received Initial decrypted (a garbage one leaves no trace)."""
+        space = self._spaces.get(tls.Epoch.INITIAL)
+        return space is not None and len(space.ack_queue) > 0
+
+    def sender_buffered(self, stream_id: int) -> int:
+        """Bytes written to a stream and not yet acknowledged by the peer."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        return stream.sender._buffer_stop - stream.sender._buffer_start
+
+    def window_update_due(self, stream_id: int) -> bool:
+        """Whether reads since the last MAX_STREAM_DATA/MAX_DATA justify sending an update."""
+        stream = self._streams.get(stream_id)
+        quarter_s = self._stream_window // 4
+        if stream is not None and stream.max_stream_data_local:
+            target = self.app_consumed.get(stream_id, 0) + self._stream_window
+            if target - stream.max_stream_data_local >= quarter_s:
+                return True
+        limit = self._local_max_data
+        target = limit.used - self.app_buffered + self._connection_window
+        return target - limit.value >= self._connection_window // 4
+
+    # -- overrides -------------------------------------------------------------------------
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        # Same object, our subclass: only the certificate handlers differ.
+        self.tls.__class__ = _PeerCheckingContext
+        self.tls.expected_peer = self._expected_peer
+        self.tls.authorize = self._authorize
+        self.tls.peer_id = None
+        if not self._is_client:
+            self.tls._request_client_certificate = True
+
+    def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
+        max_data = self._local_max_data
+        target = max_data.used - self.app_buffered + self._connection_window
+        if target - max_data.value >= self._connection_window // 4:
+            max_data.value = target
+        for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
+            if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:
+                continue  # batch MAX_STREAMS until the grant is worth a frame
+            if limit.value != limit.sent:
+                buf = builder.start_frame(
+                    limit.frame_type,
+                    capacity=1 + _VARINT_MAX,
+                    handler=self._on_connection_limit_delivery,
+                    handler_args=(limit,),
+                )
+                buf.push_uint_var(limit.value)
+                limit.sent = limit.value
+
+    def _write_stream_limits(
+        self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream
+    ) -> None:
+        if not stream.max_stream_data_local or stream.receiver.is_finished:
+            return
+        target = self.app_consumed.get(stream.stream_id, 0) + self._stream_window
+        if target - stream.max_stream_data_local >= self._stream_window // 4:
+            stream.max_stream_data_local = target
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA,
+                capacity=1 + 2 * _VARINT_MAX,
+                handler=self._on_max_stream_data_delivery,
+                handler_args=(stream,),
+            )
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
+    def _write_stream_frame(
+        self,
+        builder: QuicPacketBuilder,
+        space: QuicPacketSpace,
+        stream: QuicStream,
+        max_offset: int,
+    ) -> int:
+        sender = stream.sender
+        offset = sender.next_offset
+        # type byte + stream id + offset (omitted at 0) + a 4-byte length
+        overhead = 5 + size_uint_var(stream.stream_id) + (size_uint_var(offset) if offset else 0)
+        before = sender.highest_offset
+        frame = sender.get_frame(builder.remaining_flight_space - overhead, max_offset)
+        if frame is None:
+            return 0
+        frame_type = QuicFrameType.STREAM_BASE | 2 | (4 if frame.offset else 0) | int(frame.fin)
+        buf = builder.start_frame(
+            frame_type,
+            capacity=overhead,
+            handler=sender.on_data_delivery,
+            handler_args=(frame.offset, frame.offset + len(frame.data), frame.fin),
+        )
+        buf.push_uint_var(stream.stream_id)
+        if frame.offset:
+            buf.push_uint_var(frame.offset)
+        buf.push_uint32(len(frame.data) | 0x80000000)
+        buf.push_bytes(frame.data)
+        return sender.highest_offset - before

@@ -1,0 +1,212 @@
+"""Frame streams: length-prefixed messages on one QUIC bidirectional stream.
+
+Wire form of a frame: a 4-byte big-endian unsigned payload length, then the payload. A
+frame larger than the endpoint's ``max_frame_size`` is refused by the sender before anything
+is written and by the receiver as soon as the prefix is read (the stream is then reset).
+
+Sending is back-pressured: at most ``send_buffer`` bytes of a stream may be written to QUIC
+and not yet acknowledged; beyond that ``send_frame`` waits, so a fast writer holds at most
+``send_buffer`` plus one call's worth of *references* (never copies) to its data.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import TYPE_CHECKING
+
+import trio
+
+from ._errors import FrameTooLarge, TransportError
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+_PREFIX = struct.Struct(">I")
+FRAME_PREFIX_SIZE = _PREFIX.size
+"""Bytes of the length prefix in front of every frame."""
+
+_ERROR_FRAME_TOO_LARGE = 0x1
+
+
+class FrameStream:
+    """One bidirectional stream carrying frames; get it from ``Connection.open_stream`` or
+    ``Connection.accept_stream``. Not safe for two concurrent senders (or receivers)."""
+
+    def __init__(self, conn: Connection, stream_id: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self._chunks: deque[bytes] = deque()
+        self._pos = 0  # read position inside self._chunks[0]
+        self._buffered = 0  # unread bytes in self._chunks (minus _pos)
+        self._eof = False
+        self._error: TransportError | None = None
+        self._readable = trio.lowlevel.ParkingLot()
+        self._send_closed = False
+        self._need: int | None = None  # payload length of the frame being read
+        self._partial = False  # part of the current outgoing frame is written
+
+    def __repr__(self) -> str:
+        return f"<FrameStream {self.stream_id} of {self._conn!r}>"
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send_frame(self, data: bytes | bytearray | memoryview) -> None:
+        """Send one frame, waiting while the stream's send buffer is full.
+
+        Raises:
+            FrameTooLarge: ``len(data)`` exceeds the endpoint's ``max_frame_size``.
+            TransportError: the stream or connection is closed or reset. If cancelled after
+                part of the frame was written, the stream is reset (a half frame would
+                corrupt every later one).
+        """
+        view = memoryview(data).cast("B")
+        size = len(view)
+        limit = self._conn._config.max_frame_size
+        if size > limit:
+            raise FrameTooLarge(f"frame of {size} bytes exceeds max_frame_size {limit}")
+        if self._send_closed:
+            raise TransportError(f"stream {self.stream_id} is closed for sending")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        prefix = _PREFIX.pack(size)
+        self._partial = False
+        try:
+            if size <= 65536:  # small frames: one write, one copy
+                await self._write(prefix + view)
+            else:  # large frames: no copy of the payload here
+                await self._write(prefix)
+                await self._write(view)
+        except BaseException:
+            if self._partial:
+                self._abort_send()
+            raise
+        # Yield so readers sharing this thread run, but never report a sent frame as failed.
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _write(self, view: bytes | memoryview) -> None:
+        conn = self._conn
+        quic = conn._quic
+        cap = conn._config.send_buffer
+        written = 0
+        total = len(view)
+        while written < total:
+            conn._check_open()
+            if self._error is not None:
+                raise self._error
+            room = cap - quic.sender_buffered(self.stream_id)
+            if room <= 0:
+                await conn._send_space.park()
+                continue
+            end = min(total, written + room)
+            quic.send_stream_data(self.stream_id, view[written:end])
+            self._partial = True
+            written = end
+            conn._transmit()
+
+    def _abort_send(self) -> None:
+        if not self._send_closed and self._conn._is_open():
+            self._send_closed = True
+            self._conn._quic.reset_stream(self.stream_id, _ERROR_FRAME_TOO_LARGE)
+            self._conn._transmit()
+
+    async def close(self) -> None:
+        """Finish the sending side; the peer reads ``None`` after the last frame."""
+        if self._send_closed or not self._conn._is_open():
+            self._send_closed = True
+            return
+        self._send_closed = True
+        self._conn._quic.send_stream_data(self.stream_id, b"", end_stream=True)
+        self._conn._transmit()
+        await trio.lowlevel.checkpoint()
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def receive_frame(self) -> bytes | None:
+        """The next frame's payload, or ``None`` once the peer closed the stream cleanly.
+
+        Raises:
+            FrameTooLarge: the peer announced a frame above ``max_frame_size`` (the stream
+                is reset).
+            TransportError: the stream was reset, ended inside a frame, or the connection
+                closed.
+        """
+        while True:
+            if self._need is None and self._buffered >= FRAME_PREFIX_SIZE:
+                (size,) = _PREFIX.unpack(self._take(FRAME_PREFIX_SIZE))
+                limit = self._conn._config.max_frame_size
+                if size > limit:
+                    self._fail_receive(
+                        FrameTooLarge(f"peer sent a {size}-byte frame; max_frame_size is {limit}")
+                    )
+                self._need = size
+            if self._need is not None and self._buffered >= self._need:
+                data = self._take(self._need)
+                self._need = None
+                await trio.lowlevel.checkpoint()
+                return data
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                if self._need is None and self._buffered == 0:
+                    await trio.lowlevel.checkpoint()
+                    return None
+                raise TransportError(f"stream {self.stream_id} ended inside a frame")
+            self._conn._check_open()
+            await self._readable.park()
+
+    def _take(self, n: int) -> bytes:
+        """Remove ``n`` buffered bytes (``n`` <= buffered) with at most one copy."""
+        parts: list[bytes | memoryview] = []
+        need = n
+        while need:
+            chunk = self._chunks[0]
+            avail = len(chunk) - self._pos
+            if avail <= need:
+                parts.append(memoryview(chunk)[self._pos :] if self._pos else chunk)
+                self._chunks.popleft()
+                self._pos = 0
+                need -= avail
+            else:
+                parts.append(memoryview(chunk)[self._pos : self._pos + need])
+                self._pos += need
+                need = 0
+        self._buffered -= n
+        self._conn._consumed(self.stream_id, n)
+        if len(parts) == 1 and isinstance(parts[0], bytes):
+            return parts[0]
+        return b"".join(parts)
+
+    def _fail_receive(self, error: TransportError) -> None:
+        self._error = error
+        self._discard()
+        if self._conn._is_open():
+            self._conn._quic.stop_stream(self.stream_id, _ERROR_FRAME_TOO_LARGE)
+            self._conn._transmit()
+        raise error
+
+    def _discard(self) -> None:
+        """Drop unread data, returning its flow-control credit to the peer."""
+        if self._buffered:
+            self._conn._consumed(self.stream_id, self._buffered)
+        self._chunks.clear()
+        self._pos = self._buffered = 0
+
+    # -- driver side -----------------------------------------------------------------------
+
+    def _feed(self, data: bytes, end_stream: bool) -> None:
+        if data and self._error is None:
+            self._chunks.append(data)
+            self._buffered += len(data)
+        elif data:
+            self._conn._consumed(self.stream_id, len(data))
+        if end_stream:
+            self._eof = True
+        if self._readable:
+            self._readable.unpark_all()
+
+    def _fail(self, error: TransportError) -> None:
+        if self._error is None:
+            self._error = error
+        self._discard()
+        if self._readable:
+            self._readable.unpark_all()

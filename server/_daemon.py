@@ -1,0 +1,242 @@
+"""The QUIC glue of the server: one endpoint, one task group per connection, sessions driven
+through their sans-I/O interface with engine work in worker threads.
+
+A connection's first stream is its control stream. Its first frame says what the connection
+is: ``Hello`` starts a client session; a lone ``Fetch`` is another server redeeming a
+capability (server-to-server move), answered with ``Data`` and the bytes on that stream.
+Every later stream a client opens is a bulk stream: ``Bulk{bulk_id, size}`` then the bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ..protocol import messages as m
+from ..protocol.transport import (
+    Connection,
+    Endpoint,
+    EndpointConfig,
+    FrameStream,
+    Identity,
+    TransportError,
+)
+from ._session import SendBulk, Session, StartFetch
+from ._state import ServerState
+
+log = logging.getLogger("burn_remote.server")
+
+BULK_WAIT = 60.0
+"""Seconds an Upload waits for its bulk stream before it fails (the session goes on)."""
+
+FETCH_TIMEOUT = 120.0
+"""Seconds a server-to-server fetch may take before the destination reports CAPABILITY."""
+
+
+@dataclass
+class ServeOptions:
+    """Everything ``burn-remote serve`` needs; the CLI only fills this in."""
+
+    state: ServerState
+    identity: Identity
+    bind: tuple[str, int] = ("127.0.0.1", 0)
+    authorized_peers: Any = None
+    allow_any: bool = False
+    idle_timeout: float = 30.0
+
+
+async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
+    """Serve until cancelled (SIGINT/SIGTERM in ``run``)."""
+    config = EndpointConfig(
+        max_frame_size=opts.state.limits.max_frame,
+        idle_timeout=opts.idle_timeout,
+        keepalive_interval=max(0.2, opts.idle_timeout / 3),
+    )
+    async with Endpoint.open(
+        opts.identity,
+        bind=opts.bind,
+        config=config,
+        authorized_peers=opts.authorized_peers,
+        allow_any=opts.allow_any,
+    ) as ep:
+        if on_ready is not None:
+            on_ready(ep)
+        await ep.serve(lambda conn: _connection(opts.state, ep, conn))
+
+
+async def _connection(state: ServerState, ep: Endpoint, conn: Connection) -> None:
+    try:
+        control = await conn.accept_stream()
+        first = await control.receive_frame()
+        if first is None:
+            return
+        if _is_fetch(first):
+            await _serve_fetch(state, conn, control, first)
+            return
+        session = Session(state, str(conn.peer_id))
+        try:
+            await _SessionPump(session, ep, conn, control).run(first)
+        finally:
+            session.close()
+            log.info("session %d of %s ended", session.id, session.peer_id[:12])
+    except* TransportError as group:  # the client went away, or the server is stopping
+        log.info("connection from %s ended: %s", str(conn.peer_id)[:12], group.exceptions[0])
+
+
+def _is_fetch(frame: bytes) -> bool:
+    try:
+        msgs = m.decode(frame)
+    except m.DecodeError:
+        return False
+    return len(msgs) == 1 and isinstance(msgs[0], m.Fetch)
+
+
+async def _serve_fetch(state: ServerState, conn: Connection, s: FrameStream, frame: bytes) -> None:
+    reply, payload = await trio.to_thread.run_sync(state.serve_fetch, frame, str(conn.peer_id))
+    await s.send_frame(reply)
+    if payload is not None:
+        await s.send_frame(payload)
+    await s.close()
+    with trio.move_on_after(10):
+        await s.receive_frame()  # the fetcher closes once it has the bytes
+
+
+class _SessionPump:
+    """Feeds one session from its control and bulk streams and sends what it produces."""
+
+    def __init__(self, session: Session, ep: Endpoint, conn: Connection, control: Any) -> None:
+        self.session, self.ep, self.conn, self.control = session, ep, conn, control
+        self._arrived = trio.Event()
+
+    async def run(self, first: bytes) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self._accept_bulk)
+            frame: bytes | None = first
+            while frame is not None:
+                await self._process(frame)
+                if self.session.closed:
+                    break
+                try:
+                    frame = await self.control.receive_frame()
+                except TransportError as exc:
+                    if "max_frame_size" in str(exc):
+                        await self.control.send_frame(m.encode(m.Error(m.LIMIT, str(exc), -1, 0)))
+                    raise
+            nursery.cancel_scope.cancel()
+        if self.session.closed:
+            await self.conn.close("session refused")
+
+    async def _process(self, frame: bytes | None) -> None:
+        session = self.session
+
+        def work() -> list[Any]:
+            if frame is not None:
+                session.feed_control(frame)
+            return session.step()
+
+        while True:
+            for out in await trio.to_thread.run_sync(work):
+                if isinstance(out, bytes):
+                    await self.control.send_frame(out)
+                elif isinstance(out, SendBulk):
+                    self.nursery.start_soon(self._send_bulk, out)
+                elif isinstance(out, StartFetch):
+                    self.nursery.start_soon(self._fetch, out)
+            frame = None
+            if session.waiting is None or session.closed:
+                return
+            with trio.move_on_after(BULK_WAIT) as scope:
+                while not session._ready(session.waiting):
+                    await self._arrived.wait()
+                    self._arrived = trio.Event()
+            if scope.cancelled_caught and session.waiting[0] == "bulk":
+                session.feed_bulk(session.waiting[1], None)  # never came: the Upload fails
+
+    async def _send_bulk(self, out: SendBulk) -> None:
+        s = await self.conn.open_stream()
+        await s.send_frame(m.encode(m.Bulk(out.bulk_id, len(out.payload))))
+        await s.send_frame(out.payload)
+        await s.close()
+
+    async def _accept_bulk(self) -> None:
+        while True:
+            s = await self.conn.accept_stream()
+            self.nursery.start_soon(self._receive_bulk, s)
+
+    async def _receive_bulk(self, s: FrameStream) -> None:
+        try:
+            header = await s.receive_frame()
+            (msg,) = m.decode(header or b"")
+            if not isinstance(msg, m.Bulk):
+                raise m.DecodeError("a bulk stream must start with Bulk")
+            payload = await s.receive_frame()
+            if payload is None or len(payload) != msg.size:
+                raise m.DecodeError(f"bulk {msg.bulk_id}: expected {msg.size} bytes")
+        except (m.DecodeError, ValueError, TransportError) as exc:
+            await self.control.send_frame(m.encode(m.Error(m.MALFORMED, str(exc), -1, 0)))
+            return
+        self.session.feed_bulk(msg.bulk_id, payload)
+        self._arrived.set()
+
+    async def _fetch(self, out: StartFetch) -> None:
+        result: Any
+        try:
+            with trio.fail_after(FETCH_TIMEOUT):
+                host, _, port = out.source_address.rpartition(":")
+                conn = await self.ep.connect(out.source_peer, (host.strip("[]"), int(port)))
+                try:
+                    s = await conn.open_stream()
+                    me = str(self.ep.peer_id)
+                    await s.send_frame(m.encode(m.Fetch(0, me, "", out.token)))
+                    (msg,) = m.decode(await s.receive_frame() or b"")
+                    if isinstance(msg, m.Error):
+                        result = msg.message
+                    elif isinstance(msg, m.Data):
+                        payload = msg.data if not msg.bulk_id else await s.receive_frame()
+                        result = (msg.dtype, msg.shape, payload or b"")
+                    else:
+                        result = f"unexpected {type(msg).__name__} from the source"
+                finally:
+                    await conn.close("fetched", flush_timeout=2.0)
+        except (TransportError, ValueError, OSError, trio.TooSlowError) as exc:
+            result = f"{type(exc).__name__}: {exc}"
+        self.session.feed_fetched(out.tensor_id, result)
+        self._arrived.set()
+
+
+def run(opts: ServeOptions, device: str) -> int:
+    """Serve until SIGINT/SIGTERM; print the peer id and addresses once listening."""
+
+    def ready(ep: Endpoint) -> None:
+        host, port = ep.local_address[:2]
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        print(f"burn-remote serve: device {device}", flush=True)
+        print(f"peer id: {ep.peer_id}", flush=True)
+        print(f"listening on: {host}:{port}", flush=True)
+        print(f"connect with: RemoteDevice('{ep.peer_id}@{shown}:{port}')", flush=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve, opts, ready)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    print(
+                        f"burn-remote serve: {signal.Signals(signum).name}, shutting down",
+                        flush=True,
+                    )
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(main)
+    sys.stdout.flush()
+    return 0
+
+
+__all__ = ["ServeOptions", "run", "serve"]

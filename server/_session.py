@@ -1,0 +1,352 @@
+"""One client's session, sans I/O: control frames and bulk payloads in, frames and actions out.
+
+The QUIC glue (``_daemon.py``) feeds frames and runs :meth:`Session.step` in a worker thread,
+one call at a time per session, so a session's messages run in order while other sessions and
+the network loop go on. Tests drive the same object in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..engine.executor import ExecutionError
+from ..protocol import dtypes
+from ..protocol import messages as m
+from ..protocol.graph import GraphError
+from ._state import LimitExceeded, ServerState
+
+log = logging.getLogger("burn_remote.server")
+
+
+@dataclass(frozen=True, slots=True)
+class SendBulk:
+    """Action: open a bulk stream, send ``Bulk{bulk_id}`` then ``payload``."""
+
+    bulk_id: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StartFetch:
+    """Action: fetch a tensor from another server, then call ``feed_fetched``."""
+
+    tensor_id: int
+    source_peer: str
+    source_address: str
+    token: bytes
+
+
+Output = bytes | SendBulk | StartFetch
+"""What ``step`` returns: control frames to send (in order) and actions for the glue."""
+
+
+class _Failure(Exception):
+    def __init__(self, code: int, message: str, node: int = -1) -> None:
+        super().__init__(message)
+        self.code, self.node = code, node
+
+
+class Session:
+    """Tensor store and message interpreter of one client connection."""
+
+    def __init__(self, state: ServerState, peer_id: str = "") -> None:
+        self.state = state
+        self.peer_id = peer_id
+        self.id = 0
+        self.store: dict[int, Any] = {}
+        self.nbytes = 0
+        self.graphs: set[str] = set()
+        self.stalled = False
+        self.closed = False
+        """Set when the connection must end (bad version, session limit)."""
+        self.greeted = False
+        self.queue: deque[m.Message] = deque()
+        self.bulk_in: dict[int, bytes | None] = {}
+        self.fetched: dict[int, Any] = {}
+        self.waiting: tuple[str, int] | None = None
+        """("bulk", bulk_id) or ("fetch", tensor_id) while ``step`` cannot go on."""
+        self._replies: list[m.Message] = []
+        self._out: list[Output] = []
+        self._bulk_ids = 0
+
+    # --- inputs -----------------------------------------------------------------------------
+    def feed_control(self, frame: bytes) -> None:
+        """Queue a control frame's messages; a malformed frame is answered and skipped."""
+        try:
+            msgs = m.decode(frame)
+        except m.DecodeError as exc:
+            self._replies.append(m.Error(m.MALFORMED, str(exc), -1, 0))
+            return
+        self.queue.extend(msgs)
+
+    def feed_bulk(self, bulk_id: int, payload: bytes | None) -> None:
+        """A bulk stream's bytes (None: the glue gave up waiting for them)."""
+        self.bulk_in[bulk_id] = payload
+
+    def feed_fetched(self, tensor_id: int, result: Any) -> None:
+        """``result``: (dtype, shape, bytes) from the source server, or an error string."""
+        self.fetched[tensor_id] = result
+
+    # --- processing -------------------------------------------------------------------------
+    def step(self) -> list[Output]:
+        """Run queued messages until done or blocked on a bulk payload or a fetch."""
+        while self.queue and not self.closed:
+            msg = self.queue[0]
+            if self.waiting is not None and not self._ready(self.waiting):
+                break
+            self.queue.popleft()
+            try:
+                self._dispatch(msg)
+            except _Failure as f:
+                self._replies.append(m.Error(f.code, str(f), f.node, _request_id(msg)))
+            except LimitExceeded as exc:
+                self._replies.append(m.Error(m.LIMIT, str(exc), -1, _request_id(msg)))
+            except Exception as exc:  # a bug must not end the server or the session
+                log.exception("internal error on %s", type(msg).__name__)
+                self._replies.append(
+                    m.Error(m.INTERNAL, f"{type(exc).__name__}: {exc}", -1, _request_id(msg))
+                )
+            if self.waiting is not None and self.queue and self.queue[0] is msg:
+                break
+        return self._flush()
+
+    def _ready(self, waiting: tuple[str, int]) -> bool:
+        kind, key = waiting
+        return key in (self.bulk_in if kind == "bulk" else self.fetched)
+
+    def _flush(self) -> list[Output]:
+        out = self._out
+        if self._replies:
+            out.insert(0, m.encode(self._replies))
+        self._replies, self._out = [], []
+        return out
+
+    def _dispatch(self, msg: m.Message) -> None:
+        if not self.greeted:
+            self._hello(msg)
+            return
+        if self.stalled and not isinstance(msg, m.Resync | m.Upload):
+            rid = _request_id(msg)
+            if rid and not isinstance(msg, m.ExecuteGraph):
+                raise _Failure(m.STALLED, "session stalled after UNKNOWN_GRAPH; send Resync")
+            return
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            raise _Failure(m.MALFORMED, f"{type(msg).__name__} is not a client request")
+        handler(self, msg)
+
+    def _hello(self, msg: m.Message) -> None:
+        if not isinstance(msg, m.Hello):
+            raise _Failure(m.MALFORMED, f"expected Hello first, got {type(msg).__name__}")
+        if msg.version != m.PROTOCOL_VERSION:
+            self.closed = True
+            raise _Failure(m.VERSION, f"protocol version {msg.version} is not {m.PROTOCOL_VERSION}")
+        try:
+            self.id = self.state.open_session(self)
+        except LimitExceeded:
+            self.closed = True
+            raise
+        self.greeted = True
+        self._replies.append(
+            m.Welcome(
+                m.PROTOCOL_VERSION,
+                self.id,
+                self.id.to_bytes(8, "big"),
+                self.state.peer_id,
+                self.state.limits.as_welcome(),
+            )
+        )
+
+    # --- tensor store -----------------------------------------------------------------------
+    def _put(self, tensor_id: int, array: Any) -> None:
+        old = self.store.get(tensor_id)
+        size = int(getattr(array, "nbytes", 0))
+        if old is None and len(self.store) >= self.state.limits.max_tensors:
+            raise LimitExceeded(
+                f"session holds {len(self.store)} tensors (max_tensors "
+                f"{self.state.limits.max_tensors})"
+            )
+        old_size = int(getattr(old, "nbytes", 0)) if old is not None else 0
+        self.state.account(0 if old is not None else 1, size - old_size, self.nbytes - old_size)
+        self.nbytes += size - old_size
+        self.store[tensor_id] = array
+
+    def _drop(self, ids: tuple[int, ...]) -> None:
+        for i in ids:
+            a = self.store.pop(i, None)
+            if a is not None:
+                size = int(getattr(a, "nbytes", 0))
+                self.nbytes -= size
+                self.state.account(-1, -size, self.nbytes)
+
+    def _get(self, tensor_id: int) -> Any:
+        try:
+            return self.store[tensor_id]
+        except KeyError:
+            raise _Failure(
+                m.MISSING_TENSOR, f"tensor {tensor_id} does not exist in this session"
+            ) from None
+
+    def close(self) -> None:
+        """Free everything this session holds (the client went away)."""
+        self._drop(tuple(self.store))
+        self.bulk_in.clear()
+        self.state.close_session(self.id)
+
+    # --- handlers ---------------------------------------------------------------------------
+    def _upload(self, msg: m.Upload) -> None:
+        data = msg.data
+        if msg.bulk_id:
+            if msg.bulk_id not in self.bulk_in:
+                self.waiting = ("bulk", msg.bulk_id)
+                self.queue.appendleft(msg)
+                return
+            self.waiting = None
+            data = self.bulk_in.pop(msg.bulk_id)
+            if data is None:
+                raise _Failure(m.MALFORMED, f"bulk {msg.bulk_id} of an Upload never arrived")
+        self._put(msg.tensor_id, self._array(msg.dtype, msg.shape, data))
+
+    def _array(self, dtype: str, shape: tuple[int, ...], data: bytes) -> Any:
+        try:
+            dt = dtypes.to_numpy(dtype)
+        except TypeError as exc:
+            raise _Failure(m.MALFORMED, str(exc)) from None
+        count = int(np.prod(shape, dtype=np.uint64)) if shape else 1
+        if count * dt.itemsize != len(data):
+            raise _Failure(
+                m.MALFORMED,
+                f"{dtype}{list(shape)} needs {count * dt.itemsize} bytes, got {len(data)}",
+            )
+        host = np.frombuffer(data, dtype=dt).reshape(shape).copy()
+        return self.state.backend.from_numpy(host)
+
+    def _register(self, msg: m.RegisterGraph) -> None:
+        digest = msg.digest.hex()
+        if digest not in self.graphs and len(self.graphs) >= self.state.limits.max_graphs:
+            raise LimitExceeded(
+                f"session registered {len(self.graphs)} graphs (max_graphs "
+                f"{self.state.limits.max_graphs})"
+            )
+        try:
+            self.state.register(digest, msg.graph)
+        except GraphError as exc:
+            raise _Failure(
+                m.BAD_GRAPH, f"graph refused: {exc}", -1 if exc.node is None else exc.node
+            ) from None
+        self.graphs.add(digest)
+
+    def _execute(self, msg: m.ExecuteGraph) -> None:
+        plan = self.state.plan(msg.digest.hex())
+        if plan is None:  # the client resends this message (drops included) after Resync
+            self.stalled = True
+            raise _Failure(m.UNKNOWN_GRAPH, f"unknown graph {msg.digest.hex()}")
+        try:
+            self._run(plan, msg)
+        finally:
+            self._drop(msg.drops)
+
+    def _run(self, plan: Any, msg: m.ExecuteGraph) -> None:
+        graph = plan.graph
+        if (
+            len(msg.input_ids) != plan.n_inputs
+            or len(msg.values) != len(plan.value_slots)
+            or len(msg.output_ids) != len(plan.outputs)
+        ):
+            raise _Failure(
+                m.MALFORMED,
+                f"graph takes {plan.n_inputs} inputs, {len(plan.value_slots)} values and "
+                f"{len(plan.outputs)} outputs; got {len(msg.input_ids)}, {len(msg.values)} "
+                f"and {len(msg.output_ids)}",
+            )
+        inputs = []
+        for k, (tid, (shape, dt)) in enumerate(zip(msg.input_ids, graph.inputs)):
+            a = self._get(tid)
+            if tuple(a.shape) != shape or a.dtype != dtypes.to_numpy(dt):
+                raise _Failure(
+                    m.MISSING_TENSOR,
+                    f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
+                    f"{dt}{list(shape)}",
+                )
+            inputs.append(a)
+        try:
+            outs = self.state.executor.run(plan, inputs, msg.values)
+        except ExecutionError as exc:
+            raise _Failure(m.EXECUTION, str(exc), exc.node) from None
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _Failure(m.MALFORMED, f"bad bindings: {exc}") from None
+        try:
+            for tid, a in zip(msg.output_ids, outs):
+                self._put(tid, a)
+        except LimitExceeded:
+            self._drop(msg.output_ids)
+            raise
+
+    def _read(self, msg: m.Read) -> None:
+        host = np.ascontiguousarray(self.state.backend.to_numpy(self._get(msg.tensor_id)))
+        payload = host.tobytes()
+        name = dtypes.from_numpy(host.dtype)
+        if len(payload) > m.BULK_THRESHOLD:
+            self._bulk_ids += 1
+            self._replies.append(m.Data(msg.request_id, name, host.shape, b"", self._bulk_ids))
+            self._out.append(SendBulk(self._bulk_ids, payload))
+        else:
+            self._replies.append(m.Data(msg.request_id, name, host.shape, payload, 0))
+
+    def _sync(self, msg: m.Sync) -> None:
+        self._replies.append(m.Ack(msg.request_id))
+
+    def _memory(self, msg: m.MemoryStats) -> None:
+        st = self.state
+        self._replies.append(
+            m.MemoryStats(
+                msg.request_id, len(self.store), self.nbytes, st.tensors, st.bytes, len(st.sessions)
+            )
+        )
+
+    def _resync(self, msg: m.Resync) -> None:
+        self.stalled = False
+
+    def _expose(self, msg: m.Expose) -> None:
+        token = self.state.grant(msg.peer_id, self._get(msg.tensor_id))
+        self._replies.append(m.Token(msg.request_id, token))
+
+    def _fetch(self, msg: m.Fetch) -> None:
+        tid = msg.tensor_id
+        if tid not in self.fetched:
+            if self.waiting != ("fetch", tid):
+                self.waiting = ("fetch", tid)
+                self._out.append(StartFetch(tid, msg.source_peer, msg.source_address, msg.token))
+            self.queue.appendleft(msg)
+            return
+        self.waiting = None
+        result = self.fetched.pop(tid)
+        if isinstance(result, str):
+            raise _Failure(m.CAPABILITY, f"fetch from {msg.source_peer[:12]}... failed: {result}")
+        dtype, shape, data = result
+        self._put(tid, self._array(dtype, shape, data))
+
+
+def _request_id(msg: m.Message) -> int:
+    return getattr(msg, "request_id", 0)
+
+
+_HANDLERS: dict[type, Any] = {
+    m.Upload: Session._upload,
+    m.RegisterGraph: Session._register,
+    m.ExecuteGraph: Session._execute,
+    m.Read: Session._read,
+    m.Drop: lambda s, msg: s._drop(msg.tensor_ids),
+    m.Sync: Session._sync,
+    m.MemoryStats: Session._memory,
+    m.Resync: Session._resync,
+    m.Expose: Session._expose,
+    m.Fetch: Session._fetch,
+}
+
+__all__ = ["Output", "SendBulk", "Session", "StartFetch"]

@@ -1,0 +1,159 @@
+"""What every session of one server shares: the backend, the plan cache, limits, memory totals
+and the one-time capabilities of server-to-server moves. Thread-safe: sessions run their
+engine work in worker threads."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..engine.backend import Backend, get_backend
+from ..engine.executor import PLAN_CACHE_SIZE, Executor, Plan
+from ..protocol import dtypes
+from ..protocol import messages as m
+from ..protocol.graph import MAX_GRAPH_NODES, GraphError, decode, validate
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits; exceeding one gives the client a LIMIT error, never a crash."""
+
+    max_frame: int = m.MAX_FRAME
+    """Largest frame accepted on any stream."""
+    max_sessions: int = 64
+    """Concurrent sessions; the next Hello gets LIMIT and the connection closes."""
+    max_tensors: int = 100_000
+    """Tensors one session may hold."""
+    max_graphs: int = 4096
+    """Distinct graphs one session may register."""
+    max_graph_nodes: int = MAX_GRAPH_NODES
+    """Nodes in one registered graph."""
+    session_memory: int = 8 * 2**30
+    """Bytes of tensors one session may hold."""
+    memory_limit: int = 32 * 2**30
+    """Bytes of tensors all sessions together may hold."""
+    plan_cache: int = PLAN_CACHE_SIZE
+    """Compiled plans kept (LRU, shared by all sessions)."""
+
+    def as_welcome(self) -> dict[str, int]:
+        return {
+            "max_frame": self.max_frame,
+            "max_tensors": self.max_tensors,
+            "max_graphs": self.max_graphs,
+            "session_memory": self.session_memory,
+            "bulk_threshold": m.BULK_THRESHOLD,
+        }
+
+
+class LimitExceeded(Exception):
+    """A limit was hit; the message says which."""
+
+
+class ServerState:
+    """Shared by the sessions of one server process."""
+
+    def __init__(
+        self, device: str = "cpu", limits: Limits | None = None, peer_id: str = ""
+    ) -> None:
+        self.limits = limits or Limits()
+        self.backend: Backend = get_backend(device)
+        self.executor = Executor(self.backend, self.limits.plan_cache)
+        self.peer_id = peer_id
+        self.lock = threading.Lock()
+        self.sessions: dict[int, Any] = {}
+        self.tensors = 0
+        self.bytes = 0
+        self._ids = itertools.count(1)
+        self._caps: dict[bytes, tuple[str, Any]] = {}
+
+    # --- sessions ---------------------------------------------------------------------------
+    def open_session(self, session: Any) -> int:
+        with self.lock:
+            if len(self.sessions) >= self.limits.max_sessions:
+                raise LimitExceeded(
+                    f"the server already has {len(self.sessions)} sessions "
+                    f"(max_sessions {self.limits.max_sessions})"
+                )
+            sid = next(self._ids)
+            self.sessions[sid] = session
+            return sid
+
+    def close_session(self, sid: int) -> None:
+        with self.lock:
+            self.sessions.pop(sid, None)
+
+    def account(self, tensors: int, nbytes: int, session_bytes: int) -> None:
+        """Charge (or, negative, refund) memory; raises LimitExceeded past a quota."""
+        with self.lock:
+            if nbytes > 0:
+                if session_bytes + nbytes > self.limits.session_memory:
+                    raise LimitExceeded(
+                        f"session memory quota exceeded: {session_bytes} + {nbytes} bytes > "
+                        f"{self.limits.session_memory}"
+                    )
+                if self.bytes + nbytes > self.limits.memory_limit:
+                    raise LimitExceeded(
+                        f"server memory limit exceeded: {self.bytes} + {nbytes} bytes > "
+                        f"{self.limits.memory_limit}"
+                    )
+            self.tensors += tensors
+            self.bytes += nbytes
+
+    # --- graphs -----------------------------------------------------------------------------
+    def plan(self, digest: str) -> Plan | None:
+        with self.lock:
+            return self.executor.plan(digest)
+
+    def register(self, digest: str, graph_bytes: bytes) -> Plan:
+        """Decode, validate and compile; refuses a graph whose recomputed digest differs."""
+        graph = decode(graph_bytes, self.limits.max_graph_nodes)
+        validate(graph)
+        actual = graph.digest()
+        if actual != digest:
+            raise GraphError(f"digest mismatch: the graph hashes to {actual}, not {digest}")
+        with self.lock:
+            plan = self.executor.plan(digest)
+            if plan is None:
+                plan = self.executor.register(digest, graph)
+            return plan
+
+    # --- capabilities -----------------------------------------------------------------------
+    def grant(self, peer_id: str, array: Any) -> bytes:
+        """A one-time token that lets ``peer_id`` (only) fetch ``array``."""
+        token = os.urandom(32)
+        with self.lock:
+            self._caps[token] = (peer_id, array)
+        return token
+
+    def redeem(self, token: bytes, peer_id: str) -> Any:
+        """The exposed array, once; raises LookupError for a wrong token or peer."""
+        with self.lock:
+            entry = self._caps.get(token)
+            if entry is None:
+                raise LookupError("unknown or already used capability token")
+            if entry[0] != peer_id:
+                raise LookupError("this capability token is bound to another peer")
+            del self._caps[token]
+        return entry[1]
+
+    def serve_fetch(self, frame: bytes, peer_id: str) -> tuple[bytes, bytes | None]:
+        """Source side of a server-to-server move: Fetch frame in, (Data frame, bytes) out."""
+        try:
+            (msg,) = m.decode(frame)
+            if not isinstance(msg, m.Fetch):
+                raise m.DecodeError(f"expected Fetch, got {type(msg).__name__}")
+            array = self.redeem(msg.token, peer_id)
+        except (m.DecodeError, ValueError, LookupError) as exc:
+            return m.encode(m.Error(m.CAPABILITY, str(exc), -1, 0)), None
+        host = np.ascontiguousarray(self.backend.to_numpy(array))
+        name = dtypes.from_numpy(host.dtype)
+        payload = host.tobytes()
+        return m.encode(m.Data(0, name, host.shape, b"", 1)), payload
+
+
+__all__ = ["LimitExceeded", "Limits", "ServerState"]

@@ -1,0 +1,136 @@
+"""The ``burn-remote`` command: a thin dispatcher, one function per subcommand.
+
+To add a subcommand, write ``_add_<name>(subparsers)`` that registers its arguments and sets
+``func`` to a ``cmd_<name>(args) -> int`` function, then list it in ``_REGISTRARS``. Heavy
+imports (trio, aioquic, cryptography, engines) stay inside the ``cmd_*`` functions so that
+``burn-remote --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    """Create the key on first use, then print this node's peer id."""
+    from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+
+    path = args.key or default_key_path()
+    try:
+        ident = Identity.load_or_create(path)
+    except KeyFileError as exc:
+        print(f"burn-remote id: {exc}", file=sys.stderr)
+        return 1
+    print(ident.peer_id)
+    if args.verbose:
+        print(f"key file: {path}", file=sys.stderr)
+    return 0
+
+
+def _add_id(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "id",
+        help="create/show this node's key and print its peer id",
+        description=(
+            "Print this node's peer id (its Ed25519 public key in lowercase unpadded base32, "
+            "52 characters). The key file is created with mode 0600 on first use; a key file "
+            "readable by group or others is refused. Default key file: $BURN_REMOTE_KEY, else "
+            "$BURN_REMOTE_HOME/key, else $XDG_CONFIG_HOME/burn-remote/key, else "
+            "~/.config/burn-remote/key."
+        ),
+    )
+    p.add_argument("--key", metavar="FILE", help="key file to use instead of the default")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the key path")
+    p.set_defaults(func=cmd_id)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the daemon: sessions over QUIC on one engine device until SIGINT/SIGTERM."""
+    from pathlib import Path
+
+    from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+    from burn_remote.server._daemon import ServeOptions, run
+    from burn_remote.server._state import Limits, ServerState
+
+    key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
+    host, _, port = args.listen.rpartition(":")
+    try:
+        identity = Identity.load_or_create(key)
+        limits = Limits(
+            memory_limit=args.memory_limit,
+            session_memory=args.session_memory or args.memory_limit,
+            max_sessions=args.max_sessions,
+            max_tensors=args.max_tensors,
+            max_graphs=args.max_graphs,
+            max_frame=args.max_frame,
+            plan_cache=args.plan_cache,
+        )
+        state = ServerState(args.device, limits, str(identity.peer_id))
+    except (KeyFileError, ValueError, RuntimeError) as exc:
+        print(f"burn-remote serve: {exc}", file=sys.stderr)
+        return 1
+    if not args.allow_any and args.authorized_peers is None:
+        from burn_remote.protocol.transport import default_authorized_peers_path
+
+        args.authorized_peers = default_authorized_peers_path()
+    opts = ServeOptions(
+        state=state,
+        identity=identity,
+        bind=(host.strip("[]") or "127.0.0.1", int(port)),
+        authorized_peers=args.authorized_peers,
+        allow_any=args.allow_any,
+        idle_timeout=args.idle_timeout,
+    )
+    return run(opts, args.device)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from burn_remote.protocol.messages import MAX_FRAME
+
+    p = sub.add_parser(
+        "serve",
+        help="run the compute daemon",
+        description="Serve remote sessions on one device. Prints the peer id and addresses.",
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda:N or opencl (default cpu)")
+    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT")
+    p.add_argument("--key", metavar="FILE", help="key file (default: DATA_DIR/key or the node key)")
+    p.add_argument("--authorized-peers", metavar="FILE", help="peer ids admitted (one a line)")
+    p.add_argument("--allow-any", action="store_true", help="admit any authenticated peer")
+    p.add_argument("--data-dir", metavar="DIR", help="server state directory (holds the key)")
+    gib = 2**30
+    p.add_argument("--memory-limit", type=int, default=32 * gib, metavar="BYTES")
+    p.add_argument("--session-memory", type=int, default=0, metavar="BYTES")
+    p.add_argument("--max-sessions", type=int, default=64)
+    p.add_argument("--max-tensors", type=int, default=100_000)
+    p.add_argument("--max-graphs", type=int, default=4096)
+    p.add_argument("--max-frame", type=int, default=MAX_FRAME, metavar="BYTES")
+    p.add_argument("--plan-cache", type=int, default=256, help="compiled graphs kept (LRU)")
+    p.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS")
+    p.set_defaults(func=cmd_serve)
+
+
+_REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_id, _add_serve]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser; separate from :func:`main` so tests can inspect it."""
+    parser = argparse.ArgumentParser(
+        prog="burn-remote", description="burn-remote node: identity, server, relay and jobs."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in _REGISTRARS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

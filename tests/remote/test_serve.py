@@ -1,0 +1,119 @@
+"""Against a real `burn-remote serve` subprocess on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from burn_remote import Device, OpFailed, RemoteDevice
+from burn_remote import functional as F
+
+from .conftest import Server, env_with_home
+from .mlp import train
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_mlp_bitwise_equal_and_one_small_message_per_step(server: Server) -> None:
+    dev = RemoteDevice(server.target)
+    seen = []
+    remote = train(dev, 5, on_step=lambda step, data: seen.append((dev.stats(), data)))
+    local = train(Device.cpu(), 5)
+    assert remote["losses"] == local["losses"]
+    for a, b in zip(remote["weights"], local["weights"]):
+        assert a.tobytes() == b.tobytes()
+    for (before, _), (after, data) in zip(seen[1:], seen[2:]):
+        assert after["messages_sent"] - before["messages_sent"] == 1
+        assert after["bytes_sent"] - before["bytes_sent"] - data <= 1024
+        assert after["replays"] - before["replays"] == 1
+    dev.close()
+
+
+def test_server_error_surfaces_at_sync_and_session_goes_on(server: Server) -> None:
+    dev = RemoteDevice(server.target)
+    a = dev.tensor(np.arange(4, dtype=np.float32))
+    bad = F.index_select(a, dev.tensor(np.array([9])))
+    line = sys._getframe().f_lineno - 1
+    del bad
+    with pytest.raises(OpFailed, match=rf"index_select \(recorded at .*test_serve.py:{line}\)"):
+        dev.sync()
+    assert (a * 2).sum().item() == 12.0
+    dev.close()
+
+
+def test_two_clients_are_isolated(server: Server, tmp_path: Path) -> None:
+    one = RemoteDevice(server.target)
+    two = RemoteDevice(server.target, key=tmp_path / "second-key")
+    assert one is not two
+    x1 = one.tensor(np.full(3, 1.0, np.float32))  # both get tensor id 1
+    x2 = two.tensor(np.full(3, 2.0, np.float32))
+    assert x1._id == x2._id
+    assert x1.sum().item() == 3.0 and x2.sum().item() == 6.0
+    only_one = one.tensor(np.zeros(5, np.float32))
+    only_one.sum().item()
+    assert one.memory_stats()["session_tensors"] == two.memory_stats()["session_tensors"] + 1
+    one.close()
+    two.close()
+
+
+def test_server_to_server_move(spawn) -> None:  # type: ignore[no-untyped-def]
+    a_srv, b_srv = spawn(), spawn()
+    a, b = RemoteDevice(a_srv.target), RemoteDevice(b_srv.target)
+    data = np.arange(300_000, dtype=np.float32)  # 1.2 MB: bulk on the server-to-server leg
+    t = a.tensor(data) * 2
+    before = b.stats()
+    moved = t.to(b)
+    assert moved.device is b
+    got = (moved + 1).numpy()
+    np.testing.assert_array_equal(got, data * 2 + 1)
+    after = b.stats()
+    assert after["data_bytes_sent"] == before["data_bytes_sent"]  # the client never sent it
+    assert a.stats()["data_bytes_received"] == 0
+    a.close()
+    b.close()
+
+
+KILLED_CLIENT = """
+import numpy as np, sys, time
+from burn_remote import RemoteDevice
+dev = RemoteDevice(sys.argv[1])
+keep = dev.tensor(np.ones(1_000_000, np.float32)) * 3
+keep.sum().item()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    srv = spawn("--idle-timeout", "2")
+    home = tmp_path / "victim-home"
+    home.mkdir(mode=0o700)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(KILLED_CLIENT), srv.target],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env_with_home(home),
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        watcher = RemoteDevice(srv.target)
+        stats = watcher.memory_stats()
+        assert stats["sessions"] == 2 and stats["server_bytes"] >= 4_000_000
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stats = watcher.memory_stats()
+            if stats["sessions"] == 1:
+                break
+            time.sleep(0.5)
+        assert stats["sessions"] == 1
+        assert stats["server_bytes"] == stats["session_bytes"] == 0
+        watcher.close()
+    finally:
+        proc.kill()

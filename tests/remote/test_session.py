@@ -1,0 +1,100 @@
+"""Client protocol and server session wired in memory: no sockets, real frames."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from burn_remote import Device, OpFailed
+from burn_remote import functional as F
+from burn_remote.protocol import messages as m
+from burn_remote.server._loopback import loopback_device
+from burn_remote.server._session import Session
+from burn_remote.server._state import Limits, ServerState
+
+from .mlp import train
+
+
+def test_mlp_bitwise_equal_and_one_small_message_per_step() -> None:
+    dev, _ = loopback_device()
+    seen = []
+
+    def on_step(step: int, data: int) -> None:
+        seen.append((dict(dev.stats()), data))
+
+    remote = train(dev, 6, on_step=on_step)
+    local = train(Device.cpu(), 6)
+    assert remote["losses"] == local["losses"]
+    for a, b in zip(remote["weights"], local["weights"]):
+        assert a.tobytes() == b.tobytes()
+    for (before, _), (after, data) in zip(seen[1:], seen[2:]):
+        assert after["messages_sent"] - before["messages_sent"] == 1
+        sent = after["bytes_sent"] - before["bytes_sent"]
+        assert sent - data <= 1024, sent - data
+        assert after["replays"] - before["replays"] == 1
+    assert dev.stats()["graphs_registered"] <= 4
+
+
+def test_error_names_op_and_line_and_session_goes_on() -> None:
+    dev, _ = loopback_device()
+    a = dev.tensor(np.arange(4, dtype=np.int64))
+    idx = dev.tensor(np.array([7], dtype=np.int64))
+    bad = F.index_select(a, idx)  # out of range: only the kernel can tell
+    line = sys._getframe().f_lineno - 1
+    with pytest.raises(OpFailed, match=rf"index_select \(recorded at .*test_session.py:{line}\)"):
+        bad.numpy()
+    assert (a + 1).sum().item() == 10
+
+
+def test_unknown_graph_after_eviction_is_replayed_transparently() -> None:
+    state = ServerState("cpu", Limits(plan_cache=1))
+    dev, _ = loopback_device(state)
+    other, _ = loopback_device(state)
+    x = dev.tensor(np.ones(3, np.float32))
+    assert (x * 2).sum().item() == 6.0
+    y = other.tensor(np.ones(2, np.float32))
+    assert (y - 1).sum().item() == 0.0  # evicts dev's graph
+    assert (x * 2).sum().item() == 6.0  # same digest: ExecuteGraph only, then replay
+    assert dev.stats()["reregistrations"] == 1
+
+
+def test_limits_give_errors_and_memory_is_freed() -> None:
+    state = ServerState("cpu", Limits(session_memory=1000))
+    dev, session = loopback_device(state)
+    dev.tensor(np.ones(100, np.float32)).sum().item()
+    big = dev.tensor(np.ones(1000, np.float32))
+    with pytest.raises(OpFailed, match="quota"):
+        big.sum().item()
+    assert dev.tensor(np.ones(2, np.float32)).sum().item() == 2.0
+    assert state.bytes > 0
+    session.close()
+    assert state.bytes == 0 and state.tensors == 0 and not state.sessions
+
+
+def test_malformed_frames_get_errors() -> None:
+    state = ServerState("cpu")
+    s = Session(state)
+    s.feed_control(m.encode(m.Hello(m.PROTOCOL_VERSION, b"")))
+    assert isinstance(m.decode(s.step()[0])[0], m.Welcome)
+    for frame in [b"", b"\xc1", m.encode(m.Sync(1))[:-1], b"\x91\x92\x63\x00"]:
+        s.feed_control(frame)
+        (reply,) = s.step()
+        (err,) = m.decode(reply)
+        assert isinstance(err, m.Error) and err.code == m.MALFORMED
+    s.feed_control(m.encode(m.Sync(5)))
+    assert m.decode(s.step()[0]) == [m.Ack(5)]
+
+
+def test_targets_and_address_book(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from burn_remote._remote import lookup_address, parse_target
+
+    assert parse_target("abc@127.0.0.1:4433") == ("abc", ("127.0.0.1", 4433))
+    assert parse_target("abc@[::1]:5") == ("abc", ("::1", 5))
+    assert parse_target("abc") == ("abc", None)
+    book = tmp_path / "addresses.toml"
+    book.write_text('[peers]\nabc = ["10.0.0.1:7000", "10.0.0.2:7000"]\nxyz = "h:1"\n')
+    assert lookup_address("abc", book) == ("10.0.0.1", 7000)
+    assert lookup_address("xyz", book) == ("h", 1)
+    with pytest.raises(ValueError, match="not in the address book"):
+        lookup_address("nope", book)

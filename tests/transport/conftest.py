@@ -1,0 +1,41 @@
+"""Shared helpers: real-UDP endpoint pairs on loopback, run under trio."""
+
+from __future__ import annotations
+
+import functools
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+from burn_remote.protocol.transport import Endpoint, EndpointConfig, Identity
+
+
+def trio_test(fn):
+    """Run an ``async def`` test under ``trio.run`` (no pytest plugin needed)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return trio.run(functools.partial(fn, *args, **kwargs))
+
+    return wrapper
+
+
+@asynccontextmanager
+async def serving(handler, *, server_config=None, client_config=None, **server_kwargs):
+    """A serving endpoint and a client endpoint (authorised unless told otherwise)."""
+    server_id, client_id = Identity.generate(), Identity.generate()
+    server_kwargs.setdefault("authorized_peers", {client_id.peer_id})
+    async with (
+        Endpoint.open(server_id, config=server_config or EndpointConfig(), **server_kwargs) as srv,
+        Endpoint.open(client_id, config=client_config or EndpointConfig()) as cli,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(srv.serve, handler)
+        await trio.sleep(0)
+        yield srv, cli
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def identities():
+    return Identity.generate(), Identity.generate()
