@@ -39,9 +39,9 @@ def test_server_error_surfaces_at_sync_and_session_goes_on(server: Server) -> No
     a = dev.tensor(np.arange(4, dtype=np.float32))
     bad = F.index_select(a, dev.tensor(np.array([9])))
     line = sys._getframe().f_lineno - 1
-    del bad
     with pytest.raises(OpFailed, match=rf"index_select \(recorded at .*test_serve.py:{line}\)"):
-        dev.sync()
+        dev.sync()  # `bad` is still held: an op nobody holds would be dropped, not run
+    del bad
     assert (a * 2).sum().item() == 12.0
     dev.close()
 
