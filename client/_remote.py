@@ -93,6 +93,10 @@ class RemoteRuntime:
     def sync(self) -> None:
         self._call(m.Sync)
 
+    def send(self) -> None:
+        """Send what is queued now, without waiting for anything."""
+        self.link.kick()
+
     def memory_stats(self) -> dict[str, int]:
         r = self._call(m.MemoryStats, 0, 0, 0, 0, 0)
         return {k: v for k, v in dataclasses.asdict(r).items() if k != "request_id"}
@@ -195,6 +199,11 @@ class RemoteDevice(Device):
 
     def __repr__(self) -> str:
         return f"RemoteDevice('{self.peer_id}@{self.address[0]}:{self.address[1]}')"
+
+    def flush(self) -> None:
+        """Send what is recorded as one message now (a step boundary) and return at once."""
+        super().flush()
+        self._rt.send()
 
     def sync(self) -> None:
         """Run everything recorded and wait until the server did; raises its errors."""

@@ -51,6 +51,10 @@ class _Failure(Exception):
         self.code, self.node = code, node
 
 
+ENGINE_WORK = (m.ExecuteGraph, m.RegisterGraph)
+"""Messages whose processing may take long: a session runs them in a worker thread."""
+
+
 class Session:
     """Tensor store and message interpreter of one client connection."""
 
@@ -93,6 +97,12 @@ class Session:
         self.fetched[tensor_id] = result
 
     # --- processing -------------------------------------------------------------------------
+    def needs_worker(self) -> bool:
+        """Whether what is queued includes engine work (graphs to compile or run). Reads, syncs
+        and drops are cheap enough to answer on the network loop, saving a thread handoff on
+        every `item()` round trip."""
+        return any(isinstance(msg, ENGINE_WORK) for msg in self.queue)
+
     def step(self) -> list[Output]:
         """Run queued messages until done or blocked on a bulk payload or a fetch."""
         while self.queue and not self.closed:
