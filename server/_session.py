@@ -64,6 +64,7 @@ class Session:
         self.id = 0
         self.store: dict[int, Any] = {}
         self.nbytes = 0
+        self.peak = 0
         self.graphs: set[str] = set()
         self.stalled = False
         self.closed = False
@@ -184,6 +185,7 @@ class Session:
         old_size = int(getattr(old, "nbytes", 0)) if old is not None else 0
         self.state.account(0 if old is not None else 1, size - old_size, self.nbytes - old_size)
         self.nbytes += size - old_size
+        self.peak = max(self.peak, self.nbytes)
         self.store[tensor_id] = array
 
     def _drop(self, ids: tuple[int, ...]) -> None:
@@ -315,7 +317,14 @@ class Session:
         st = self.state
         self._replies.append(
             m.MemoryStats(
-                msg.request_id, len(self.store), self.nbytes, st.tensors, st.bytes, len(st.sessions)
+                msg.request_id,
+                len(self.store),
+                self.nbytes,
+                st.tensors,
+                st.bytes,
+                len(st.sessions),
+                self.peak,
+                st.peak_bytes,
             )
         )
 
