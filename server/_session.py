@@ -286,8 +286,13 @@ class Session:
                     f"{dt}{list(shape)}",
                 )
             inputs.append(a)
+        # Inputs the client drops with this very message (an optimizer's old weights) are
+        # donated: they leave the store now and the graph frees them at their last use.
+        dropping = set(msg.drops)
+        donated = [k for k, tid in enumerate(msg.input_ids) if tid in dropping]
+        self._drop(tuple(msg.input_ids[k] for k in donated))
         try:
-            outs = self.state.executor.run(plan, inputs, msg.values)
+            outs = self.state.executor.run(plan, inputs, msg.values, donated)
         except ExecutionError as exc:
             raise _Failure(m.EXECUTION, str(exc), exc.node) from None
         except (TypeError, ValueError, OverflowError) as exc:
