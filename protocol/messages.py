@@ -79,6 +79,8 @@ class Hello:
     """The client's PROTOCOL_VERSION."""
     resume_token: bytes
     """Empty for a new session (resuming a detached session is reserved for later versions)."""
+    extensions: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Op extensions the client has loaded, name -> version (at most MAX_EXTENSIONS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,9 @@ class Welcome:
     """The server's peer id (already proven by TLS; repeated for logs)."""
     limits: dict[str, int]
     """The server's limits: max_frame, max_tensors, max_graphs, session_memory, bulk_threshold."""
+    extensions: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Op extensions installed on the server (entry points), name -> version: a graph using
+    any other is refused with BAD_GRAPH naming it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +400,18 @@ def _limits(v: Any, name: str) -> dict[str, int]:
     return {_str(k, f"{name} key"): _i64(x, f"{name}[{k!r}]") for k, x in v.items()}
 
 
+MAX_EXTENSIONS = 256
+"""Entries a Hello or Welcome extension map may hold."""
+
+
+def _names(v: Any, name: str) -> dict[str, str]:
+    if type(v) is not dict or len(v) > MAX_EXTENSIONS:
+        raise DecodeError(
+            f"{name}: expected a map of at most {MAX_EXTENSIONS} names, got {_show(v)}"
+        )
+    return {_str(k, f"{name} key"): _str(x, f"{name}[{k!r}]") for k, x in v.items()}
+
+
 _CHECKS = {
     "int": _u64,
     "str": _str,
@@ -402,6 +419,7 @@ _CHECKS = {
     "tuple[int, ...]": _ids,
     "tuple[float | int | bool, ...]": _values,
     "dict[str, int]": _limits,
+    "dict[str, str]": _names,
 }
 _BY_NAME = {"shape": _shape, "node": _i64}
 """Fields whose check is stricter (shape) or signed (node: -1 means none)."""

@@ -52,6 +52,9 @@ class _Failure(Exception):
 
 
 ENGINE_WORK = (m.ExecuteGraph, m.RegisterGraph)
+
+MAX_REFUSED_GRAPHS = 64
+"""Refused digests a session remembers (a client retrying more is refused again)."""
 """Messages whose processing may take long: a session runs them in a worker thread."""
 
 
@@ -65,6 +68,9 @@ class Session:
         self.store: dict[int, Any] = {}
         self.nbytes = 0
         self.peak = 0
+        self.refused: dict[str, tuple[str, int]] = {}
+        """Digests this session registered and the server refused: executing one fails with the
+        reason instead of asking the client to re-register."""
         self.graphs: set[str] = set()
         self.stalled = False
         self.closed = False
@@ -170,6 +176,7 @@ class Session:
                 self.id.to_bytes(8, "big"),
                 self.state.peer_id,
                 self.state.limits.as_welcome(),
+                dict(self.state.extensions),
             )
         )
 
@@ -248,12 +255,19 @@ class Session:
         try:
             self.state.register(digest, msg.graph)
         except GraphError as exc:
-            raise _Failure(
-                m.BAD_GRAPH, f"graph refused: {exc}", -1 if exc.node is None else exc.node
-            ) from None
+            if len(self.refused) >= MAX_REFUSED_GRAPHS:
+                self.refused.clear()
+            node = -1 if exc.node is None else exc.node
+            self.refused[digest] = (f"graph refused: {exc}", node)
+            raise _Failure(m.BAD_GRAPH, f"graph refused: {exc}", node) from None
+        self.refused.pop(digest, None)
         self.graphs.add(digest)
 
     def _execute(self, msg: m.ExecuteGraph) -> None:
+        refused = self.refused.get(msg.digest.hex())
+        if refused is not None:  # not evicted but refused: re-registering would not help
+            self._drop(msg.drops)
+            raise _Failure(m.BAD_GRAPH, *refused)
         plan = self.state.plan(msg.digest.hex())
         if plan is None:  # the client resends this message (drops included) after Resync
             self.stalled = True

@@ -16,6 +16,7 @@ from ..engine.backend import Backend, get_backend
 from ..engine.executor import PLAN_CACHE_SIZE, Executor, Plan
 from ..protocol import dtypes
 from ..protocol import messages as m
+from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, GraphError, decode, validate
 
 
@@ -69,6 +70,8 @@ class ServerState:
         self.tensors = 0
         self.bytes = 0
         self.peak_bytes = 0
+        self.extensions: dict[str, str] = installed_extensions()
+        """Op extensions this server runs (entry points loaded by `serve`), name -> version."""
         self._ids = itertools.count(1)
         self._caps: dict[bytes, tuple[str, Any]] = {}
 
@@ -114,6 +117,7 @@ class ServerState:
     def register(self, digest: str, graph_bytes: bytes) -> Plan:
         """Decode, validate and compile; refuses a graph whose recomputed digest differs."""
         graph = decode(graph_bytes, self.limits.max_graph_nodes)
+        check_graph_extensions(graph, self.extensions)  # names what this server lacks
         validate(graph)
         actual = graph.digest()
         if actual != digest:

@@ -50,12 +50,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: sessions over QUIC on one engine device until SIGINT/SIGTERM."""
     from pathlib import Path
 
+    from burn_remote.protocol.extensions import format_extensions, load_entry_point_extensions
     from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
     from burn_remote.server._daemon import ServeOptions, run
     from burn_remote.server._state import Limits, ServerState
 
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     host, _, port = args.listen.rpartition(":")
+    broken: list = []
+    extensions = load_entry_point_extensions(errors=broken)  # a broken one is skipped, loudly
+    for err in broken:
+        print(f"burn-remote serve: extension not loaded: {err}", file=sys.stderr)
+    print(f"extensions: {format_extensions(extensions)}", flush=True)
     try:
         identity = Identity.load_or_create(key)
         limits = Limits(
