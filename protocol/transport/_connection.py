@@ -105,8 +105,7 @@ class Connection:
     async def open_stream(self) -> FrameStream:
         """A new bidirectional stream; the peer sees it with its first frame."""
         self._check_open()
-        sid = self._quic.get_next_available_stream_id()
-        stream = self._new_stream(sid)
+        stream = self._new_stream(self._quic.open_bidi_stream())
         await trio.lowlevel.checkpoint()
         return stream
 
@@ -163,6 +162,11 @@ class Connection:
         if self._error is None and quic.window_update_due(stream_id):
             self._transmit()
 
+    def _release(self, sid: int) -> None:
+        """Forget a stream both sides finished with (its state would otherwise pile up)."""
+        self._streams.pop(sid, None)
+        self._quic.app_consumed.pop(sid, None)
+
     def _new_stream(self, sid: int) -> FrameStream:
         stream = FrameStream(self, sid)
         self._streams[sid] = stream
@@ -194,7 +198,13 @@ class Connection:
                 quic.app_buffered += len(event.data)
                 stream = self._streams.get(event.stream_id)
                 if stream is None:
-                    stream = self._new_stream(event.stream_id)
+                    sid = event.stream_id
+                    # Released streams get no more events (aioquic drops frames for
+                    # finished streams), so an unknown id is a new stream from the peer.
+                    if (sid & 1) != self._is_client:
+                        self._consumed(sid, len(event.data))
+                        continue
+                    stream = self._new_stream(sid)
                     self._incoming_send.send_nowait(stream)
                 stream._feed(event.data, event.end_stream)
             elif kind is events.ConnectionIdIssued:

@@ -130,6 +130,13 @@ class PeerQuicConnection(QuicConnection):
         space = self._spaces.get(tls.Epoch.INITIAL)
         return space is not None and len(space.ack_queue) > 0
 
+    def open_bidi_stream(self) -> int:
+        """Allocate the next local bidirectional stream id now, so that two streams opened
+        before either sends cannot get the same id (aioquic only advances it on send)."""
+        stream_id = self.get_next_available_stream_id()
+        self._get_or_create_stream_for_send(stream_id)
+        return stream_id
+
     def sender_buffered(self, stream_id: int) -> int:
         """Bytes written to a stream and not yet acknowledged by the peer."""
         stream = self._streams.get(stream_id)

@@ -117,6 +117,8 @@ class FrameStream:
         self._send_closed = True
         self._conn._quic.send_stream_data(self.stream_id, b"", end_stream=True)
         self._conn._transmit()
+        if self._eof and not self._buffered:
+            self._conn._release(self.stream_id)
         await trio.lowlevel.checkpoint()
 
     # -- receiving -------------------------------------------------------------------------
@@ -148,6 +150,8 @@ class FrameStream:
                 raise self._error
             if self._eof:
                 if self._need is None and self._buffered == 0:
+                    if self._send_closed:
+                        self._conn._release(self.stream_id)
                     await trio.lowlevel.checkpoint()
                     return None
                 raise TransportError(f"stream {self.stream_id} ended inside a frame")
