@@ -183,9 +183,9 @@ class Connection:
         """Send everything aioquic has ready, then re-arm the single timer."""
         quic = self._quic
         now = trio.current_time()
-        send = self._ep._sendto
-        for data, addr in quic.datagrams_to_send(now):
-            send(data, addr)
+        datagrams = quic.datagrams_to_send(now)
+        if datagrams:
+            self._ep._send_batch(datagrams)
         t = quic.get_timer()
         self._timer_at = t
         self._timer_scope.deadline = math.inf if t is None else t

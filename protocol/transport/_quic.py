@@ -101,6 +101,7 @@ class PeerQuicConnection(QuicConnection):
         expected_peer: PeerId | None = None,
         authorize: Authorize | None = None,
         max_streams: int = 128,
+        max_packets_in_flight: int = 1024,
         **kwargs,
     ) -> None:
         super().__init__(configuration=configuration, **kwargs)
@@ -110,8 +111,17 @@ class PeerQuicConnection(QuicConnection):
         self._connection_window = configuration.max_data
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
         self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+        self.max_packets_in_flight = max_packets_in_flight
         self.app_consumed: dict[int, int] = {}
         self.app_buffered = 0
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+        """aioquic's, after clamping the congestion window to the in-flight cap."""
+        cc = self._loss._cc
+        cap = self.max_packets_in_flight * self._max_datagram_size
+        if cc.congestion_window > cap:
+            cc.congestion_window = cap
+        return super().datagrams_to_send(now)
 
     @property
     def peer_id(self) -> PeerId | None:
