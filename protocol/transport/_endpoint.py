@@ -27,6 +27,7 @@ from aioquic.quic.packet import (
     pull_quic_header,
 )
 
+from ._addressing import Resolver
 from ._authorized import AuthorizedPeers
 from ._config import EndpointConfig, quic_configuration
 from ._connection import Connection, Handler
@@ -179,6 +180,26 @@ class Endpoint:
                 raise err
             raise PeerRejected(str(err))
         return conn
+
+    async def dial(self, target: str | PeerId, resolver: Resolver | None = None) -> Connection:
+        """Connect to ``peer@host:port``, a peer id, or an address-book name, trying each
+        address the resolver knows in turn. An authentication failure is final (the next
+        address would be the same peer, or the same impostor); other failures move on.
+
+        Raises:
+            PeerRejected: as for :meth:`connect`.
+            TransportError: every address failed (the message lists each reason).
+        """
+        peer, addresses = await (resolver or Resolver()).resolve(target)
+        failures = []
+        for addr in addresses:
+            try:
+                return await self.connect(peer, addr)
+            except PeerRejected:
+                raise
+            except (TransportError, OSError) as exc:
+                failures.append(f"{addr[0]}:{addr[1]}: {exc}")
+        raise TransportError(f"could not reach {peer}: " + "; ".join(failures))
 
     # -- connection table ------------------------------------------------------------------
 
