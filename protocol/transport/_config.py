@@ -124,6 +124,8 @@ def quic_configuration(
     host name in a peer-to-peer network); the peer's key is checked instead by the TLS
     context of :mod:`._quic`, before the handshake completes.
     """
+    # The handshake uses a small size (see PeerQuicConnection._use_datagram_size).
+    datagram_size = min(datagram_size, DEFAULT_DATAGRAM_SIZE)
     return QuicConfiguration(
         alpn_protocols=[ALPN],
         is_client=is_client,

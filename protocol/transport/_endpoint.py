@@ -157,13 +157,12 @@ class Endpoint:
         peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
         host, port = await _resolve(addr, self._sock.family)
         remote = (host, port) if self._sock.family == socket.AF_INET else (host, port, 0, 0)
+        size = self._config.datagram_size_for(host)
         quic = PeerQuicConnection(
             configuration=quic_configuration(
-                self.identity,
-                is_client=True,
-                config=self._config,
-                datagram_size=self._config.datagram_size_for(host),
+                self.identity, is_client=True, config=self._config, datagram_size=size
             ),
+            path_datagram_size=size,
             expected_peer=peer_id,
             max_streams=self._config.max_streams,
             max_packets_in_flight=self._config.max_packets_in_flight,
@@ -175,10 +174,7 @@ class Endpoint:
         self._nursery.start_soon(conn._run)
         await conn._ready.wait()
         if conn._error is not None:
-            err = conn._error
-            if isinstance(err, PeerRejected) or "TLS" not in str(err):
-                raise err
-            raise PeerRejected(str(err))
+            raise conn._error
         return conn
 
     async def dial(self, target: str | PeerId, resolver: Resolver | None = None) -> Connection:
@@ -375,16 +371,15 @@ class Endpoint:
             return None
         if header.packet_type != QuicPacketType.INITIAL or len(data) < 1200:
             return None
+        size = self._config.datagram_size_for(addr[0])
         if len(self._conns) >= self.max_connections:
             log.warning("refusing new connection from %s: %d connections", addr, len(self._conns))
             return None
         quic = PeerQuicConnection(
             configuration=quic_configuration(
-                self.identity,
-                is_client=False,
-                config=self._config,
-                datagram_size=self._config.datagram_size_for(addr[0]),
+                self.identity, is_client=False, config=self._config, datagram_size=size
             ),
+            path_datagram_size=size,
             original_destination_connection_id=header.destination_cid,
             authorize=self._authorized.check,
             max_streams=self._config.max_streams,

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from aioquic import tls
 from aioquic.buffer import Buffer, size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -102,6 +103,7 @@ class PeerQuicConnection(QuicConnection):
         authorize: Authorize | None = None,
         max_streams: int = 128,
         max_packets_in_flight: int = 1024,
+        path_datagram_size: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(configuration=configuration, **kwargs)
@@ -112,16 +114,34 @@ class PeerQuicConnection(QuicConnection):
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
         self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
         self.max_packets_in_flight = max_packets_in_flight
+        self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
         self.app_consumed: dict[int, int] = {}
         self.app_buffered = 0
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
-        """aioquic's, after clamping the congestion window to the in-flight cap."""
+        """aioquic's, after clamping the congestion window to the in-flight cap (and, once
+        the handshake is confirmed, switching to the path's datagram size)."""
+        if self._path_datagram_size > self._max_datagram_size and self._handshake_confirmed:
+            self._use_datagram_size(self._path_datagram_size)
         cc = self._loss._cc
         cap = self.max_packets_in_flight * self._max_datagram_size
         if cc.congestion_window > cap:
             cc.congestion_window = cap
         return super().datagrams_to_send(now)
+
+    def _use_datagram_size(self, size: int) -> None:
+        """Raise the datagram size after the handshake. The handshake runs at a small size
+        because aioquic pads every Initial datagram to the full size (64 KiB on loopback
+        would triple the handshake time); congestion control restarts at the new size,
+        keeping its count of bytes in flight."""
+        loss = self._loss
+        old = loss._cc
+        loss._cc = create_congestion_control(
+            self._configuration.congestion_control_algorithm, max_datagram_size=size
+        )
+        loss._cc.bytes_in_flight = old.bytes_in_flight
+        loss._pacer._max_datagram_size = size
+        self._max_datagram_size = size
 
     @property
     def peer_id(self) -> PeerId | None:
