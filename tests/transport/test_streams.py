@@ -178,10 +178,10 @@ async def test_keepalive_holds_an_idle_connection_open():
         while (frame := await s.receive_frame()) is not None:
             await s.send_frame(frame)
 
-    lively = EndpointConfig(idle_timeout=0.5, keepalive_interval=0.1)
+    lively = EndpointConfig(idle_timeout=1.0, keepalive_interval=0.1)
     async with serving(echo, server_config=lively, client_config=lively) as (srv, cli):
         conn = await cli.connect(srv.peer_id, srv.local_address)
-        await trio.sleep(2.5)  # five idle timeouts of silence from the application
+        await trio.sleep(3.5)  # several idle timeouts of silence from the application
         assert not conn.is_closed
         s = await conn.open_stream()
         await s.send_frame(b"still here")
