@@ -77,6 +77,7 @@ class Connection:
         self._ready = trio.Event()  # handshake confirmed, or terminated
         self._terminated = trio.Event()
         self._error: TransportError | None = None
+        self._closing: str | None = None  # our close reason, until the peer's ack/timeout
         self._timer_at: float | None = None
         self._timer_scope = trio.CancelScope()
         self._cids: set[bytes] = set()
@@ -149,11 +150,13 @@ class Connection:
     # -- helpers used by FrameStream -------------------------------------------------------
 
     def _is_open(self) -> bool:
-        return self._error is None
+        return self._error is None and self._closing is None
 
     def _check_open(self) -> None:
         if self._error is not None:
             raise self._error
+        if self._closing is not None:
+            raise TransportError(f"connection is closing: {self._closing}")
 
     def _consumed(self, stream_id: int, n: int) -> None:
         quic = self._quic
@@ -175,7 +178,8 @@ class Connection:
     # -- driver ----------------------------------------------------------------------------
 
     def _close_now(self, code: int, reason: str) -> None:
-        if self._error is None:
+        if self._error is None and self._closing is None:
+            self._closing = reason
             self._quic.close(error_code=code, reason_phrase=reason)
             self._transmit()
 
@@ -288,6 +292,8 @@ class Connection:
         assert self._config.keepalive_interval is not None
         while True:
             await trio.sleep(self._config.keepalive_interval)
+            if self._closing is not None:
+                return
             self._ping_uid += 1
             self._quic.send_ping(self._ping_uid)
             self._transmit()
