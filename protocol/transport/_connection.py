@@ -165,10 +165,20 @@ class Connection:
         if self._error is None and quic.window_update_due(stream_id):
             self._transmit()
 
+    def _set_frame_credit(self, stream_id: int, n: int) -> None:
+        """Let a frame of ``n`` bytes that a reader awaits arrive whole (0 clears)."""
+        quic = self._quic
+        quic.frame_credit_total += n - quic.frame_credit.pop(stream_id, 0)
+        if n:
+            quic.frame_credit[stream_id] = n
+            if self._error is None and quic.window_update_due(stream_id):
+                self._transmit()
+
     def _release(self, sid: int) -> None:
         """Forget a stream both sides finished with (its state would otherwise pile up)."""
         self._streams.pop(sid, None)
         self._quic.app_consumed.pop(sid, None)
+        self._set_frame_credit(sid, 0)
 
     def _new_stream(self, sid: int) -> FrameStream:
         stream = FrameStream(self, sid)

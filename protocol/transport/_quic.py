@@ -90,9 +90,12 @@ class _PeerCheckingContext(tls.Context):
 class PeerQuicConnection(QuicConnection):
     """A ``QuicConnection`` that authenticates peers by key and bounds its receive buffers.
 
-    ``app_consumed`` (stream id -> bytes the application has read) and ``app_buffered``
-    (bytes delivered in events but not yet read) are kept up to date by the driver; the
-    windows advertised to the peer are derived from them when packets are built.
+    ``app_consumed`` (stream id -> bytes the application has read), ``app_buffered`` (bytes
+    delivered in events but not yet read) and ``frame_credit`` (stream id -> size of the
+    frame a reader is waiting for) are kept up to date by the driver; the windows advertised
+    to the peer are derived from them when packets are built. The credit lets a frame larger
+    than the window arrive whole while someone is reading it: the bound on buffered bytes is
+    ``connection_window`` plus one frame per stream being read.
     """
 
     def __init__(
@@ -117,6 +120,8 @@ class PeerQuicConnection(QuicConnection):
         self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
         self.app_consumed: dict[int, int] = {}
         self.app_buffered = 0
+        self.frame_credit: dict[int, int] = {}  # stream -> size of the frame being awaited
+        self.frame_credit_total = 0
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
         """aioquic's, after clamping the congestion window to the in-flight cap (and, once
@@ -179,11 +184,15 @@ class PeerQuicConnection(QuicConnection):
         stream = self._streams.get(stream_id)
         quarter_s = self._stream_window // 4
         if stream is not None and stream.max_stream_data_local:
-            target = self.app_consumed.get(stream_id, 0) + self._stream_window
+            target = (
+                self.app_consumed.get(stream_id, 0)
+                + self._stream_window
+                + self.frame_credit.get(stream_id, 0)
+            )
             if target - stream.max_stream_data_local >= quarter_s:
                 return True
         limit = self._local_max_data
-        target = limit.used - self.app_buffered + self._connection_window
+        target = limit.used - self.app_buffered + self._connection_window + self.frame_credit_total
         return target - limit.value >= self._connection_window // 4
 
     # -- overrides -------------------------------------------------------------------------
@@ -200,7 +209,9 @@ class PeerQuicConnection(QuicConnection):
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         max_data = self._local_max_data
-        target = max_data.used - self.app_buffered + self._connection_window
+        target = (
+            max_data.used - self.app_buffered + self._connection_window + self.frame_credit_total
+        )
         if target - max_data.value >= self._connection_window // 4:
             max_data.value = target
         for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
@@ -221,7 +232,8 @@ class PeerQuicConnection(QuicConnection):
     ) -> None:
         if not stream.max_stream_data_local or stream.receiver.is_finished:
             return
-        target = self.app_consumed.get(stream.stream_id, 0) + self._stream_window
+        sid = stream.stream_id
+        target = self.app_consumed.get(sid, 0) + self._stream_window + self.frame_credit.get(sid, 0)
         if target - stream.max_stream_data_local >= self._stream_window // 4:
             stream.max_stream_data_local = target
         if stream.max_stream_data_local_sent != stream.max_stream_data_local:

@@ -141,7 +141,10 @@ class FrameStream:
                         FrameTooLarge(f"peer sent a {size}-byte frame; max_frame_size is {limit}")
                     )
                 self._need = size
+                if size > self._buffered:
+                    self._conn._set_frame_credit(self.stream_id, size)
             if self._need is not None and self._buffered >= self._need:
+                self._conn._set_frame_credit(self.stream_id, 0)  # before _take grants more
                 data = self._take(self._need)
                 self._need = None
                 await trio.lowlevel.checkpoint()
@@ -190,6 +193,7 @@ class FrameStream:
 
     def _discard(self) -> None:
         """Drop unread data, returning its flow-control credit to the peer."""
+        self._conn._set_frame_credit(self.stream_id, 0)
         if self._buffered:
             self._conn._consumed(self.stream_id, self._buffered)
         self._chunks.clear()

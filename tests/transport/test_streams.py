@@ -69,6 +69,25 @@ async def test_frames_of_many_sizes_round_trip():
 
 
 @trio_test
+async def test_frames_larger_than_the_receive_window_arrive_whole():
+    async def echo(conn):
+        s = await conn.accept_stream()
+        while (frame := await s.receive_frame()) is not None:
+            await s.send_frame(frame)
+        await s.close()
+
+    small = EndpointConfig(stream_window=64 * 1024, connection_window=128 * 1024)
+    async with serving(echo, server_config=small, client_config=small) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        data = os.urandom(8 * MiB)
+        with trio.fail_after(60):
+            for _ in range(2):
+                await s.send_frame(data)
+                assert await s.receive_frame() == data
+
+
+@trio_test
 async def test_oversize_frames_are_refused_on_both_sides():
     got = []
 
@@ -226,3 +245,72 @@ async def test_server_keeps_serving_during_garbage_flood():
             stop.set()
         assert reply == hashlib.sha256(payload).digest() + len(payload).to_bytes(8, "big")
         assert len(srv.connections) == 1  # garbage created no connections
+
+
+@trio_test
+async def test_peer_cannot_open_more_than_max_streams():
+    accepted = []
+
+    async def hoard(conn):
+        while True:
+            accepted.append(await conn.accept_stream())  # never finishes any of them
+
+    limited = EndpointConfig(max_streams=4)
+    async with serving(hoard, server_config=limited) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        for _ in range(10):
+            s = await conn.open_stream()
+            await s.send_frame(b"x")  # buffered locally when the stream is blocked
+        await trio.sleep(0.5)
+        assert len(accepted) == 4
+        server_conn = next(iter(srv.connections))
+        assert server_conn._quic._local_max_streams_bidi.value == 4
+
+
+@trio_test
+async def test_connection_ids_are_tracked_and_released():
+    async def handler(conn):
+        await trio.sleep_forever()
+
+    async with serving(handler) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        with trio.fail_after(10):
+            while len(srv._cids) < 3:  # the original id, the first one, and issued ones
+                await trio.sleep(0.01)
+        server_conn = next(iter(srv.connections))
+        assert set(srv._cids) == server_conn._cids
+        await conn.close("bye")
+        with trio.fail_after(30):
+            while srv._cids or cli._cids:
+                await trio.sleep(0.01)
+        assert not srv.connections and not cli.connections
+
+
+@trio_test
+async def test_cancelled_send_resets_the_stream_instead_of_corrupting_it():
+    errors = []
+    go = trio.Event()
+
+    async def reader(conn):
+        s = await conn.accept_stream()
+        await go.wait()  # read only after the writer gave up
+        try:
+            while await s.receive_frame() is not None:
+                pass
+        except TransportError as exc:
+            errors.append(str(exc))
+
+    stalled = EndpointConfig(send_buffer=64 * 1024, stream_window=128 * 1024)
+    async with serving(reader, server_config=stalled, client_config=stalled) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        with trio.move_on_after(0.2) as scope:
+            await s.send_frame(bytes(8 * MiB))  # cannot finish: nobody reads yet
+        assert scope.cancelled_caught
+        with pytest.raises(TransportError):
+            await s.send_frame(b"after")
+        go.set()
+        with trio.fail_after(10):
+            while not errors:
+                await trio.sleep(0.01)
+    assert "reset" in errors[0]
