@@ -34,6 +34,9 @@ LOOPBACK_DATAGRAM_SIZE = 65000
 DEFAULT_DATAGRAM_SIZE = 1350
 """QUIC datagram size used on real networks unless configured otherwise."""
 
+JUMBO_THRESHOLD = 1500
+"""Above this datagram size, the handshake runs at ``DEFAULT_DATAGRAM_SIZE`` first."""
+
 MIN_DATAGRAM_SIZE = 1200
 """QUIC's floor: every path must carry this much (RFC 9000 section 14)."""
 
@@ -124,8 +127,10 @@ def quic_configuration(
     host name in a peer-to-peer network); the peer's key is checked instead by the TLS
     context of :mod:`._quic`, before the handshake completes.
     """
-    # The handshake uses a small size (see PeerQuicConnection._use_datagram_size).
-    datagram_size = min(datagram_size, DEFAULT_DATAGRAM_SIZE)
+    # Jumbo paths handshake at a small size (see PeerQuicConnection._use_datagram_size);
+    # Ethernet-sized ones keep theirs, so their congestion state never restarts.
+    if datagram_size > JUMBO_THRESHOLD:
+        datagram_size = DEFAULT_DATAGRAM_SIZE
     return QuicConfiguration(
         alpn_protocols=[ALPN],
         is_client=is_client,
