@@ -3,6 +3,15 @@
 Public names are re-exported here from private modules; see README.md beside this file.
 """
 
+from ._addressing import (
+    AddressBook,
+    BookEntry,
+    Resolver,
+    ResolverHook,
+    format_peer_address,
+    parse_host_port,
+    parse_peer_address,
+)
 from ._authorized import AuthorizedPeers, load_authorized_peers, parse_authorized_peers
 from ._config import (
     ALPN,
@@ -25,7 +34,9 @@ __all__ = [
     "LOOPBACK_DATAGRAM_SIZE",
     "MAX_FRAME_SIZE",
     "PEER_ID_LENGTH",
+    "AddressBook",
     "AuthorizedPeers",
+    "BookEntry",
     "Connection",
     "Endpoint",
     "EndpointConfig",
@@ -35,10 +46,15 @@ __all__ = [
     "KeyFileError",
     "PeerId",
     "PeerRejected",
+    "Resolver",
+    "ResolverHook",
     "TransportError",
     "default_address_book_path",
+    "format_peer_address",
     "default_authorized_peers_path",
     "default_key_path",
     "load_authorized_peers",
     "parse_authorized_peers",
+    "parse_host_port",
+    "parse_peer_address",
 ]

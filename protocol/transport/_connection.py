@@ -77,6 +77,7 @@ class Connection:
         self._ready = trio.Event()  # handshake confirmed, or terminated
         self._terminated = trio.Event()
         self._error: TransportError | None = None
+        self._closing: str | None = None  # our close reason, until the peer's ack/timeout
         self._timer_at: float | None = None
         self._timer_scope = trio.CancelScope()
         self._cids: set[bytes] = set()
@@ -105,8 +106,7 @@ class Connection:
     async def open_stream(self) -> FrameStream:
         """A new bidirectional stream; the peer sees it with its first frame."""
         self._check_open()
-        sid = self._quic.get_next_available_stream_id()
-        stream = self._new_stream(sid)
+        stream = self._new_stream(self._quic.open_bidi_stream())
         await trio.lowlevel.checkpoint()
         return stream
 
@@ -150,11 +150,13 @@ class Connection:
     # -- helpers used by FrameStream -------------------------------------------------------
 
     def _is_open(self) -> bool:
-        return self._error is None
+        return self._error is None and self._closing is None
 
     def _check_open(self) -> None:
         if self._error is not None:
             raise self._error
+        if self._closing is not None:
+            raise TransportError(f"connection is closing: {self._closing}")
 
     def _consumed(self, stream_id: int, n: int) -> None:
         quic = self._quic
@@ -162,6 +164,21 @@ class Connection:
         quic.app_buffered -= n
         if self._error is None and quic.window_update_due(stream_id):
             self._transmit()
+
+    def _set_frame_credit(self, stream_id: int, n: int) -> None:
+        """Let a frame of ``n`` bytes that a reader awaits arrive whole (0 clears)."""
+        quic = self._quic
+        quic.frame_credit_total += n - quic.frame_credit.pop(stream_id, 0)
+        if n:
+            quic.frame_credit[stream_id] = n
+            if self._error is None and quic.window_update_due(stream_id):
+                self._transmit()
+
+    def _release(self, sid: int) -> None:
+        """Forget a stream both sides finished with (its state would otherwise pile up)."""
+        self._streams.pop(sid, None)
+        self._quic.app_consumed.pop(sid, None)
+        self._set_frame_credit(sid, 0)
 
     def _new_stream(self, sid: int) -> FrameStream:
         stream = FrameStream(self, sid)
@@ -171,7 +188,8 @@ class Connection:
     # -- driver ----------------------------------------------------------------------------
 
     def _close_now(self, code: int, reason: str) -> None:
-        if self._error is None:
+        if self._error is None and self._closing is None:
+            self._closing = reason
             self._quic.close(error_code=code, reason_phrase=reason)
             self._transmit()
 
@@ -179,9 +197,9 @@ class Connection:
         """Send everything aioquic has ready, then re-arm the single timer."""
         quic = self._quic
         now = trio.current_time()
-        send = self._ep._sendto
-        for data, addr in quic.datagrams_to_send(now):
-            send(data, addr)
+        datagrams = quic.datagrams_to_send(now)
+        if datagrams:
+            self._ep._send_batch(datagrams)
         t = quic.get_timer()
         self._timer_at = t
         self._timer_scope.deadline = math.inf if t is None else t
@@ -194,7 +212,13 @@ class Connection:
                 quic.app_buffered += len(event.data)
                 stream = self._streams.get(event.stream_id)
                 if stream is None:
-                    stream = self._new_stream(event.stream_id)
+                    sid = event.stream_id
+                    # Released streams get no more events (aioquic drops frames for
+                    # finished streams), so an unknown id is a new stream from the peer.
+                    if (sid & 1) != self._is_client:
+                        self._consumed(sid, len(event.data))
+                        continue
+                    stream = self._new_stream(sid)
                     self._incoming_send.send_nowait(stream)
                 stream._feed(event.data, event.end_stream)
             elif kind is events.ConnectionIdIssued:
@@ -278,6 +302,8 @@ class Connection:
         assert self._config.keepalive_interval is not None
         while True:
             await trio.sleep(self._config.keepalive_interval)
+            if self._closing is not None:
+                return
             self._ping_uid += 1
             self._quic.send_ping(self._ping_uid)
             self._transmit()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from aioquic import tls
 from aioquic.buffer import Buffer, size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -89,9 +90,12 @@ class _PeerCheckingContext(tls.Context):
 class PeerQuicConnection(QuicConnection):
     """A ``QuicConnection`` that authenticates peers by key and bounds its receive buffers.
 
-    ``app_consumed`` (stream id -> bytes the application has read) and ``app_buffered``
-    (bytes delivered in events but not yet read) are kept up to date by the driver; the
-    windows advertised to the peer are derived from them when packets are built.
+    ``app_consumed`` (stream id -> bytes the application has read), ``app_buffered`` (bytes
+    delivered in events but not yet read) and ``frame_credit`` (stream id -> size of the
+    frame a reader is waiting for) are kept up to date by the driver; the windows advertised
+    to the peer are derived from them when packets are built. The credit lets a frame larger
+    than the window arrive whole while someone is reading it: the bound on buffered bytes is
+    ``connection_window`` plus one frame per stream being read.
     """
 
     def __init__(
@@ -101,6 +105,8 @@ class PeerQuicConnection(QuicConnection):
         expected_peer: PeerId | None = None,
         authorize: Authorize | None = None,
         max_streams: int = 128,
+        max_packets_in_flight: int = 1024,
+        path_datagram_size: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(configuration=configuration, **kwargs)
@@ -110,8 +116,37 @@ class PeerQuicConnection(QuicConnection):
         self._connection_window = configuration.max_data
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
         self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+        self.max_packets_in_flight = max_packets_in_flight
+        self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
         self.app_consumed: dict[int, int] = {}
         self.app_buffered = 0
+        self.frame_credit: dict[int, int] = {}  # stream -> size of the frame being awaited
+        self.frame_credit_total = 0
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+        """aioquic's, after clamping the congestion window to the in-flight cap (and, once
+        the handshake is confirmed, switching to the path's datagram size)."""
+        if self._path_datagram_size > self._max_datagram_size and self._handshake_confirmed:
+            self._use_datagram_size(self._path_datagram_size)
+        cc = self._loss._cc
+        cap = self.max_packets_in_flight * self._max_datagram_size
+        if cc.congestion_window > cap:
+            cc.congestion_window = cap
+        return super().datagrams_to_send(now)
+
+    def _use_datagram_size(self, size: int) -> None:
+        """Raise the datagram size after the handshake. The handshake runs at a small size
+        because aioquic pads every Initial datagram to the full size (64 KiB on loopback
+        would triple the handshake time); congestion control restarts at the new size,
+        keeping its count of bytes in flight."""
+        loss = self._loss
+        old = loss._cc
+        loss._cc = create_congestion_control(
+            self._configuration.congestion_control_algorithm, max_datagram_size=size
+        )
+        loss._cc.bytes_in_flight = old.bytes_in_flight
+        loss._pacer._max_datagram_size = size
+        self._max_datagram_size = size
 
     @property
     def peer_id(self) -> PeerId | None:
@@ -130,6 +165,13 @@ class PeerQuicConnection(QuicConnection):
         space = self._spaces.get(tls.Epoch.INITIAL)
         return space is not None and len(space.ack_queue) > 0
 
+    def open_bidi_stream(self) -> int:
+        """Allocate the next local bidirectional stream id now, so that two streams opened
+        before either sends cannot get the same id (aioquic only advances it on send)."""
+        stream_id = self.get_next_available_stream_id()
+        self._get_or_create_stream_for_send(stream_id)
+        return stream_id
+
     def sender_buffered(self, stream_id: int) -> int:
         """Bytes written to a stream and not yet acknowledged by the peer."""
         stream = self._streams.get(stream_id)
@@ -142,11 +184,15 @@ class PeerQuicConnection(QuicConnection):
         stream = self._streams.get(stream_id)
         quarter_s = self._stream_window // 4
         if stream is not None and stream.max_stream_data_local:
-            target = self.app_consumed.get(stream_id, 0) + self._stream_window
+            target = (
+                self.app_consumed.get(stream_id, 0)
+                + self._stream_window
+                + self.frame_credit.get(stream_id, 0)
+            )
             if target - stream.max_stream_data_local >= quarter_s:
                 return True
         limit = self._local_max_data
-        target = limit.used - self.app_buffered + self._connection_window
+        target = limit.used - self.app_buffered + self._connection_window + self.frame_credit_total
         return target - limit.value >= self._connection_window // 4
 
     # -- overrides -------------------------------------------------------------------------
@@ -163,7 +209,9 @@ class PeerQuicConnection(QuicConnection):
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         max_data = self._local_max_data
-        target = max_data.used - self.app_buffered + self._connection_window
+        target = (
+            max_data.used - self.app_buffered + self._connection_window + self.frame_credit_total
+        )
         if target - max_data.value >= self._connection_window // 4:
             max_data.value = target
         for limit in (max_data, self._local_max_streams_bidi, self._local_max_streams_uni):
@@ -184,7 +232,8 @@ class PeerQuicConnection(QuicConnection):
     ) -> None:
         if not stream.max_stream_data_local or stream.receiver.is_finished:
             return
-        target = self.app_consumed.get(stream.stream_id, 0) + self._stream_window
+        sid = stream.stream_id
+        target = self.app_consumed.get(sid, 0) + self._stream_window + self.frame_credit.get(sid, 0)
         if target - stream.max_stream_data_local >= self._stream_window // 4:
             stream.max_stream_data_local = target
         if stream.max_stream_data_local_sent != stream.max_stream_data_local:

@@ -117,6 +117,8 @@ class FrameStream:
         self._send_closed = True
         self._conn._quic.send_stream_data(self.stream_id, b"", end_stream=True)
         self._conn._transmit()
+        if self._eof and not self._buffered:
+            self._conn._release(self.stream_id)
         await trio.lowlevel.checkpoint()
 
     # -- receiving -------------------------------------------------------------------------
@@ -139,7 +141,10 @@ class FrameStream:
                         FrameTooLarge(f"peer sent a {size}-byte frame; max_frame_size is {limit}")
                     )
                 self._need = size
+                if size > self._buffered:
+                    self._conn._set_frame_credit(self.stream_id, size)
             if self._need is not None and self._buffered >= self._need:
+                self._conn._set_frame_credit(self.stream_id, 0)  # before _take grants more
                 data = self._take(self._need)
                 self._need = None
                 await trio.lowlevel.checkpoint()
@@ -148,6 +153,8 @@ class FrameStream:
                 raise self._error
             if self._eof:
                 if self._need is None and self._buffered == 0:
+                    if self._send_closed:
+                        self._conn._release(self.stream_id)
                     await trio.lowlevel.checkpoint()
                     return None
                 raise TransportError(f"stream {self.stream_id} ended inside a frame")
@@ -186,6 +193,7 @@ class FrameStream:
 
     def _discard(self) -> None:
         """Drop unread data, returning its flow-control credit to the peer."""
+        self._conn._set_frame_credit(self.stream_id, 0)
         if self._buffered:
             self._conn._consumed(self.stream_id, self._buffered)
         self._chunks.clear()

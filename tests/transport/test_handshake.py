@@ -159,3 +159,48 @@ async def test_handshake_times_out_against_silent_port():
         with pytest.raises(TransportError, match="no handshake"):
             await cli.connect(Identity.generate().peer_id, silent.getsockname())
     silent.close()
+
+
+@trio_test
+async def test_graceful_close_reason_reaches_the_peer():
+    reasons = []
+
+    async def handler(conn):
+        try:
+            await conn.accept_stream()
+        except TransportError as exc:
+            reasons.append(str(exc))
+
+    async with serving(handler) as (srv, cli):
+        conn = await cli.connect(str(srv.peer_id), srv.local_address)  # text form works too
+        await conn.close("client is done")
+        with trio.fail_after(10):
+            while not reasons:
+                await trio.sleep(0.01)
+    assert "client is done" in reasons[0]
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+@trio_test
+async def test_ipv6_loopback():
+    server_id, client_id = Identity.generate(), Identity.generate()
+    async with (
+        Endpoint.open(server_id, ("::1", 0), authorized_peers={client_id.peer_id}) as srv,
+        Endpoint.open(client_id, ("::1", 0)) as cli,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(srv.serve, echo)
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        await s.send_frame(b"v6")
+        assert await s.receive_frame() == b"v6"
+        nursery.cancel_scope.cancel()
