@@ -56,7 +56,8 @@ def run_training(ctx: Any) -> dict[str, Path]:
             raise FloatingPointError(f"loss became {value} at step {step + 1}")
         ctx.progress(step + 1, value)
         if (step + 1) % every == 0 and step + 1 < steps:
-            ctx.save_checkpoint(step + 1, lambda path: save_checkpoint(path, opt, step + 1, rng))
+            done = step + 1
+            ctx.save_checkpoint(done, lambda path, n=done: save_checkpoint(path, opt, n, rng))
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     if spec["kind"] == "lora_finetune":
@@ -90,7 +91,7 @@ def run_export(ctx: Any) -> dict[str, Path]:
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     kwargs = {"opset": spec["opset"]} if spec["opset"] else {}
-    path = Path(export(model, example, out / "model.onnx", **kwargs))
+    export(model, example, out / "model.onnx", **kwargs)
     ctx.progress(1, None)
     return {p.name: p for p in sorted(out.iterdir())}
 
