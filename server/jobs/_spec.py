@@ -279,11 +279,11 @@ _TRAINING = {
     "batch_size": (pos_int, 8),
     "checkpoint_every": (pos_int, 10),
     "clip": (opt(pos_number), 1.0),
-    "optimizer": (OPTIMIZER, dict),
-    "schedule": (SCHEDULE, dict),
+    "optimizer": (OPTIMIZER, lambda: OPTIMIZER({}, "optimizer")),
+    "schedule": (SCHEDULE, lambda: SCHEDULE({}, "schedule")),
 }
 SCHEMAS: dict[str, Check] = {
-    "lora_finetune": table({**_TRAINING, "lora": (LORA, dict)}),
+    "lora_finetune": table({**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}),
     "train": table(_TRAINING),
     "onnx_export": table(
         {
@@ -295,10 +295,6 @@ SCHEMAS: dict[str, Check] = {
         }
     ),
 }
-
-
-def _defaults(check: Check) -> dict[str, Any]:
-    return check({}, "")
 
 
 def validate(spec: dict[str, Any] | str) -> dict[str, Any]:
