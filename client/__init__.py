@@ -8,6 +8,7 @@ from . import functional, lora, nn, optim
 from ._autograd import no_grad
 from ._device import Device
 from ._extension import Extension, ExtensionOp
+from ._jobs import ChecksumError, Job, JobError, Jobs
 from ._ops import RecordError
 from ._recorder import OpFailed
 from ._remote import RemoteDevice, RemoteError
@@ -18,9 +19,13 @@ int8, uint8, int32, int64 = "int8", "uint8", "int32", "int64"
 bool_ = "bool"
 
 __all__ = [
+    "ChecksumError",
     "Device",
     "Extension",
     "ExtensionOp",
+    "Job",
+    "JobError",
+    "Jobs",
     "OpFailed",
     "RecordError",
     "RemoteDevice",

@@ -232,6 +232,13 @@ class RemoteDevice(Device):
             None, rows,
         )  # fmt: skip
 
+    @property
+    def jobs(self) -> Any:
+        """Long-running jobs on this server (fine-tuning, export): see ``burn_remote.Jobs``."""
+        from ._jobs import Jobs
+
+        return Jobs(self._rt)
+
     def close(self) -> None:
         """End the session (the server frees its tensors); the device cannot be used after."""
         self._rec.flush()

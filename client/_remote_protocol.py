@@ -221,7 +221,9 @@ class ClientProtocol:
             else:
                 self.counters.data_bytes_received += len(msg.data)
                 self._complete(msg, msg.data)
-        elif isinstance(msg, m.Ack | m.Token | m.MemoryStats):
+        elif isinstance(
+            msg, m.Ack | m.Token | m.MemoryStats | m.JobInfo | m.JobEvents | m.ArtifactChunk
+        ):
             self._answered(msg.request_id)
             self.results[msg.request_id] = msg
         elif isinstance(msg, m.Welcome):
@@ -282,7 +284,7 @@ class ClientProtocol:
 
 
 def _is_request(err: m.Error) -> bool:
-    return err.code in (m.MISSING_TENSOR, m.LIMIT, m.CAPABILITY, m.INTERNAL, m.MALFORMED)
+    return err.code in (m.MISSING_TENSOR, m.LIMIT, m.CAPABILITY, m.INTERNAL, m.MALFORMED, m.JOB)
 
 
 __all__ = ["Batch", "ClientProtocol", "Counters"]

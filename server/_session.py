@@ -388,3 +388,7 @@ _HANDLERS: dict[type, Any] = {
 }
 
 __all__ = ["Output", "SendBulk", "Session", "StartFetch"]
+
+from .jobs._wire import JOB_HANDLERS  # noqa: E402  (job and artifact messages: server/jobs)
+
+_HANDLERS.update(JOB_HANDLERS)

@@ -74,7 +74,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             plan_cache=args.plan_cache,
         )
         state = ServerState(args.device, limits, str(identity.peer_id))
-    except (KeyFileError, ValueError, RuntimeError) as exc:
+        if args.data_dir:  # the job store lives in the data directory (server/jobs)
+            from burn_remote.server.jobs import JobService
+
+            state.jobs = JobService(args.data_dir, args.device, args.job_path)
+    except (KeyFileError, ValueError, RuntimeError, OSError) as exc:
         print(f"burn-remote serve: {exc}", file=sys.stderr)
         return 1
     if not args.allow_any and args.authorized_peers is None:
@@ -89,7 +93,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allow_any=args.allow_any,
         idle_timeout=args.idle_timeout,
     )
-    return run(opts, args.device)
+    try:
+        return run(opts, args.device)
+    finally:
+        if getattr(state, "jobs", None) is not None:
+            state.jobs.close()
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -115,10 +123,23 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-frame", type=int, default=MAX_FRAME, metavar="BYTES")
     p.add_argument("--plan-cache", type=int, default=256, help="compiled graphs kept (LRU)")
     p.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS")
+    p.add_argument(
+        "--job-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="directory whose files job specs may name as server:<path> (repeatable)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
-_REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_id, _add_serve]
+def _add_jobs(sub: argparse._SubParsersAction) -> None:
+    from burn_remote.server.jobs._cli import add_jobs
+
+    add_jobs(sub)
+
+
+_REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_id, _add_serve, _add_jobs]
 
 
 def build_parser() -> argparse.ArgumentParser:

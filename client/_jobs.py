@@ -1,0 +1,199 @@
+"""Remote jobs from the client: ``dev.jobs.submit(spec)`` on a RemoteDevice -> :class:`Job`.
+
+A job runs on the server whether or not the client stays connected; the client submits it,
+watches its progress events (a long poll per round trip), cancels it, and fetches its outputs
+in chunks, checking each file's sha256. Local files named in a spec are uploaded first as
+artifacts and replaced by their ``sha256:<hex>`` reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from burn_remote.protocol import messages as m
+
+from ._recorder import OpFailed
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+_REF_PREFIXES = ("sha256:", "server:", "job:")
+_FILE_KEYS = (
+    ("model", "weights"),
+    ("model", "adapter"),
+    ("model", "adapter_config"),
+    ("data", "path"),
+)
+
+
+class JobError(RuntimeError):
+    """The server refused a job request (the text names the spec key), or a job failed."""
+
+
+class ChecksumError(JobError):
+    """A fetched artifact's bytes do not hash to the sha256 the server holds it under."""
+
+
+class Jobs:
+    """The job API of one remote device (``dev.jobs``)."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._rt = runtime
+
+    def _call(self, kind: type, *fields: Any) -> Any:
+        try:
+            return self._rt._call(kind, *fields)
+        except OpFailed as exc:
+            raise JobError(str(exc)) from None
+
+    def submit(self, spec: dict[str, Any] | str | Path) -> Job:
+        """Queue a job. ``spec``: a dict, TOML text, or the path of a ``.toml`` file; local
+        files it names (model.weights, data.path, ...) are uploaded first.
+
+        Raises:
+            JobError: the spec was refused; the message starts with the key path.
+        """
+        if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".toml")):
+            spec = Path(spec).read_text()
+        if isinstance(spec, str):
+            try:
+                spec = tomllib.loads(spec)
+            except tomllib.TOMLDecodeError as exc:
+                raise JobError(f"spec: not valid TOML: {exc}") from None
+        spec = json.loads(json.dumps(spec, default=str))  # a deep copy with paths as strings
+        for section, key in _FILE_KEYS:
+            value = spec.get(section, {}).get(key) if isinstance(spec.get(section), dict) else None
+            if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):
+                spec[section][key] = self.upload(value)
+        info = self._call(m.JobSubmit, json.dumps(spec).encode())
+        return Job(self, json.loads(info.info))
+
+    def upload(self, path: str | Path) -> str:
+        """Store a local file on the server as an artifact; returns ``sha256:<hex>``."""
+        data = Path(path).read_bytes()
+        digest = hashlib.sha256(data).digest()
+        offset = 0
+        while True:
+            chunk = data[offset : offset + m.ARTIFACT_CHUNK]
+            self._call(m.ArtifactPut, digest, offset, len(data), chunk)
+            offset += len(chunk)
+            if offset >= len(data):
+                return f"sha256:{digest.hex()}"
+
+    def download(self, sha: str, dest: str | Path) -> Path:
+        """Fetch an artifact in chunks into ``dest`` (written atomically) after checking it.
+
+        Raises:
+            ChecksumError: the bytes do not hash to ``sha``; nothing is written.
+        """
+        digest = bytes.fromhex(sha.removeprefix("sha256:"))
+        parts, offset, total = [], 0, None
+        while total is None or offset < total:
+            chunk = self._call(m.ArtifactGet, digest, offset, m.ARTIFACT_CHUNK)
+            total = chunk.total
+            if not chunk.data and offset < total:
+                raise JobError(f"artifact {sha[:16]}... ended early at {offset} of {total}")
+            parts.append(chunk.data)
+            offset += len(chunk.data)
+        data = b"".join(parts)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest.hex():
+            raise ChecksumError(
+                f"artifact {digest.hex()[:16]}... failed its checksum: the bytes received hash "
+                f"to {actual[:16]}..."
+            )
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.part")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+        return dest
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every job on the server, oldest first."""
+        return json.loads(self._call(m.JobList).info)
+
+    def get(self, job_id: int) -> Job:
+        return Job(self, json.loads(self._call(m.JobStatus, job_id).info))
+
+
+class Job:
+    """A handle on one server-side job; ``info`` is its last known row."""
+
+    def __init__(self, jobs: Jobs, info: dict[str, Any]) -> None:
+        self.jobs, self.info = jobs, info
+        self.id: int = info["id"]
+
+    def __repr__(self) -> str:
+        return f"Job({self.id}, {self.info['kind']}, {self.info['state']})"
+
+    @property
+    def state(self) -> str:
+        return self.info["state"]
+
+    def status(self) -> dict[str, Any]:
+        self.info = json.loads(self.jobs._call(m.JobStatus, self.id).info)
+        return self.info
+
+    def cancel(self) -> dict[str, Any]:
+        """Ask the server to cancel; a running job stops at its next step."""
+        self.info = json.loads(self.jobs._call(m.JobCancel, self.id).info)
+        return self.info
+
+    def events(self, after: int = 0) -> list[dict[str, Any]]:
+        """Events numbered above ``after`` (waits up to a few seconds for the first)."""
+        return json.loads(self.jobs._call(m.JobWatch, self.id, after).events)
+
+    def watch(self, progress: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        """Follow the job to its end, with a tqdm bar (loss, steps/s) when ``progress``;
+        returns the final row."""
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.info.get("total") or None, desc=f"job {self.id}", unit="step")
+        seen, deadline = 0, None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                for ev in self.events(seen):
+                    seen = ev["seq"]
+                    if bar is not None and ev.get("step") is not None:
+                        bar.n = ev["step"]
+                        post = {"state": ev["state"]}
+                        if ev.get("loss") is not None:
+                            post["loss"] = f"{ev['loss']:.4f}"
+                        if ev.get("steps_per_s"):
+                            post["steps/s"] = f"{ev['steps_per_s']:.1f}"
+                        bar.set_postfix(post, refresh=False)
+                        bar.refresh()
+                    if ev["state"] in TERMINAL:
+                        return self.status()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.id} still {self.status()['state']}")
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the job ends; raises JobError if it failed."""
+        info = self.watch(progress=False, timeout=timeout)
+        if info["state"] == "failed":
+            raise JobError(f"job {self.id} failed: {info['error']}")
+        return info
+
+    def fetch(self, directory: str | Path) -> dict[str, Path]:
+        """Download the outputs (checksums verified) into ``directory``; name -> path."""
+        info = self.status()
+        if info["state"] != "succeeded":
+            raise JobError(f"job {self.id} is {info['state']}; only succeeded jobs have outputs")
+        return {
+            name: self.jobs.download(sha, Path(directory) / name)
+            for name, sha in info["outputs"].items()
+        }
+
+
+__all__ = ["ChecksumError", "Job", "JobError", "Jobs"]

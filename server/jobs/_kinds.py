@@ -1,0 +1,101 @@
+"""What each job kind does, given a :class:`JobContext` (see ``_service``).
+
+Training kinds (``lora_finetune``, ``train``) are reproducible from the spec's seed: the model
+is initialised under ``nn.seed(seed)``, batches come from a generator seeded with it, and each
+step's dropout keys derive from (seed, step). A checkpoint saves the trainable parameters, the
+optimizer state, the step and the generator state, so a job resumed after a crash computes the
+same steps on the same numbers as an uninterrupted run and ends with the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from burn_remote import nn, optim
+
+from ._checkpoint import load_checkpoint, save_checkpoint
+from ._models import Dataset, attach_adapter, build_model, lora_config, loss_of, make_optimizer
+
+
+def _seed_step(seed: int, step: int) -> None:
+    """Dropout keys of step ``step`` depend only on (seed, step), not on what ran before."""
+    nn.seed((seed * 1_000_003 + step + 1) & 0xFFFF_FFFF)
+
+
+def run_training(ctx: Any) -> dict[str, Path]:
+    """lora_finetune and train: returns the files to store as the job's outputs."""
+    spec, dev = ctx.spec, ctx.device
+    nn.seed(spec["seed"])
+    model = build_model(spec, dev, ctx.resolve)
+    if spec["kind"] == "lora_finetune":
+        model.apply_lora(lora_config(spec))
+    model.train()
+    opt = make_optimizer(model, spec)
+    data = Dataset(spec, ctx.resolve(spec["data"]["path"], "data.path"), model)
+    rng = np.random.default_rng(spec["seed"])
+    start = 0
+    if ctx.checkpoint is not None:
+        start = load_checkpoint(ctx.checkpoint, opt, rng)
+        ctx.log(f"resumed from the checkpoint at step {start}")
+    steps, every, clip = spec["steps"], spec["checkpoint_every"], spec["clip"]
+    ctx.started(start)
+    for step in range(start, steps):
+        ctx.check()
+        _seed_step(spec["seed"], step)
+        x, y = data.sample(rng, spec["batch_size"])
+        loss = loss_of(model, dev, x, y)
+        loss.backward()
+        if clip is not None:
+            optim.clip_grad_norm(model, clip)
+        opt.step()
+        opt.zero_grad()
+        value = float(loss.item())
+        if not np.isfinite(value):
+            raise FloatingPointError(f"loss became {value} at step {step + 1}")
+        ctx.progress(step + 1, value)
+        if (step + 1) % every == 0 and step + 1 < steps:
+            done = step + 1
+            ctx.save_checkpoint(done, lambda path, n=done: save_checkpoint(path, opt, n, rng))
+    out = ctx.work / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    if spec["kind"] == "lora_finetune":
+        model.save_adapter(out, base_model_name_or_path=spec["model"]["weights"])
+        return {p.name: p for p in sorted(out.iterdir())}
+    model.eval()
+    path = out / "model.safetensors"
+    if isinstance(model, nn.GPT):
+        model.save_gpt2(path)
+    else:
+        model.save(path)
+    return {path.name: path}
+
+
+def run_export(ctx: Any) -> dict[str, Path]:
+    """onnx_export: the model (with its adapter merged) traced on an example of the given
+    shape; axis 0 is the dynamic batch."""
+    from burn_remote.onnx import export
+
+    spec, dev = ctx.spec, ctx.device
+    nn.seed(spec["seed"])
+    model = build_model(spec, dev, ctx.resolve)
+    attach_adapter(model, spec, ctx.resolve, ctx.work)
+    model.eval()
+    ctx.started(0)
+    dtype = spec["example_dtype"] or ("int64" if isinstance(model, nn.GPT) else "float32")
+    example = np.zeros(spec["example_shape"], dtype=dtype)
+    if dtype == "float32":
+        example = np.random.default_rng(spec["seed"]).standard_normal(example.shape)
+        example = example.astype(np.float32)
+    out = ctx.work / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    kwargs = {"opset": spec["opset"]} if spec["opset"] else {}
+    export(model, example, out / "model.onnx", **kwargs)
+    ctx.progress(1, None)
+    return {p.name: p for p in sorted(out.iterdir())}
+
+
+KINDS = {"lora_finetune": run_training, "train": run_training, "onnx_export": run_export}
+
+__all__ = ["KINDS", "run_export", "run_training"]

@@ -1,0 +1,181 @@
+"""Models, datasets and optimizers built from a validated spec, on the job's device.
+
+Everything here is deterministic given the spec's seed: weights come from the job's inputs or
+from ``nn.seed(seed)``, and batches from a NumPy generator whose state the checkpoint saves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from burn_remote import Device, lora, nn, optim
+
+_LAYERS = {
+    "linear": nn.Linear,
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "conv2d": nn.Conv2d,
+    "maxpool2d": nn.MaxPool2d,
+    "flatten": nn.Flatten,
+    "layernorm": nn.LayerNorm,
+    "dropout": nn.Dropout,
+}
+_WITH_DEVICE = ("linear", "conv2d", "layernorm")
+
+
+def build_model(spec: dict[str, Any], dev: Device, resolve: Any) -> nn.Module:
+    """The spec's model with its weights (``resolve`` maps a reference to a local file)."""
+    m = spec["model"]
+    weights = resolve(m["weights"], "model.weights") if m["weights"] else None
+    if m["arch"] == "gpt":
+        from burn_remote.nn._gpt2 import config_from_file
+
+        if weights is not None:
+            config = config_from_file(weights, m["n_head"])
+        else:
+            config = nn.GPTConfig(**(m["config"] or {}))
+        model: nn.Module = nn.GPT(dataclasses.replace(config, dropout=m["dropout"]), device=dev)
+        if weights is not None:
+            model.load_gpt2(weights)
+        return model
+    layers = []
+    for i, layer in enumerate(m["layers"]):
+        kind, args = layer["type"], {k: v for k, v in layer.items() if k != "type"}
+        if kind in _WITH_DEVICE:
+            args["device"] = dev
+        try:
+            layers.append(_LAYERS[kind](**args))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"model.layers[{i}]: {exc}") from None
+    model = nn.Sequential(*layers)
+    if weights is not None:
+        model.load(weights)
+    return model
+
+
+def attach_adapter(model: nn.Module, spec: dict[str, Any], resolve: Any, work: Path) -> None:
+    """Load the spec's LoRA adapter (PEFT layout) into ``model`` (exports merge it)."""
+    m = spec["model"]
+    if not m["adapter"]:
+        return
+    folder = work / "adapter"
+    folder.mkdir(parents=True, exist_ok=True)
+    if m["adapter"].startswith("job:"):
+        files = resolve(m["adapter"], "model.adapter")
+        for name in (lora._adapter.WEIGHTS, lora._adapter.CONFIG):
+            if name not in files:
+                raise ValueError(f"model.adapter: {m['adapter']} has no {name} output")
+            shutil.copyfile(files[name], folder / name)
+    else:
+        shutil.copyfile(resolve(m["adapter"], "model.adapter"), folder / lora._adapter.WEIGHTS)
+        shutil.copyfile(
+            resolve(m["adapter_config"], "model.adapter_config"), folder / lora._adapter.CONFIG
+        )
+    model.load_adapter(folder)
+
+
+def lora_config(spec: dict[str, Any]) -> lora.LoraConfig:
+    c = spec["lora"]
+    return lora.LoraConfig(
+        r=c["r"],
+        alpha=c["alpha"],
+        dropout=c["dropout"],
+        target_modules=c["target_modules"],
+        use_rslora=c["use_rslora"],
+        quantize=c["quantize"],
+    )
+
+
+def make_optimizer(model: nn.Module, spec: dict[str, Any]) -> optim.Optimizer:
+    o, s = spec["optimizer"], spec["schedule"]
+    schedule = None
+    if s["kind"] == "cosine":
+        schedule = optim.cosine(spec["steps"], s["warmup_steps"], s["min_ratio"])
+    elif s["kind"] == "linear_warmup":
+        schedule = optim.linear_warmup(s["warmup_steps"])
+    groups = [
+        optim.ParamGroup(
+            g["pattern"],
+            name=g["name"],
+            **{k: g[k] for k in ("lr", "weight_decay") if g[k] is not None},
+        )
+        for g in o["groups"]
+    ]
+    common = {"lr": o["lr"], "weight_decay": o["weight_decay"], "groups": groups}
+    if o["name"] == "sgd":
+        return optim.SGD(model, momentum=o["momentum"], schedule=schedule, **common)
+    cls = optim.AdamW if o["name"] == "adamw" else optim.Adam
+    return cls(model, betas=tuple(o["betas"]), eps=o["eps"], schedule=schedule, **common)
+
+
+class Dataset:
+    """Token stream (GPT: random windows) or (x, y) arrays (sequential: random rows)."""
+
+    def __init__(self, spec: dict[str, Any], path: Path, model: nn.Module) -> None:
+        raw = path.read_bytes()
+        self.tokens: np.ndarray | None = None
+        if raw[:2] == b"PK":  # npz (a zip); pickled object arrays are refused
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        else:
+            arrays = {"tokens": _text_tokens(raw, spec["data"]["alphabet"])}
+        if isinstance(model, nn.GPT):
+            if "tokens" not in arrays:
+                raise ValueError(
+                    f"data.path: a GPT job needs a text file or an npz with "
+                    f"'tokens'; got {sorted(arrays)}"
+                )
+            self.tokens = arrays["tokens"].astype(np.int64).reshape(-1)
+            self.context = model.config.context
+            vocab = model.config.vocab
+            if self.tokens.size <= self.context + 1:
+                raise ValueError(f"data.path: {self.tokens.size} tokens, need > context + 1")
+            if self.tokens.min() < 0 or self.tokens.max() >= vocab:
+                raise ValueError(f"data.path: token ids must be in [0, {vocab}) (the vocab)")
+        else:
+            if not {"x", "y"} <= arrays.keys():
+                raise ValueError(
+                    f"data.path: a sequential job needs an npz with 'x' and 'y'; "
+                    f"got {sorted(arrays)}"
+                )
+            self.x = arrays["x"].astype(np.float32)
+            self.y = arrays["y"]
+            self.y = self.y.astype(np.int64 if self.y.dtype.kind in "iu" else np.float32)
+
+    def sample(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.tokens is not None:
+            starts = rng.integers(0, len(self.tokens) - self.context - 1, size)
+            x = np.stack([self.tokens[s : s + self.context] for s in starts])
+            y = np.stack([self.tokens[s + 1 : s + self.context + 1] for s in starts])
+            return x, y
+        idx = rng.integers(0, len(self.x), size)
+        return self.x[idx], self.y[idx]
+
+
+def _text_tokens(raw: bytes, alphabet: str | None) -> np.ndarray:
+    if alphabet is None:
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    index = {c: i for i, c in enumerate(alphabet)}
+    text = raw.decode("utf-8")
+    missing = sorted(set(text) - index.keys())
+    if missing:
+        raise ValueError(f"data.alphabet: lacks characters {missing[:10]!r} found in the text")
+    return np.array([index[c] for c in text], dtype=np.int64)
+
+
+def loss_of(model: nn.Module, dev: Device, x: np.ndarray, y: np.ndarray) -> Any:
+    from burn_remote import functional as F
+
+    if isinstance(model, nn.GPT):
+        return model.loss(dev.tensor(x), dev.tensor(y))
+    out = model(dev.tensor(x))
+    if y.dtype == np.int64:
+        return F.cross_entropy(out, dev.tensor(y))
+    return ((out - dev.tensor(y)) ** 2).mean()
+
+
+__all__ = ["Dataset", "attach_adapter", "build_model", "lora_config", "loss_of", "make_optimizer"]

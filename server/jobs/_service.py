@@ -1,0 +1,252 @@
+"""JobService: the job store plus one runner thread for the server's device.
+
+Jobs queue per device and run one at a time, in submission order, on a local ``Device``
+parsed from the server's device string (so nn/optim/lora work as in user code). The runner
+writes progress events to the store and wakes long-polling watchers; a running job checks
+for cancellation and shutdown between steps. At start, jobs a crash left ``running`` are
+queued again and resume from their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._spec import SpecError, refs, validate
+from ._store import TERMINAL, JobStore, StoreError
+
+log = logging.getLogger("burn_remote.server.jobs")
+
+WATCH_WAIT = 2.0
+"""Seconds a JobWatch long poll waits for a new event before answering with none."""
+
+
+class JobRefused(Exception):
+    """A request about jobs failed; the message is for the client (spec key path included)."""
+
+
+class _Stop(BaseException):
+    """Raised inside a running job by ``check``: cancelled (``cancel``) or server shutdown."""
+
+    def __init__(self, cancel: bool) -> None:
+        super().__init__("cancelled" if cancel else "shutdown")
+        self.cancel = cancel
+
+
+class JobContext:
+    """What a job kind sees: its spec, device, folders, inputs, progress and checkpoints."""
+
+    def __init__(self, service: JobService, job: dict[str, Any], device: Any) -> None:
+        self.service, self.job, self.device = service, job, device
+        self.id: int = job["id"]
+        self.spec: dict[str, Any] = job["spec"]
+        self.work = service.store.root / "work" / str(self.id)
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        ck = job["checkpoint"]
+        self.checkpoint: Path | None = Path(ck) if ck and Path(ck).exists() else None
+        self._t0, self._s0, self._last = time.monotonic(), 0, 0.0
+
+    def resolve(self, ref: str, key: str) -> Any:
+        return self.service.resolve(ref, key)
+
+    def log(self, text: str) -> None:
+        self.service._event(self.id, {"state": "running", "message": text})
+
+    def started(self, step: int) -> None:
+        self._t0, self._s0 = time.monotonic(), step
+
+    def check(self) -> None:
+        if self.id in self.service._cancel:
+            raise _Stop(True)
+        if self.service._stopping.is_set():
+            raise _Stop(False)
+
+    def progress(self, step: int, loss: float | None) -> None:
+        total = self.job["total"]
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        rate = (step - self._s0) / elapsed
+        event = {
+            "state": "running",
+            "step": step,
+            "total": total,
+            "loss": loss,
+            "steps_per_s": rate,
+            "eta_s": (total - step) / rate if rate > 0 else None,
+        }
+        self.service.store.update(self.id, step=step)
+        self.service._event(self.id, event)
+
+    def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
+        """Write a new checkpoint atomically, record it, then drop the older ones."""
+        folder = self.service.store.root / "checkpoints" / str(self.id)
+        path = folder / f"step-{step:09d}.safetensors"
+        write(path)
+        self.service.store.update(self.id, checkpoint=str(path), checkpoint_step=step)
+        for old in folder.glob("step-*.safetensors"):
+            if old != path:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+        self.service._event(self.id, {"state": "running", "checkpoint": step})
+
+
+class JobService:
+    """The jobs of one server: submit, list, cancel, watch; runs them on ``device``."""
+
+    def __init__(
+        self, data_dir: str | Path, device: str = "cpu", job_paths: list[str] | None = None
+    ) -> None:
+        self.store = JobStore(data_dir)
+        self.device = device
+        self.job_paths = [Path(p).resolve() for p in job_paths or []]
+        self.changed = threading.Condition()
+        self._cancel: set[int] = set()
+        self._stopping = threading.Event()
+        resumed = self.store.requeue_interrupted(device)
+        if resumed:
+            log.info("jobs %s were interrupted; queued again to resume", resumed)
+        self._thread = threading.Thread(target=self._loop, name=f"jobs-{device}", daemon=True)
+        self._thread.start()
+
+    # --- requests ---------------------------------------------------------------------------
+    def submit(self, spec: dict[str, Any] | str) -> dict[str, Any]:
+        try:
+            spec = validate(spec)
+            for key, ref in refs(spec):
+                self.resolve(ref, key, check_only=True)
+        except SpecError as exc:
+            raise JobRefused(str(exc)) from None
+        total = spec.get("steps", 1)
+        job_id = self.store.add_job(spec, self.device, total)
+        self._wake()
+        return self.status(job_id)
+
+    def status(self, job_id: int) -> dict[str, Any]:
+        try:
+            return _public(self.store.job(job_id))
+        except StoreError as exc:
+            raise JobRefused(str(exc)) from None
+
+    def list(self) -> list[dict[str, Any]]:
+        return [_public(j) for j in self.store.jobs()]
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        job = self.status(job_id)
+        if job["state"] == "queued":
+            self.store.update(job_id, state="cancelled", finished=time.time())
+            self._event(job_id, {"state": "cancelled"})
+        elif job["state"] == "running":
+            self.store.update(job_id, cancel_requested=1)
+            self._cancel.add(job_id)
+        return self.status(job_id)
+
+    def wait_events(self, job_id: int, after: int, timeout: float = WATCH_WAIT) -> list[Any]:
+        """Events numbered above ``after``; waits up to ``timeout`` for the first one."""
+        self.status(job_id)
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                events = self.store.events(job_id, after)
+                left = deadline - time.monotonic()
+                if events or left <= 0:
+                    return events
+                self.changed.wait(left)
+
+    def resolve(self, ref: str, key: str, check_only: bool = False) -> Any:
+        """A reference to a local path (``job:<id>``: that job's outputs as name -> path)."""
+        kind, _, rest = ref.partition(":")
+        try:
+            if kind == "sha256":
+                if check_only:
+                    if not self.store.has_artifact(rest):
+                        raise SpecError(f"{key}: no artifact {rest[:16]}... (upload it first)")
+                    return None
+                return self.store.verified_path(rest)
+            if kind == "server":
+                path = Path(rest).resolve()
+                if not any(path.is_relative_to(d) for d in self.job_paths):
+                    raise SpecError(f"{key}: {rest} is not under a --job-path directory")
+                if not path.is_file():
+                    raise SpecError(f"{key}: {rest} is not a file")
+                return path
+            job = self.store.job(int(rest))
+            if job["state"] != "succeeded":
+                raise SpecError(f"{key}: job {rest} has not succeeded (it is {job['state']})")
+            files = {n: self.store.verified_path(sha) for n, sha in job["outputs"].items()}
+            if key == "model.adapter":
+                return files
+            if "model.safetensors" not in files:
+                raise SpecError(f"{key}: job {rest} has no model.safetensors output")
+            return files["model.safetensors"]
+        except StoreError as exc:
+            raise SpecError(f"{key}: {exc}") from None
+
+    # --- runner -----------------------------------------------------------------------------
+    def _event(self, job_id: int, event: dict[str, Any]) -> None:
+        self.store.add_event(job_id, event)
+        with self.changed:
+            self.changed.notify_all()
+
+    def _wake(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            job = self.store.next_queued(self.device)
+            if job is None:
+                with self.changed:
+                    self.changed.wait(0.5)
+                continue
+            self._run(job)
+
+    def _run(self, job: dict[str, Any]) -> None:
+        from burn_remote import Device
+
+        from ._kinds import KINDS
+
+        job_id = job["id"]
+        self.store.update(job_id, state="running", started=time.time())
+        self._event(job_id, {"state": "running", "step": job["step"], "total": job["total"]})
+        try:
+            ctx = JobContext(self, job, Device.parse(self.device))
+            files = KINDS[job["kind"]](ctx)
+            outputs = {name: self.store.put_artifact_file(p) for name, p in files.items()}
+        except _Stop as stop:
+            if stop.cancel:
+                self._cancel.discard(job_id)
+                self.store.update(job_id, state="cancelled", finished=time.time())
+                self._event(job_id, {"state": "cancelled"})
+            else:  # shutdown: queued again, resumes from its checkpoint at the next start
+                self.store.update(job_id, state="queued")
+                self._event(job_id, {"state": "queued", "interrupted": True})
+            return
+        except Exception as exc:
+            log.exception("job %d failed", job_id)
+            error = f"{type(exc).__name__}: {exc}"
+            self.store.update(job_id, state="failed", error=error, finished=time.time())
+            self._event(job_id, {"state": "failed", "error": error})
+            return
+        self.store.update(job_id, state="succeeded", outputs=outputs, finished=time.time())
+        self._event(job_id, {"state": "succeeded", "outputs": outputs})
+        shutil.rmtree(self.store.root / "work" / str(job_id), ignore_errors=True)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the runner (a running job is queued again at its last checkpoint)."""
+        self._stopping.set()
+        self._wake()
+        self._thread.join(timeout)
+        self.store.close()
+
+
+def _public(job: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in job.items() if k != "cancel_requested"}
+
+
+__all__ = ["TERMINAL", "JobContext", "JobRefused", "JobService"]

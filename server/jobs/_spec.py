@@ -1,0 +1,354 @@
+"""Job specs: a declarative schema and a validator whose errors name the key path.
+
+A spec is a dict (or TOML text, parsed with tomllib) such as::
+
+    kind = "lora_finetune"
+    seed = 0
+    steps = 100
+    [model]
+    weights = "sha256:<hex>"          # or "server:/allowed/dir/model.safetensors"
+    [data]
+    path = "sha256:<hex>"
+    [lora]
+    r = 8
+    target_modules = ["c_attn", "c_proj"]
+
+Validation fills in defaults and refuses, with the dotted key path, anything else: wrong types
+(``lora.r: expected a positive integer, got "8x"``), unknown keys (with the closest valid one)
+and missing required keys. The validated spec is plain JSON data, stored as is in the job
+store, so a job reruns from exactly what was accepted. Input references are strings:
+``sha256:<hex>`` (an uploaded artifact), ``server:<path>`` (a file under a ``--job-path``
+directory) or ``job:<id>`` (the outputs of an earlier job).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import tomllib
+from collections.abc import Callable
+from typing import Any
+
+KINDS = ("lora_finetune", "onnx_export", "train")
+REF_RE = re.compile(r"^(sha256:[0-9a-f]{64}|server:.+|job:[1-9][0-9]*)$")
+LAYERS = ("linear", "relu", "gelu", "conv2d", "maxpool2d", "flatten", "layernorm", "dropout")
+
+
+class SpecError(ValueError):
+    """A spec did not validate; the message starts with the key path."""
+
+
+Check = Callable[[Any, str], Any]
+_REQUIRED = object()
+
+
+def _show(v: Any) -> str:
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError):
+        text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fail(path: str, what: str, v: Any) -> SpecError:
+    return SpecError(f"{path}: expected {what}, got {_show(v)}")
+
+
+def pos_int(v: Any, path: str) -> int:
+    if type(v) is not int or v <= 0:
+        raise _fail(path, "a positive integer", v)
+    return v
+
+
+def nonneg_int(v: Any, path: str) -> int:
+    if type(v) is not int or v < 0:
+        raise _fail(path, "a non-negative integer", v)
+    return v
+
+
+def number(v: Any, path: str) -> float:
+    if type(v) not in (int, float):
+        raise _fail(path, "a number", v)
+    return float(v)
+
+
+def pos_number(v: Any, path: str) -> float:
+    if type(v) not in (int, float) or v <= 0:
+        raise _fail(path, "a positive number", v)
+    return float(v)
+
+
+def fraction(v: Any, path: str) -> float:
+    if type(v) not in (int, float) or not 0 <= v < 1:
+        raise _fail(path, "a number in [0, 1)", v)
+    return float(v)
+
+
+def boolean(v: Any, path: str) -> bool:
+    if type(v) is not bool:
+        raise _fail(path, "true or false", v)
+    return v
+
+
+def string(v: Any, path: str) -> str:
+    if type(v) is not str or not v:
+        raise _fail(path, "a non-empty string", v)
+    return v
+
+
+def ref(v: Any, path: str) -> str:
+    if type(v) is not str or not REF_RE.match(v):
+        raise _fail(path, 'an input reference ("sha256:<hex>", "server:<path>" or "job:<id>")', v)
+    return v
+
+
+def one_of(*choices: Any) -> Check:
+    def check(v: Any, path: str) -> Any:
+        if v not in choices or type(v) is bool:
+            raise _fail(path, "one of " + ", ".join(_show(c) for c in choices), v)
+        return v
+
+    return check
+
+
+def list_of(item: Check, min_len: int = 0, max_len: int = 10_000) -> Check:
+    def check(v: Any, path: str) -> list[Any]:
+        if type(v) is not list or not min_len <= len(v) <= max_len:
+            raise _fail(path, f"an array of {min_len}..{max_len} items", v)
+        return [item(x, f"{path}[{i}]") for i, x in enumerate(v)]
+
+    return check
+
+
+def str_or_list(v: Any, path: str) -> str | list[str]:
+    if type(v) is str and v:
+        return v
+    if type(v) is list and v and all(type(x) is str and x for x in v):
+        return list(v)
+    raise _fail(path, "a string or an array of strings", v)
+
+
+def opt(check: Check) -> Check:
+    """None (absent) allowed."""
+    return lambda v, path: None if v is None else check(v, path)
+
+
+def table(fields: dict[str, tuple[Check, Any]]) -> Check:
+    """A TOML table: each field is (check, default); default ``_REQUIRED`` means required."""
+
+    def check(v: Any, path: str) -> dict[str, Any]:
+        if type(v) is not dict:
+            raise _fail(path or "spec", "a table", v)
+        prefix = f"{path}." if path else ""
+        for key in v:
+            if key not in fields:
+                raise SpecError(_unknown(prefix + str(key), str(key), list(fields)))
+        out = {}
+        for key, (fcheck, default) in fields.items():
+            if key in v and v[key] is not None:
+                out[key] = fcheck(v[key], prefix + key)
+            elif default is _REQUIRED:
+                raise SpecError(f"{prefix}{key}: required key is missing")
+            else:
+                out[key] = default() if callable(default) else default
+        return out
+
+    return check
+
+
+def _unknown(path: str, key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.4)
+    if close:
+        return f"{path}: unknown key; did you mean {close[0]!r}?"
+    return f"{path}: unknown key; valid keys: {', '.join(sorted(valid))}"
+
+
+# --- the schema -----------------------------------------------------------------------------
+def _layer(v: Any, path: str) -> dict[str, Any]:
+    if type(v) is not dict or "type" not in v:
+        raise _fail(path, 'a table with a "type"', v)
+    kind = one_of(*LAYERS)(v["type"], f"{path}.type")
+    args = {k: x for k, x in v.items() if k != "type"}
+    allowed = _LAYER_ARGS[kind]
+    for k, x in args.items():
+        if k not in allowed:
+            raise SpecError(_unknown(f"{path}.{k}", k, list(allowed)))
+        allowed[k](x, f"{path}.{k}")
+    return {"type": kind, **args}
+
+
+_LAYER_ARGS: dict[str, dict[str, Check]] = {
+    "linear": {"in_features": pos_int, "out_features": pos_int, "bias": boolean},
+    "conv2d": {
+        "in_channels": pos_int,
+        "out_channels": pos_int,
+        "kernel_size": pos_int,
+        "stride": pos_int,
+        "padding": nonneg_int,
+    },
+    "maxpool2d": {"kernel_size": pos_int, "stride": pos_int},
+    "flatten": {"start": nonneg_int},
+    "layernorm": {"dim": pos_int},
+    "dropout": {"p": fraction},
+    "relu": {},
+    "gelu": {},
+}
+
+GPT_CONFIG = table(
+    {
+        "n_layer": (pos_int, 2),
+        "n_head": (pos_int, 4),
+        "d_model": (pos_int, 64),
+        "vocab": (pos_int, 256),
+        "context": (pos_int, 32),
+    }
+)
+
+MODEL = table(
+    {
+        "arch": (one_of("gpt", "sequential"), "gpt"),
+        "weights": (opt(ref), None),
+        "n_head": (opt(pos_int), None),
+        "dropout": (fraction, 0.0),
+        "config": (opt(GPT_CONFIG), None),
+        "layers": (opt(list_of(_layer, 1, 256)), None),
+        "adapter": (opt(ref), None),
+        "adapter_config": (opt(ref), None),
+    }
+)
+
+DATA = table(
+    {
+        "path": (ref, _REQUIRED),
+        "alphabet": (opt(string), None),
+        "validation_split": (fraction, 0.0),
+    }
+)
+
+LORA = table(
+    {
+        "r": (pos_int, 8),
+        "alpha": (pos_number, 16.0),
+        "dropout": (fraction, 0.0),
+        "target_modules": (str_or_list, lambda: ["c_attn", "c_proj", "c_fc"]),
+        "use_rslora": (boolean, False),
+        "quantize": (opt(one_of("nf4")), None),
+    }
+)
+
+GROUP = table(
+    {
+        "pattern": (str_or_list, _REQUIRED),
+        "name": (opt(string), None),
+        "lr": (opt(pos_number), None),
+        "weight_decay": (opt(number), None),
+    }
+)
+
+OPTIMIZER = table(
+    {
+        "name": (one_of("adamw", "adam", "sgd"), "adamw"),
+        "lr": (pos_number, 1e-3),
+        "weight_decay": (number, 0.0),
+        "betas": (list_of(fraction, 2, 2), lambda: [0.9, 0.999]),
+        "eps": (pos_number, 1e-8),
+        "momentum": (fraction, 0.0),
+        "groups": (list_of(GROUP, 0, 64), list),
+    }
+)
+
+SCHEDULE = table(
+    {
+        "kind": (one_of("constant", "cosine", "linear_warmup"), "constant"),
+        "warmup_steps": (nonneg_int, 0),
+        "min_ratio": (fraction, 0.0),
+    }
+)
+
+_COMMON = {
+    "kind": (one_of(*KINDS), _REQUIRED),
+    "name": (opt(string), None),
+    "seed": (nonneg_int, 0),
+}
+_TRAINING = {
+    **_COMMON,
+    "model": (MODEL, _REQUIRED),
+    "data": (DATA, _REQUIRED),
+    "steps": (pos_int, _REQUIRED),
+    "batch_size": (pos_int, 8),
+    "checkpoint_every": (pos_int, 10),
+    "clip": (opt(pos_number), 1.0),
+    "optimizer": (OPTIMIZER, lambda: OPTIMIZER({}, "optimizer")),
+    "schedule": (SCHEDULE, lambda: SCHEDULE({}, "schedule")),
+}
+SCHEMAS: dict[str, Check] = {
+    "lora_finetune": table({**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}),
+    "train": table(_TRAINING),
+    "onnx_export": table(
+        {
+            **_COMMON,
+            "model": (MODEL, _REQUIRED),
+            "example_shape": (list_of(pos_int, 1, 8), _REQUIRED),
+            "example_dtype": (opt(one_of("float32", "int64")), None),
+            "opset": (opt(pos_int), None),
+        }
+    ),
+}
+
+
+def validate(spec: dict[str, Any] | str) -> dict[str, Any]:
+    """The spec with defaults filled in; raises SpecError naming the first bad key path.
+
+    Args:
+        spec: a dict, or TOML text.
+    """
+    if isinstance(spec, str):
+        try:
+            spec = tomllib.loads(spec)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"spec: not valid TOML: {exc}") from None
+    if type(spec) is not dict:
+        raise _fail("spec", "a table", spec)
+    kind = spec.get("kind")
+    if kind is None:
+        raise SpecError("kind: required key is missing")
+    one_of(*KINDS)(kind, "kind")
+    out = SCHEMAS[kind](spec, "")
+    _cross_check(out)
+    return out
+
+
+def _cross_check(spec: dict[str, Any]) -> None:
+    """Rules that span keys."""
+    model = spec["model"]
+    if model["arch"] == "sequential" and not model["layers"]:
+        raise SpecError('model.layers: required when model.arch is "sequential"')
+    if model["arch"] == "gpt" and model["layers"]:
+        raise SpecError('model.layers: only for model.arch "sequential"')
+    if spec["kind"] in ("lora_finetune", "onnx_export") and model["weights"] is None:
+        raise SpecError(f"model.weights: required key is missing (a {spec['kind']} job)")
+    if model["adapter_config"] and not model["adapter"]:
+        raise SpecError("model.adapter_config: needs model.adapter")
+    if model["adapter"] and not model["adapter"].startswith("job:") and not model["adapter_config"]:
+        raise SpecError('model.adapter_config: required when model.adapter is not "job:<id>"')
+    if "schedule" in spec:
+        sched = spec["schedule"]
+        if sched["warmup_steps"] > spec["steps"]:
+            raise SpecError(
+                f"schedule.warmup_steps: {sched['warmup_steps']} exceeds steps {spec['steps']}"
+            )
+
+
+def refs(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key path, reference) of every input a validated spec names."""
+    out = []
+    for section, keys in (("model", ("weights", "adapter", "adapter_config")), ("data", ("path",))):
+        for key in keys:
+            value = spec.get(section, {}).get(key)
+            if value:
+                out.append((f"{section}.{key}", value))
+    return out
+
+
+__all__ = ["KINDS", "SpecError", "refs", "validate"]

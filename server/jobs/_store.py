@@ -1,0 +1,328 @@
+"""The durable job store: SQLite (WAL) in the data directory, plus content-addressed files.
+
+Rows hold what must survive a crash: each job's validated spec (JSON), state, step, latest
+checkpoint and outputs; its progress events; the artifacts known by sha256. Artifact bytes
+live in ``artifacts/<aa>/<sha256>`` and checkpoints in ``checkpoints/<job>/``, always written
+as temp file + fsync + rename, so a crash or a full disk leaves the old file or the new one,
+never half of one. The schema is versioned: ``migrations`` lists the applied versions and
+:data:`MIGRATIONS` is applied in order at open. Thread-safe (one connection, one lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL,
+        device TEXT NOT NULL,
+        state TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        created REAL NOT NULL,
+        started REAL,
+        finished REAL,
+        error TEXT,
+        step INTEGER NOT NULL DEFAULT 0,
+        total INTEGER NOT NULL DEFAULT 0,
+        checkpoint TEXT,
+        checkpoint_step INTEGER NOT NULL DEFAULT 0,
+        outputs TEXT NOT NULL DEFAULT '{}',
+        cancel_requested INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_queue ON jobs (device, state, id);
+    CREATE TABLE events (
+        job_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (job_id, seq)
+    );
+    CREATE TABLE artifacts (
+        sha256 TEXT PRIMARY KEY,
+        size INTEGER NOT NULL,
+        created REAL NOT NULL
+    );
+    """,
+)
+"""Schema versions 1..N; append, never edit, so older data directories upgrade in place."""
+
+
+class StoreError(Exception):
+    """A store operation failed (unknown job or artifact, checksum mismatch, disk full)."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` holds either its old content or all of the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class JobStore:
+    """Jobs, events and artifacts of one data directory."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.root = Path(data_dir)
+        for sub in ("artifacts", "uploads", "checkpoints", "work"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.lock = threading.RLock()
+        self.db = sqlite3.connect(
+            self.root / "jobs.sqlite3", check_same_thread=False, isolation_level=None
+        )
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA busy_timeout=10000")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS migrations (version INTEGER PRIMARY KEY, at REAL)"
+            )
+            done = {r[0] for r in db.execute("SELECT version FROM migrations")}
+            for version, sql in enumerate(MIGRATIONS, 1):
+                if version not in done:
+                    for stmt in filter(str.strip, sql.split(";")):
+                        db.execute(stmt)
+                    db.execute("INSERT INTO migrations VALUES (?, ?)", (version, time.time()))
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.db.execute("SELECT MAX(version) FROM migrations").fetchone()[0])
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    # --- jobs -------------------------------------------------------------------------------
+    def add_job(self, spec: dict[str, Any], device: str, total: int) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO jobs (kind, device, state, spec, created, total) VALUES (?,?,?,?,?,?)",
+                (spec["kind"], device, "queued", json.dumps(spec), time.time(), total),
+            )
+            job_id = int(cur.lastrowid or 0)
+        self.add_event(job_id, {"state": "queued"})
+        return job_id
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        with self.lock:
+            row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"job {job_id}: no such job")
+        return _row(row)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.db.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+        return [_row(r) for r in rows]
+
+    def next_queued(self, device: str) -> dict[str, Any] | None:
+        with self.lock:
+            row = self.db.execute(
+                "SELECT * FROM jobs WHERE device = ? AND state = 'queued' ORDER BY id LIMIT 1",
+                (device,),
+            ).fetchone()
+        return None if row is None else _row(row)
+
+    def update(self, job_id: int, **fields: Any) -> None:
+        if "outputs" in fields:
+            fields["outputs"] = json.dumps(fields["outputs"])
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def requeue_interrupted(self, device: str) -> list[int]:
+        """Jobs left running by a crash go back to the queue (they resume from a checkpoint)."""
+        with self._tx() as db:
+            ids = [
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM jobs WHERE device = ? AND state = 'running'", (device,)
+                )
+            ]
+            db.execute(
+                "UPDATE jobs SET state = 'queued' WHERE device = ? AND state = 'running'", (device,)
+            )
+        for i in ids:
+            self.add_event(i, {"state": "queued", "resumed": True})
+        return ids
+
+    # --- events -----------------------------------------------------------------------------
+    def add_event(self, job_id: int, event: dict[str, Any]) -> int:
+        with self._tx() as db:
+            seq = db.execute(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?", (job_id,)
+            ).fetchone()[0]
+            event = {"seq": seq, "job_id": job_id, "time": time.time(), **event}
+            db.execute("INSERT INTO events VALUES (?, ?, ?)", (job_id, seq, json.dumps(event)))
+        return int(seq)
+
+    def events(self, job_id: int, after: int, limit: int = 1000) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (job_id, after, limit),
+            ).fetchall()
+        return [json.loads(r[0]) for r in rows]
+
+    # --- artifacts --------------------------------------------------------------------------
+    def artifact_path(self, sha: str) -> Path:
+        return self.root / "artifacts" / sha[:2] / sha
+
+    def has_artifact(self, sha: str) -> bool:
+        with self.lock:
+            row = self.db.execute("SELECT 1 FROM artifacts WHERE sha256 = ?", (sha,)).fetchone()
+        return row is not None and self.artifact_path(sha).exists()
+
+    def artifact_size(self, sha: str) -> int:
+        with self.lock:
+            row = self.db.execute("SELECT size FROM artifacts WHERE sha256 = ?", (sha,)).fetchone()
+        if row is None:
+            raise StoreError(f"artifact {sha[:16]}...: no such artifact")
+        return int(row[0])
+
+    def put_artifact(self, data: bytes) -> str:
+        """Store bytes (a job output); returns their sha256."""
+        sha = hashlib.sha256(data).hexdigest()
+        if not self.has_artifact(sha):
+            write_atomic(self.artifact_path(sha), data)
+            self._record(sha, len(data))
+        return sha
+
+    def put_artifact_file(self, path: Path) -> str:
+        return self.put_artifact(path.read_bytes())
+
+    def receive_chunk(self, sha: str, offset: int, total: int, data: bytes) -> bool:
+        """Append an uploaded chunk; on the last one check the sha256 and store the artifact.
+        Returns True once the artifact is stored. A bad offset or checksum raises StoreError
+        and discards the partial upload; a full disk raises StoreError too."""
+        if self.has_artifact(sha):
+            return offset + len(data) >= total
+        part = self.root / "uploads" / f"{sha}.part"
+        try:
+            have = part.stat().st_size if part.exists() else 0
+            if offset == 0 and have:
+                part.unlink()
+                have = 0
+            if offset != have:
+                raise StoreError(f"artifact {sha[:16]}...: chunk at {offset}, expected {have}")
+            if offset + len(data) > total:
+                raise StoreError(f"artifact {sha[:16]}...: chunks exceed the declared {total}")
+            with open(part, "ab") as f:
+                f.write(data)
+                if offset + len(data) == total:
+                    f.flush()
+                    os.fsync(f.fileno())
+            if offset + len(data) < total:
+                return False
+            actual = _sha256_file(part)
+            if actual != sha:
+                raise StoreError(
+                    f"artifact checksum mismatch: declared sha256 {sha[:16]}..., "
+                    f"the uploaded bytes hash to {actual[:16]}..."
+                )
+            dest = self.artifact_path(sha)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part, dest)
+            fsync_dir(dest.parent)
+            self._record(sha, total)
+            return True
+        except StoreError:
+            with contextlib.suppress(OSError):
+                part.unlink()
+            raise
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                part.unlink()
+            raise StoreError(f"artifact {sha[:16]}...: could not store: {exc}") from None
+
+    def _record(self, sha: str, size: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO artifacts VALUES (?, ?, ?)", (sha, size, time.time()))
+
+    def read_chunk(self, sha: str, offset: int, length: int) -> tuple[int, bytes]:
+        """(total size, bytes from offset); the bytes are as stored (the reader verifies)."""
+        total = self.artifact_size(sha)
+        path = self.artifact_path(sha)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return total, f.read(length)
+        except OSError as exc:
+            raise StoreError(f"artifact {sha[:16]}...: cannot read: {exc}") from None
+
+    def verified_path(self, sha: str) -> Path:
+        """The artifact's file after checking its bytes still hash to ``sha``."""
+        path = self.artifact_path(sha)
+        if not self.has_artifact(sha):
+            raise StoreError(f"artifact {sha[:16]}...: no such artifact")
+        actual = _sha256_file(path)
+        if actual != sha:
+            raise StoreError(
+                f"artifact {sha[:16]}... is corrupted on the server: its bytes hash to "
+                f"{actual[:16]}..."
+            )
+        return path
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _row(row: sqlite3.Row) -> dict[str, Any]:
+    d = dict(row)
+    d["spec"] = json.loads(d["spec"])
+    d["outputs"] = json.loads(d["outputs"])
+    d["cancel_requested"] = bool(d["cancel_requested"])
+    return d
+
+
+__all__ = ["STATES", "TERMINAL", "JobStore", "StoreError", "write_atomic"]
