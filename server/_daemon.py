@@ -49,6 +49,10 @@ class ServeOptions:
     authorized_peers: Any = None
     allow_any: bool = False
     idle_timeout: float = 30.0
+    relay: str | None = None
+    """``host:port`` of a relay to publish our record on and accept relayed clients from."""
+    advertise: list[str] | None = None
+    """Addresses for the record; default: the bound address."""
 
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
@@ -58,13 +62,20 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         idle_timeout=opts.idle_timeout,
         keepalive_interval=max(0.2, opts.idle_timeout / 3),
     )
-    async with Endpoint.open(
-        opts.identity,
-        bind=opts.bind,
-        config=config,
-        authorized_peers=opts.authorized_peers,
-        allow_any=opts.allow_any,
-    ) as ep:
+    async with (
+        Endpoint.open(
+            opts.identity,
+            bind=opts.bind,
+            config=config,
+            authorized_peers=opts.authorized_peers,
+            allow_any=opts.allow_any,
+        ) as ep,
+        trio.open_nursery() as nursery,
+    ):
+        if opts.relay:
+            from ._relay_glue import start_relay_agent
+
+            await start_relay_agent(nursery, opts, ep)
         if on_ready is not None:
             on_ready(ep)
         await ep.serve(lambda conn: _connection(opts.state, ep, conn))

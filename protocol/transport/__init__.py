@@ -16,6 +16,7 @@ from ._endpoint import Endpoint
 from ._errors import FrameTooLarge, KeyFileError, PeerRejected, TransportError
 from ._identity import PEER_ID_LENGTH, Identity, PeerId
 from ._paths import default_address_book_path, default_authorized_peers_path, default_key_path
+from ._resolver import Resolver, add_resolver, remove_resolver, resolve_peer
 from ._streams import FRAME_PREFIX_SIZE, FrameStream
 
 __all__ = [
@@ -35,10 +36,14 @@ __all__ = [
     "KeyFileError",
     "PeerId",
     "PeerRejected",
+    "Resolver",
     "TransportError",
+    "add_resolver",
     "default_address_book_path",
     "default_authorized_peers_path",
     "default_key_path",
     "load_authorized_peers",
     "parse_authorized_peers",
+    "remove_resolver",
+    "resolve_peer",
 ]
