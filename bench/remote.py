@@ -1,4 +1,5 @@
-"""Remote vs local on loopback, in one run: digits-MLP step time, messages and bytes per step,
+"""Remote vs local on loopback, in one run: digits-MLP and small-transformer step time (loss
+read every 10 steps, parameters kept on the device), messages and bytes per step,
 graph replay vs re-sending the graph every step, and one item() round trip beside a bare
 64-byte echo over the same QUIC transport (aioquic driven by trio).
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -23,35 +25,87 @@ from burn_remote import Device, RemoteDevice, nn, optim  # noqa: E402
 from burn_remote import functional as F  # noqa: E402
 from remote_demo import start_server  # noqa: E402
 
+READ_EVERY = 10
+"""The loops read the loss every this many steps, keeping parameters on the device."""
 
-def mlp_loop(dev, steps: int, resend_graph: bool = False) -> tuple[float, dict, dict]:
-    """Seconds per step (after 5 warm-up steps) and stats before/after the timed part."""
+
+def _digits():
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x, y = (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+    return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
+
+
+def mlp_model(dev):
     nn.seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
+    x, y = _digits()
+
+    def loss_at(k: int):
+        i = (k * 64) % (len(x) - 64)
+        return F.cross_entropy(model(dev.tensor(x[i : i + 64])), dev.tensor(y[i : i + 64]))
+
+    return model, loss_at
+
+
+def transformer_model(dev):
+    """A small GPT (2 layers, d_model 64, 4 heads, context 32) on random tokens, batch 8."""
+    nn.seed(0)
+    config = nn.GPTConfig(n_layer=2, n_head=4, d_model=64, vocab=64, context=32)
+    model = nn.GPT(config, device=dev)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, (64, 33))
+
+    def loss_at(k: int):
+        rows = tokens[(k * 8) % 56 : (k * 8) % 56 + 8]
+        return model.loss(dev.tensor(rows[:, :-1]), dev.tensor(rows[:, 1:]))
+
+    return model, loss_at
+
+
+def train_loop(dev, build, steps: int, resend_graph: bool = False) -> tuple[float, dict, dict]:
+    """Seconds per step (after 5 warm-up steps) and stats before/after the timed part."""
+    model, loss_at = build(dev)
     opt = optim.AdamW(model.parameters(), lr=1e-2)
 
-    def step(k: int) -> float:
-        i = (k * 64) % (len(x) - 64)
-        loss = F.cross_entropy(model(dev.tensor(x[i : i + 64])), dev.tensor(y[i : i + 64]))
+    def step(k: int) -> None:
+        loss = loss_at(k)
         loss.backward()
         opt.step()
         opt.zero_grad()
         if resend_graph:
             dev._rt.proto.known.clear()
-        return loss.item()
+        if k % READ_EVERY == READ_EVERY - 1:
+            loss.item()
+        else:
+            dev.flush()
 
     for k in range(5):
         step(k)
+    dev.sync()
     before = dict(dev.stats())
     t = time.perf_counter()
     for k in range(steps):
         step(k)
+    dev.sync()
     dt = (time.perf_counter() - t) / steps
     return dt, before, dict(dev.stats())
+
+
+def compare(name: str, build, remote_dev, steps: int, rounds: int = 3) -> tuple[float, dict, dict]:
+    """Local and remote loops interleaved, medians of `rounds`: this machine is noisy."""
+    local, remote, stats = [], [], None
+    for _ in range(rounds):
+        local.append(train_loop(Device.cpu(), build, steps)[0])
+        dt, b, a = train_loop(remote_dev, build, steps)
+        remote.append(dt)
+        stats = (b, a)
+    lo, re = statistics.median(local), statistics.median(remote)
+    print(
+        f"{name} step (loss read every {READ_EVERY}): local {lo * 1e6:.0f} us, "
+        f"remote {re * 1e6:.0f} us, remote/local {re / lo:.2f}"
+    )
+    return re, stats[0], stats[1]
 
 
 def item_round_trip(dev, n: int) -> float:
@@ -126,14 +180,10 @@ def main() -> None:
     os.environ["BURN_REMOTE_HOME"] = home
     proc, peer, addr = start_server(os.path.join(home, "server"))
     try:
-        local, _, _ = mlp_loop(Device.cpu(), args.steps)
         dev = RemoteDevice(f"{peer}@{addr}")
-        remote, b, a = mlp_loop(dev, args.steps)
+        remote, b, a = compare("digits MLP", mlp_model, dev, args.steps)
+        compare("small transformer", transformer_model, dev, max(args.steps // 4, 20))
         n = args.steps
-        print(
-            f"digits MLP step: local {local * 1e6:.0f} us, remote {remote * 1e6:.0f} us, "
-            f"remote/local {remote / local:.2f}"
-        )
         print(
             f"per step: {(a['messages_sent'] - b['messages_sent']) / n:.2f} messages sent, "
             f"{(a['bytes_sent'] - b['bytes_sent']) / n:.0f} bytes sent "
@@ -142,7 +192,7 @@ def main() -> None:
             f"{(a['bytes_received'] - b['bytes_received']) / n:.0f} bytes received"
         )
         dev2 = RemoteDevice(f"{peer}@{addr}", key=Path(home) / "second-key")
-        resend, b2, a2 = mlp_loop(dev2, args.steps, resend_graph=True)
+        resend, b2, a2 = train_loop(dev2, mlp_model, args.steps, resend_graph=True)
         print(
             f"graph replay: {remote * 1e6:.0f} us and {(a['bytes_sent'] - b['bytes_sent']) / n:.0f} "
             f"B/step; re-sending the graph every step: {resend * 1e6:.0f} us and "

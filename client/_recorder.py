@@ -262,6 +262,7 @@ class Recorder:
         if capture is not None:
             try:
                 self.runtime.execute(capture)
+                self._forget_donated(capture)
             except OpFailed as exc:
                 for o in capture.output_ids:
                     self.failed[o] = str(exc)
@@ -271,6 +272,14 @@ class Recorder:
             self.specs.update(zip(capture.output_ids, capture.output_specs))
         else:
             self._drop_dead()
+
+    def _forget_donated(self, capture: Capture) -> None:
+        """The runtime dropped the graph's donated inputs itself: no separate drop for them."""
+        if capture.donated:
+            gone = {capture.input_ids[k] for k in capture.donated}
+            for i in gone:
+                self.specs.pop(i, None)
+            self.dead = [i for i in self.dead if i not in gone]
 
     def _drop_dead(self) -> None:
         if self.dead:

@@ -93,8 +93,12 @@ class RemoteRuntime:
     def sync(self) -> None:
         self._call(m.Sync)
 
+    def send(self) -> None:
+        """Send what is queued now, without waiting for anything."""
+        self.link.kick()
+
     def memory_stats(self) -> dict[str, int]:
-        r = self._call(m.MemoryStats, 0, 0, 0, 0, 0)
+        r = self._call(m.MemoryStats, 0, 0, 0, 0, 0, 0, 0)
         return {k: v for k, v in dataclasses.asdict(r).items() if k != "request_id"}
 
     def expose(self, tensor_id: int, peer_id: str) -> bytes:
@@ -205,15 +209,37 @@ class RemoteDevice(Device):
     def __repr__(self) -> str:
         return f"RemoteDevice('{self.peer_id}@{self.address[0]}:{self.address[1]}')"
 
+    def flush(self) -> None:
+        """Send what is recorded as one message now (a step boundary) and return at once."""
+        super().flush()
+        self._rt.send()
+
     def sync(self) -> None:
         """Run everything recorded and wait until the server did; raises its errors."""
         super().sync()
         self._rt.sync()
 
-    def memory_stats(self) -> dict[str, int]:
-        """This session's and the whole server's tensor counts and bytes, and live sessions."""
+    def session_stats(self) -> dict[str, int]:
+        """This session's and the whole server's tensor counts, bytes and peaks, live sessions."""
         self._rec.flush()
         return self._rt.memory_stats()
+
+    def memory_stats(self) -> Any:
+        """The server's memory as `engine.memory.MemoryStats`: a row for this session's
+        tensors and one for all sessions' (the server's own quota is its limit)."""
+        from burn_remote.engine.memory import MemoryStats, PoolStats
+
+        s = self.session_stats()
+        rows = (
+            PoolStats("session", s["session_bytes"], s["session_bytes"], s["session_peak"],
+                      s["session_peak"], s["session_tensors"], 0, 0),
+            PoolStats("server", s["server_bytes"], s["server_bytes"], s["server_peak"],
+                      s["server_peak"], s["server_tensors"], 0, 0),
+        )  # fmt: skip
+        return MemoryStats(
+            self.spec, s["server_bytes"], s["server_bytes"], s["server_peak"], s["server_peak"],
+            None, rows,
+        )  # fmt: skip
 
     def close(self) -> None:
         """End the session (the server frees its tensors); the device cannot be used after."""

@@ -116,7 +116,10 @@ class ClientProtocol:
             self.counters.replays += 1
         rid = self._next_rid()
         self.captures[rid] = capture
-        drops, self._drops = tuple(self._drops), []
+        # Donated inputs (no Tensor holds them) go in this message's drops: the server frees
+        # them inside the graph instead of one step later.
+        donated = tuple(capture.input_ids[k] for k in getattr(capture, "donated", ()))
+        drops, self._drops = tuple(self._drops) + donated, []
         self._queue(
             m.ExecuteGraph(
                 rid,

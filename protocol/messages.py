@@ -232,6 +232,10 @@ class MemoryStats:
     """Bytes all sessions' tensors occupy."""
     sessions: int
     """Live sessions on the server."""
+    session_peak: int = 0
+    """Highest `session_bytes` this session has reached."""
+    server_peak: int = 0
+    """Highest `server_bytes` since the server started."""
 
 
 @dataclass(frozen=True, slots=True)

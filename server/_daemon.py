@@ -147,13 +147,14 @@ class _SessionPump:
     async def _process(self, frame: bytes | None) -> None:
         session = self.session
 
-        def work() -> list[Any]:
-            if frame is not None:
-                session.feed_control(frame)
-            return session.step()
-
+        if frame is not None:
+            session.feed_control(frame)
         while True:
-            for out in await trio.to_thread.run_sync(work):
+            if session.needs_worker():
+                outs = await trio.to_thread.run_sync(session.step)
+            else:
+                outs = session.step()
+            for out in outs:
                 if isinstance(out, bytes):
                     await self.control.send_frame(out)
                 elif isinstance(out, SendBulk):

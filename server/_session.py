@@ -51,6 +51,10 @@ class _Failure(Exception):
         self.code, self.node = code, node
 
 
+ENGINE_WORK = (m.ExecuteGraph, m.RegisterGraph)
+"""Messages whose processing may take long: a session runs them in a worker thread."""
+
+
 class Session:
     """Tensor store and message interpreter of one client connection."""
 
@@ -60,6 +64,7 @@ class Session:
         self.id = 0
         self.store: dict[int, Any] = {}
         self.nbytes = 0
+        self.peak = 0
         self.graphs: set[str] = set()
         self.stalled = False
         self.closed = False
@@ -93,6 +98,12 @@ class Session:
         self.fetched[tensor_id] = result
 
     # --- processing -------------------------------------------------------------------------
+    def needs_worker(self) -> bool:
+        """Whether what is queued includes engine work (graphs to compile or run). Reads, syncs
+        and drops are cheap enough to answer on the network loop, saving a thread handoff on
+        every `item()` round trip."""
+        return any(isinstance(msg, ENGINE_WORK) for msg in self.queue)
+
     def step(self) -> list[Output]:
         """Run queued messages until done or blocked on a bulk payload or a fetch."""
         while self.queue and not self.closed:
@@ -174,6 +185,7 @@ class Session:
         old_size = int(getattr(old, "nbytes", 0)) if old is not None else 0
         self.state.account(0 if old is not None else 1, size - old_size, self.nbytes - old_size)
         self.nbytes += size - old_size
+        self.peak = max(self.peak, self.nbytes)
         self.store[tensor_id] = array
 
     def _drop(self, ids: tuple[int, ...]) -> None:
@@ -274,8 +286,13 @@ class Session:
                     f"{dt}{list(shape)}",
                 )
             inputs.append(a)
+        # Inputs the client drops with this very message (an optimizer's old weights) are
+        # donated: they leave the store now and the graph frees them at their last use.
+        dropping = set(msg.drops)
+        donated = [k for k, tid in enumerate(msg.input_ids) if tid in dropping]
+        self._drop(tuple(msg.input_ids[k] for k in donated))
         try:
-            outs = self.state.executor.run(plan, inputs, msg.values)
+            outs = self.state.executor.run(plan, inputs, msg.values, donated)
         except ExecutionError as exc:
             raise _Failure(m.EXECUTION, str(exc), exc.node) from None
         except (TypeError, ValueError, OverflowError) as exc:
@@ -305,7 +322,14 @@ class Session:
         st = self.state
         self._replies.append(
             m.MemoryStats(
-                msg.request_id, len(self.store), self.nbytes, st.tensors, st.bytes, len(st.sessions)
+                msg.request_id,
+                len(self.store),
+                self.nbytes,
+                st.tensors,
+                st.bytes,
+                len(st.sessions),
+                self.peak,
+                st.peak_bytes,
             )
         )
 

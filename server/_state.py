@@ -68,6 +68,7 @@ class ServerState:
         self.sessions: dict[int, Any] = {}
         self.tensors = 0
         self.bytes = 0
+        self.peak_bytes = 0
         self._ids = itertools.count(1)
         self._caps: dict[bytes, tuple[str, Any]] = {}
 
@@ -103,6 +104,7 @@ class ServerState:
                     )
             self.tensors += tensors
             self.bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
 
     # --- graphs -----------------------------------------------------------------------------
     def plan(self, digest: str) -> Plan | None:

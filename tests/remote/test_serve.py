@@ -56,7 +56,7 @@ def test_two_clients_are_isolated(server: Server, tmp_path: Path) -> None:
     assert x1.sum().item() == 3.0 and x2.sum().item() == 6.0
     only_one = one.tensor(np.zeros(5, np.float32))
     only_one.sum().item()
-    assert one.memory_stats()["session_tensors"] == two.memory_stats()["session_tensors"] + 1
+    assert one.session_stats()["session_tensors"] == two.session_stats()["session_tensors"] + 1
     one.close()
     two.close()
 
@@ -102,13 +102,13 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
     try:
         assert proc.stdout.readline().strip() == "ready"
         watcher = RemoteDevice(srv.target)
-        stats = watcher.memory_stats()
+        stats = watcher.session_stats()
         assert stats["sessions"] == 2 and stats["server_bytes"] >= 4_000_000
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            stats = watcher.memory_stats()
+            stats = watcher.session_stats()
             if stats["sessions"] == 1:
                 break
             time.sleep(0.5)
@@ -117,3 +117,15 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
         watcher.close()
     finally:
         proc.kill()
+
+
+def test_remote_memory_stats_has_the_local_form(server: Server) -> None:
+    dev = RemoteDevice(server.target)
+    x = dev.tensor(np.ones(1000, np.float32))
+    stats = dev.memory_stats()
+    rows = {p.name: p for p in stats.pools}
+    assert rows["session"].in_use == 4000 and rows["session"].peak_in_use >= 4000
+    assert stats.in_use >= 4000 and stats.peak_in_use >= stats.in_use
+    assert "memory on remote:" in str(stats)
+    del x
+    dev.close()
