@@ -84,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         idle_timeout=args.idle_timeout,
         relay=args.relay,
         advertise=args.advertise,
+        resume_grace=args.resume_grace,
     )
     return run(opts, args.device)
 
@@ -122,6 +123,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         action="append",
         metavar="HOST:PORT",
         help="address published in the record (repeatable; default: the --listen address)",
+    )
+    p.add_argument(
+        "--resume-grace", type=float, default=30.0, metavar="SECONDS",
+        help="how long a session outlives a dead connection, waiting for its client to resume",
     )
     p.set_defaults(func=cmd_serve)
 
