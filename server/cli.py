@@ -125,7 +125,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="address published in the record (repeatable; default: the --listen address)",
     )
     p.add_argument(
-        "--resume-grace", type=float, default=30.0, metavar="SECONDS",
+        "--resume-grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
         help="how long a session outlives a dead connection, waiting for its client to resume",
     )
     p.set_defaults(func=cmd_serve)
