@@ -129,22 +129,31 @@ def parse_target(target: str) -> tuple[str, tuple[str, int] | None]:
     return peer, (host, int(port))
 
 
-def lookup_address(peer: str, book: str | Path | None = None) -> tuple[str, int]:
+def lookup_address(
+    peer: str, book: str | Path | None = None, key: str | Path | None = None
+) -> tuple[str, int]:
     """The first address of ``peer`` in the address book (``addresses.toml``): a table mapping
-    peer ids to "host:port" strings (or lists of them), at top level or under ``[peers]``."""
+    peer ids to "host:port" strings (or lists of them), at top level or under ``[peers]``.
+    A peer not in the book is resolved by the transport's resolver hooks and relay."""
     from burn_remote.protocol.transport import default_address_book_path
 
     path = Path(book) if book else default_address_book_path()
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(
-            f"{peer[:12]}...: no address given and no address book at {path}"
-        ) from None
-    entry = data.get("peers", {}).get(peer) or data.get(peer)
+        data = None
+    entry = (data.get("peers", {}).get(peer) or data.get(peer)) if data else None
     if isinstance(entry, list):
         entry = entry[0] if entry else None
     if not isinstance(entry, str):
+        # Not in the book: the transport's resolver hooks, then a configured relay.
+        from burn_remote.protocol.transport import resolve_peer
+
+        found = resolve_peer(peer, key_path=key)
+        if found is not None:
+            return found
+        if data is None:
+            raise ValueError(f"{peer[:12]}...: no address given and no address book at {path}")
         raise ValueError(f"{peer[:12]}... is not in the address book {path}")
     return parse_target(f"{peer}@{entry}")[1]  # type: ignore[return-value]
 
@@ -174,7 +183,7 @@ class RemoteDevice(Device):
 
         peer, address = parse_target(target)
         if address is None:
-            address = lookup_address(peer)
+            address = lookup_address(peer, key=key)
         from burn_remote.protocol.transport import PeerId
 
         self.peer_id = str(PeerId.parse(peer))

@@ -15,6 +15,13 @@ import trio
 from burn_remote.protocol import messages as m
 
 from ._remote_protocol import Batch, ClientProtocol
+from ._remote_resume import (
+    ATTEMPT_TIMEOUT,
+    RESUME_TIMEOUT,
+    ClientSequencer,
+    SequencedStream,
+    SessionExpired,
+)
 
 CONNECT_TIMEOUT = 30.0
 """Seconds to wait for the connection before failing the first request."""
@@ -93,6 +100,7 @@ class Link:
             Endpoint,
             EndpointConfig,
             Identity,
+            TransportError,
             default_key_path,
         )
 
@@ -103,18 +111,65 @@ class Link:
         identity = Identity.load_or_create(self.key_path or default_key_path())
         bind = ("::", 0) if ":" in self.address[0] else ("0.0.0.0", 0)
         config = EndpointConfig(max_frame_size=m.MAX_FRAME)
+        self._seq = seq = ClientSequencer()
         async with Endpoint.open(identity, bind=bind, config=config) as ep:
             with trio.fail_after(CONNECT_TIMEOUT):
                 conn = await ep.connect(self.peer_id, self.address)
-            control = await conn.open_stream()
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._send_loop, conn, control, nursery)
-                nursery.start_soon(self._receive_loop, control)
-                nursery.start_soon(self._accept_bulk, conn, nursery)
-                await self._stop.wait()
-                await self._send_pending(conn, control, nursery)
-                nursery.cancel_scope.cancel()
+            resuming = False
+            while True:  # one round per connection; a lost one is resumed (see _remote_resume)
+                lost = False
+                try:
+                    await self._session(conn, seq, resuming)
+                except* TransportError:
+                    lost = not self._stop.is_set()
+                if not lost:
+                    break
+                welcome = self.protocol.welcome
+                if welcome is None or not welcome.resume_token:
+                    raise TransportError("connection lost before the session was established")
+                conn = await self._reconnect(ep)
+                resuming = True
             await conn.close("client closing", flush_timeout=2.0)
+
+    async def _session(self, conn: Any, seq: ClientSequencer, resuming: bool) -> None:
+        """Run the loops on one connection (after resuming the session, on a new one)."""
+        assert self._stop is not None
+        control = SequencedStream(await conn.open_stream(), seq)
+        async with trio.open_nursery() as nursery:
+            if resuming:
+                welcome = self.protocol.welcome
+                assert welcome is not None
+                await control.send_frame(seq.resume_frame(welcome.resume_token))
+                try:
+                    frames = await seq.resume(control.stream)
+                except SessionExpired as exc:
+                    self._fail(f"session expired: {exc}")
+                    raise
+                for frame, bulk in frames:
+                    await control.send_frame(frame)
+                    for bulk_id, payload in bulk:
+                        nursery.start_soon(self._send_bulk, conn, bulk_id, payload)
+            nursery.start_soon(self._send_loop, conn, control, nursery)
+            nursery.start_soon(self._receive_loop, control)
+            nursery.start_soon(self._accept_bulk, conn, nursery)
+            await self._stop.wait()
+            await self._send_pending(conn, control, nursery)
+            await control.send_frame(seq.goodbye())
+            nursery.cancel_scope.cancel()
+
+    async def _reconnect(self, ep: Any) -> Any:
+        """Dial again until the server answers or RESUME_TIMEOUT passes."""
+        from burn_remote.protocol.transport import TransportError
+
+        deadline = trio.current_time() + RESUME_TIMEOUT
+        while True:
+            try:
+                with trio.fail_after(ATTEMPT_TIMEOUT):
+                    return await ep.connect(self.peer_id, self.address)
+            except (TransportError, trio.TooSlowError):
+                if trio.current_time() > deadline:
+                    raise
+                await trio.sleep(0.25)
 
     async def _send_loop(self, conn: Any, control: Any, nursery: trio.Nursery) -> None:
         while True:
@@ -129,7 +184,7 @@ class Link:
                 batch: Batch | None = self.protocol.take()
             if batch is None:
                 return
-            await control.send_frame(batch.frame)
+            await control.send_frame(self._seq.wrap(batch.frame, batch.bulk))
             for bulk_id, payload in batch.bulk:
                 nursery.start_soon(self._send_bulk, conn, bulk_id, payload)
 

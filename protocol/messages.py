@@ -67,6 +67,8 @@ JOB = 11
 """A job or artifact request was refused: invalid spec (the message names the key path),
 unknown job or artifact, checksum mismatch, jobs not enabled, disk full. Nothing already
 accepted is lost."""
+SESSION_EXPIRED = 12
+"""A resume token names no parked session (its grace period is over, or it never existed)."""
 
 
 class DecodeError(ValueError):

@@ -27,6 +27,7 @@ from ..protocol.transport import (
     Identity,
     TransportError,
 )
+from ._resume import Parking, run_session
 from ._session import SendBulk, Session, StartFetch
 from ._state import ServerState
 
@@ -49,6 +50,12 @@ class ServeOptions:
     authorized_peers: Any = None
     allow_any: bool = False
     idle_timeout: float = 30.0
+    relay: str | None = None
+    """``host:port`` of a relay to publish our record on and accept relayed clients from."""
+    advertise: list[str] | None = None
+    """Addresses for the record; default: the bound address."""
+    resume_grace: float = 30.0
+    """Seconds a session outlives its dead connection, waiting for its client to resume."""
 
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
@@ -58,19 +65,30 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         idle_timeout=opts.idle_timeout,
         keepalive_interval=max(0.2, opts.idle_timeout / 3),
     )
-    async with Endpoint.open(
-        opts.identity,
-        bind=opts.bind,
-        config=config,
-        authorized_peers=opts.authorized_peers,
-        allow_any=opts.allow_any,
-    ) as ep:
+    async with (
+        Endpoint.open(
+            opts.identity,
+            bind=opts.bind,
+            config=config,
+            authorized_peers=opts.authorized_peers,
+            allow_any=opts.allow_any,
+        ) as ep,
+        trio.open_nursery() as nursery,
+    ):
+        if opts.relay:
+            from ._relay_glue import start_relay_agent
+
+            await start_relay_agent(nursery, opts, ep)
+        parking = Parking(opts.resume_grace)
+        nursery.start_soon(parking.sweep_loop)
         if on_ready is not None:
             on_ready(ep)
-        await ep.serve(lambda conn: _connection(opts.state, ep, conn))
+        await ep.serve(lambda conn: _connection(opts.state, ep, conn, parking))
 
 
-async def _connection(state: ServerState, ep: Endpoint, conn: Connection) -> None:
+async def _connection(
+    state: ServerState, ep: Endpoint, conn: Connection, parking: Parking | None = None
+) -> None:
     try:
         control = await conn.accept_stream()
         first = await control.receive_frame()
@@ -79,12 +97,8 @@ async def _connection(state: ServerState, ep: Endpoint, conn: Connection) -> Non
         if _is_fetch(first):
             await _serve_fetch(state, conn, control, first)
             return
-        session = Session(state, str(conn.peer_id))
-        try:
-            await _SessionPump(session, ep, conn, control).run(first)
-        finally:
-            session.close()
-            log.info("session %d of %s ended", session.id, session.peer_id[:12])
+        await run_session(state, ep, conn, control, first, _SessionPump, parking or Parking(0))
+        log.info("connection of %s ended", str(conn.peer_id)[:12])
     except* TransportError as group:  # the client went away, or the server is stopping
         log.info("connection from %s ended: %s", str(conn.peer_id)[:12], group.exceptions[0])
 
@@ -114,11 +128,11 @@ class _SessionPump:
         self.session, self.ep, self.conn, self.control = session, ep, conn, control
         self._arrived = trio.Event()
 
-    async def run(self, first: bytes) -> None:
+    async def run(self, first: bytes | None) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self._accept_bulk)
-            frame: bytes | None = first
+            frame = first if first is not None else await self.control.receive_frame()
             while frame is not None:
                 await self._process(frame)
                 if self.session.closed:

@@ -92,6 +92,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         authorized_peers=args.authorized_peers,
         allow_any=args.allow_any,
         idle_timeout=args.idle_timeout,
+        relay=args.relay,
+        advertise=args.advertise,
+        resume_grace=args.resume_grace,
     )
     try:
         return run(opts, args.device)
@@ -130,6 +133,25 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="directory whose files job specs may name as server:<path> (repeatable)",
     )
+    p.add_argument(
+        "--relay",
+        metavar="HOST:PORT",
+        help="publish a signed address record here and accept "
+        "clients relayed through it (see `burn-remote relay`)",
+    )
+    p.add_argument(
+        "--advertise",
+        action="append",
+        metavar="HOST:PORT",
+        help="address published in the record (repeatable; default: the --listen address)",
+    )
+    p.add_argument(
+        "--resume-grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a session outlives a dead connection, waiting for its client to resume",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -139,7 +161,47 @@ def _add_jobs(sub: argparse._SubParsersAction) -> None:
     add_jobs(sub)
 
 
-_REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [_add_id, _add_serve, _add_jobs]
+def cmd_relay(args: argparse.Namespace) -> int:
+    """Run the discovery and relay node until SIGINT/SIGTERM."""
+    from pathlib import Path
+
+    from burn_remote.protocol.relay._wire import parse_hostport
+    from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+    from burn_remote.server._relay import run_relay
+
+    key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
+    try:
+        identity = Identity.load_or_create(key)
+        bind = parse_hostport(args.listen)
+    except (KeyFileError, ValueError) as exc:
+        print(f"burn-remote relay: {exc}", file=sys.stderr)
+        return 1
+    return run_relay(identity, bind, capture=args.capture)
+
+
+def _add_relay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "relay",
+        help="run a discovery and relay node",
+        description=(
+            "Hold signed address records (refusing unsigned, stale and replayed ones) and "
+            "forward end-to-end encrypted QUIC datagrams between peers that cannot reach "
+            "each other directly. Peers prove their key by signing a challenge."
+        ),
+    )
+    p.add_argument("--listen", default="127.0.0.1:7400", metavar="HOST:PORT")
+    p.add_argument("--key", metavar="FILE", help="key file (default: DATA_DIR/key or the node key)")
+    p.add_argument("--data-dir", metavar="DIR", help="relay state directory (holds the key)")
+    p.add_argument("--capture", metavar="FILE", help="append every forwarded datagram (tests)")
+    p.set_defaults(func=cmd_relay)
+
+
+_REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_id,
+    _add_serve,
+    _add_relay,
+    _add_jobs,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from ._endpoint import Endpoint
 from ._errors import FrameTooLarge, KeyFileError, PeerRejected, TransportError
 from ._identity import PEER_ID_LENGTH, Identity, PeerId
 from ._paths import default_address_book_path, default_authorized_peers_path, default_key_path
+from ._resolver import PeerLookup, add_resolver, remove_resolver, resolve_peer
 from ._streams import FRAME_PREFIX_SIZE, FrameStream
 
 __all__ = [
@@ -45,10 +46,12 @@ __all__ = [
     "Identity",
     "KeyFileError",
     "PeerId",
+    "PeerLookup",
     "PeerRejected",
     "Resolver",
     "ResolverHook",
     "TransportError",
+    "add_resolver",
     "default_address_book_path",
     "format_peer_address",
     "default_authorized_peers_path",
@@ -57,4 +60,6 @@ __all__ = [
     "parse_authorized_peers",
     "parse_host_port",
     "parse_peer_address",
+    "remove_resolver",
+    "resolve_peer",
 ]

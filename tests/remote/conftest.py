@@ -25,11 +25,21 @@ class Server:
         return f"{self.peer_id}@{self.address}"
 
 
-def start_server(tmp: Path, *extra: str) -> Server:
+def start_server(tmp: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Server:
     tmp.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).with_name("burn-remote")
     proc = subprocess.Popen(
-        [str(exe), "serve", "--device", "cpu", "--allow-any", "--data-dir", str(tmp), *extra],
+        [
+            *prefix,
+            str(exe),
+            "serve",
+            "--device",
+            "cpu",
+            "--allow-any",
+            "--data-dir",
+            str(tmp),
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,0 +1,105 @@
+"""Client half of session resume: sequenced control frames and the resume handshake.
+
+Every batch the link sends is numbered and kept (with its bulk payloads) until the server's
+``ack`` covers it; every server frame's number is remembered so a frame resent after a
+reconnect is applied once. See ``burn_remote.protocol.sequencing`` for the frame format.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Any
+
+from burn_remote.protocol import messages as m
+from burn_remote.protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
+
+RESUME_TIMEOUT = float(os.environ.get("BURN_REMOTE_RESUME_TIMEOUT", "120"))
+"""Seconds the link keeps trying to reconnect after losing the server."""
+ATTEMPT_TIMEOUT = 3.0
+"""Seconds one reconnection attempt may take."""
+
+
+class SessionExpired(Exception):
+    """The server no longer holds our session: it was not resumed within its grace period."""
+
+
+class ClientSequencer:
+    """Numbers outgoing control frames, keeps them until acknowledged, drops duplicates."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.unacked: deque[tuple[int, bytes, list[tuple[int, bytes]]]] = deque()
+
+    def wrap(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> bytes:
+        self.sent += 1
+        out = wrap(self.sent, self.received, frame)
+        self.unacked.append((self.sent, out, bulk))
+        return out
+
+    def acknowledge(self, ack: int) -> None:
+        while self.unacked and self.unacked[0][0] <= ack:
+            self.unacked.popleft()
+
+    def accept(self, frame: bytes) -> bytes | None:
+        """The inner frame to hand to the protocol, or None for a duplicate."""
+        h = unwrap(frame)
+        if h is None:
+            return frame
+        seq, ack, inner = h
+        self.acknowledge(ack)
+        if seq == 0:
+            return inner
+        if seq <= self.received:
+            return None
+        self.received = seq
+        return inner
+
+    def goodbye(self) -> bytes:
+        """Tells the server we close on purpose: free the session now, do not park it."""
+        return wrap(0, self.received, b"")
+
+    def resume_frame(self, token: bytes) -> bytes:
+        return wrap(0, self.received, m.encode(m.Hello(m.PROTOCOL_VERSION, token)))
+
+    async def resume(self, control: Any) -> list[tuple[bytes, list[tuple[int, bytes]]]]:
+        """Ask the server for our session on a new control stream; the frames to resend.
+
+        Raises:
+            SessionExpired: the server answered that the session is gone.
+        """
+        reply = await control.receive_frame()
+        h = unwrap(reply or b"")
+        if h is None:
+            raise SessionExpired("the server closed the connection instead of resuming")
+        _, ack, inner = h
+        (msg, *_) = m.decode(inner)
+        if isinstance(msg, m.Error):
+            if msg.code == SESSION_EXPIRED:
+                raise SessionExpired(msg.message)
+            raise SessionExpired(f"resume refused: {msg.message}")
+        self.acknowledge(ack)
+        return [(frame, bulk) for _, frame, bulk in self.unacked]
+
+
+class SequencedStream:
+    """The link's control stream with sequencing: ``receive_frame`` drops duplicates."""
+
+    def __init__(self, stream: Any, seq: ClientSequencer) -> None:
+        self.stream, self.seq = stream, seq
+
+    async def send_frame(self, frame: bytes) -> None:
+        await self.stream.send_frame(frame)
+
+    async def receive_frame(self) -> bytes | None:
+        while True:
+            frame = await self.stream.receive_frame()
+            if frame is None:
+                return None
+            inner = self.seq.accept(frame)
+            if inner is not None:
+                return inner
+
+
+__all__ = ["ClientSequencer", "SequencedStream", "SessionExpired"]

@@ -1,0 +1,197 @@
+"""Relay use from the two kinds of node.
+
+* A **server** (``burn-remote serve --relay``) runs :func:`serve_via_relay` in its nursery:
+  it registers, publishes its signed record (refreshed before it expires, with a higher
+  sequence number each time) and accepts relayed clients into its QUIC port.
+* A **client** (``RemoteDevice("peer-id")`` with no address-book entry) calls
+  :func:`resolve_via_relay`: look the record up, try the direct addresses with a QUIC
+  handshake, and when none answers, dial through the relay. The client's relay association
+  lives on a background thread (:class:`RelayAgent`) for the life of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..transport import (
+    Endpoint,
+    EndpointConfig,
+    Identity,
+    PeerId,
+    PeerRejected,
+    TransportError,
+    default_address_book_path,
+    default_key_path,
+)
+from . import _wire as w
+from ._client import RelayClient, RelayError
+from ._records import AddressRecord
+
+RELAY_ENV = "BURN_REMOTE_RELAY"
+"""``host:port`` of the relay a client uses when the address book has no entry."""
+PROBE_TIMEOUT_ENV = "BURN_REMOTE_PROBE_TIMEOUT"
+"""Seconds a direct address gets to complete a QUIC handshake before the relay is used
+(default 3)."""
+
+
+def configured_relay(book: str | Path | None = None) -> str | None:
+    """``$BURN_REMOTE_RELAY``, else a top-level ``relay = "host:port"`` in the address book."""
+    if os.environ.get(RELAY_ENV):
+        return os.environ[RELAY_ENV]
+    path = Path(book) if book else default_address_book_path()
+    try:
+        relay = tomllib.loads(path.read_text()).get("relay")
+    except (FileNotFoundError, tomllib.TOMLDecodeError):
+        return None
+    return relay if isinstance(relay, str) else None
+
+
+async def serve_via_relay(
+    identity: Identity,
+    relay: str,
+    quic_address: tuple[str, int],
+    addresses: list[str],
+    *,
+    ttl: int = 600,
+    task_status: trio.TaskStatus[RelayClient] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Register with ``relay``, publish our record, and forward relayed peers to our QUIC
+    port until cancelled. Republishes at a third of the TTL so the record never lapses."""
+    async with RelayClient.open(identity, w.parse_hostport(relay)) as client:
+        host, port = quic_address
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+        client.serve_to = (host, port)
+        await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
+        task_status.started(client)
+        while True:
+            await trio.sleep(max(1.0, ttl / 3))
+            try:
+                await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
+            except (RelayError, ValueError):
+                pass  # try again next round; the old record is still valid for 2/3 of its TTL
+
+
+class RelayAgent:
+    """A relay association on a daemon thread, shared by every RemoteDevice of the process."""
+
+    _agents: dict[tuple[str, str], RelayAgent] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, identity: Identity, relay: str) -> None:
+        self.identity = identity
+        self.relay = relay
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._client: RelayClient | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, name="burn-remote-relay", daemon=True).start()
+        self._ready.wait(30)
+        if self._client is None:
+            raise RelayError(f"cannot use relay {relay}: {self._error}")
+
+    @classmethod
+    def get(cls, relay: str, key_path: str | Path | None = None) -> RelayAgent:
+        """The process's agent for ``relay`` and this key, started on first use."""
+        identity = Identity.load_or_create(key_path or default_key_path())
+        k = (relay, str(identity.peer_id))
+        with cls._lock:
+            agent = cls._agents.get(k)
+            if agent is None or agent._client is None:
+                agent = cls._agents[k] = cls(identity, relay)
+            return agent
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            async with RelayClient.open(self.identity, w.parse_hostport(self.relay)) as client:
+                self._client = client
+                self._ready.set()
+                await trio.sleep_forever()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # reported to the caller of __init__ / later calls
+            self._error = exc
+        finally:
+            self._client = None
+            self._ready.set()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``await fn(client, *args)`` on the agent's thread and return its result."""
+        if self._client is None or self._token is None:
+            raise RelayError(f"relay agent for {self.relay} stopped: {self._error}")
+        return trio.from_thread.run(fn, self._client, *args, trio_token=self._token)
+
+    def lookup(self, peer: PeerId) -> AddressRecord | None:
+        return self.call(RelayClient.lookup, peer)
+
+    def dial(self, peer: PeerId) -> tuple[str, int]:
+        return self.call(RelayClient.dial, peer)
+
+    def probe(self, peer: PeerId, address: tuple[str, int]) -> bool:
+        """Whether a QUIC handshake with ``peer`` at ``address`` gets an answer (even a
+        refusal: that still proves the path works)."""
+        return self.call(_probe, peer, address)
+
+
+async def _probe(client: RelayClient, peer: PeerId, address: tuple[str, int]) -> bool:
+    timeout = float(os.environ.get(PROBE_TIMEOUT_ENV, "3"))
+    bind = ("::", 0) if ":" in address[0] else ("0.0.0.0", 0)
+    config = EndpointConfig(handshake_timeout=timeout, keepalive_interval=None)
+    reachable = False
+    try:
+        async with Endpoint.open(client.identity, bind=bind, config=config) as ep:
+            with trio.move_on_after(timeout + 1):
+                try:
+                    conn = await ep.connect(peer, address)
+                    reachable = True
+                    await conn.close("probe", flush_timeout=0.5)
+                except PeerRejected:
+                    reachable = True  # refused us, but it answered: the path works
+                except (TransportError, OSError):
+                    pass
+    except* (TransportError, OSError):
+        pass
+    return reachable
+
+
+def resolve_via_relay(
+    peer: str, relay: str | None = None, key_path: str | Path | None = None
+) -> tuple[str, int] | None:
+    """An address at which ``peer`` can be dialled: a direct one from its signed record when a
+    handshake gets through, else a local tunnel through the relay. None: relay has no record."""
+    relay = relay or configured_relay()
+    if relay is None:
+        return None
+    pid = PeerId.parse(peer)
+    agent = RelayAgent.get(relay, key_path)
+    rec = agent.lookup(pid)
+    if rec is None:
+        return None
+    for text in rec.addresses:
+        try:
+            addr = w.parse_hostport(text)
+        except ValueError:
+            continue
+        if agent.probe(pid, addr):
+            return addr
+    if rec.relay and rec.relay != relay:
+        agent = RelayAgent.get(rec.relay, key_path)
+    return agent.dial(pid)
+
+
+__all__ = [
+    "RELAY_ENV",
+    "RelayAgent",
+    "configured_relay",
+    "resolve_via_relay",
+    "serve_via_relay",
+]

@@ -1,0 +1,218 @@
+"""A peer's side of the relay: authenticate, publish, look up, and tunnel QUIC through it.
+
+The tunnel keeps the QUIC endpoint untouched: for each remote peer it opens a local UDP
+"shim" socket. A dialling endpoint simply connects to the shim's address; what it sends
+there leaves as ``SEND(peer, datagram)`` to the relay, and ``RECV(peer, datagram)`` from the
+relay is delivered back from the shim. A serving node gets one shim per remote peer, which
+forwards to its QUIC port, so the server sees each relayed client as a distinct address.
+The relay only ever handles QUIC packets, encrypted end to end: it holds no session key.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import trio
+
+from ..transport import Identity, PeerId, TransportError
+from . import _wire as w
+from ._records import AddressRecord, RecordRefused
+
+log = logging.getLogger("burn_remote.relay")
+
+REQUEST_TIMEOUT = 1.0
+"""Seconds to wait for a control reply before retrying."""
+REQUEST_TRIES = 4
+PING_INTERVAL = 10.0
+"""Seconds between registration refreshes (the relay forgets a peer after 60 s)."""
+MAX_SHIMS = 256
+"""Remote peers one tunnel carries at once."""
+
+
+class RelayError(TransportError):
+    """The relay refused a request or did not answer."""
+
+
+@dataclass
+class _Shim:
+    peer: PeerId
+    sock: trio.socket.SocketType
+    target: tuple | None
+    """Where datagrams from ``peer`` are delivered (the local QUIC endpoint)."""
+
+
+class RelayClient:
+    """One authenticated UDP association with a relay: requests, and the tunnel's shims."""
+
+    def __init__(
+        self, identity: Identity, sock: trio.socket.SocketType, nursery: trio.Nursery
+    ) -> None:
+        self.identity = identity
+        self._sock = sock
+        self._nursery = nursery
+        self._lock = trio.Lock()
+        self._replies_send, self._replies = trio.open_memory_channel[bytes](16)
+        self._shims: dict[PeerId, _Shim] = {}
+        self.serve_to: tuple | None = None
+        """When set (a server), datagrams from unknown peers get a shim towards this address."""
+        self.relayed_out = 0
+        self.relayed_in = 0
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, identity: Identity, relay: tuple[str, int], *, authenticate: bool = True
+    ) -> AsyncIterator[RelayClient]:
+        """Associate with the relay at ``relay`` (and prove our key unless told not to)."""
+        family = socket.AF_INET6 if ":" in relay[0] else socket.AF_INET
+        sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+        with sock:
+            await sock.connect(relay)
+            async with trio.open_nursery() as nursery:
+                client = cls(identity, sock, nursery)
+                nursery.start_soon(client._read_loop)
+                try:
+                    if authenticate:
+                        await client.authenticate()
+                        nursery.start_soon(client._ping_loop)
+                    yield client
+                finally:
+                    nursery.cancel_scope.cancel()
+                    for shim in client._shims.values():
+                        shim.sock.close()
+
+    @property
+    def local_host(self) -> str:
+        """Our address on the path to the relay; shims bind here."""
+        return self._sock.getsockname()[0]
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def _request(self, datagram: bytes, expect: int) -> bytes:
+        async with self._lock:
+            while True:  # drop stale replies of earlier, timed-out tries
+                try:
+                    self._replies.receive_nowait()
+                except trio.WouldBlock:
+                    break
+            for _ in range(REQUEST_TRIES):
+                await self._sock.send(datagram)
+                with trio.move_on_after(REQUEST_TIMEOUT):
+                    while True:
+                        reply = await self._replies.receive()
+                        if reply[0] == expect:
+                            return reply[1:]
+                        if reply[0] == w.ERR:
+                            raise RelayError(f"relay: {reply[1:].decode(errors='replace')}")
+            raise RelayError(f"relay at {self._sock.getpeername()} did not answer")
+
+    async def authenticate(self) -> None:
+        """Prove our key by signing the relay's challenge; the relay then forwards to us."""
+        me = self.identity.peer_id.raw
+        body = await self._request(bytes([w.HELLO]) + me, w.CHALLENGE)
+        relay_peer, nonce = body[:32], body[32:64]
+        sig = self.identity.private_key.sign(w.auth_message(relay_peer, nonce))
+        await self._request(bytes([w.AUTH]) + me + sig, w.OK)
+
+    async def publish(self, record: AddressRecord) -> None:
+        """Store our record on the relay; raises :class:`RecordRefused` with its reason."""
+        try:
+            await self._request(bytes([w.PUBLISH]) + record.encode(), w.OK)
+        except RelayError as exc:
+            raise RecordRefused(str(exc)) from None
+
+    async def lookup(self, peer: PeerId) -> AddressRecord | None:
+        """The peer's record, verified here too (a relay cannot forge one), or None."""
+        try:
+            body = await self._request(bytes([w.LOOKUP]) + peer.raw, w.RECORD)
+        except RelayError as exc:
+            if "unknown peer" in str(exc):
+                return None
+            raise
+        rec = AddressRecord.decode(body)
+        if rec.peer != peer:
+            raise RecordRefused("relay answered with another peer's record")
+        rec.verify()
+        return rec
+
+    # -- tunnel ------------------------------------------------------------------------------
+
+    async def dial(self, peer: PeerId) -> tuple[str, int]:
+        """A local address that reaches ``peer`` through the relay (dial it with QUIC)."""
+        shim = self._shims.get(peer) or await self._new_shim(peer, None)
+        return shim.sock.getsockname()[:2]
+
+    async def _new_shim(self, peer: PeerId, target: tuple | None) -> _Shim:
+        if len(self._shims) >= MAX_SHIMS:
+            raise RelayError(f"tunnel already carries {MAX_SHIMS} peers")
+        sock = trio.socket.socket(self._sock.family, socket.SOCK_DGRAM)
+        await sock.bind((self.local_host, 0))
+        shim = _Shim(peer, sock, target)
+        self._shims[peer] = shim
+        self._nursery.start_soon(self._shim_loop, shim)
+        return shim
+
+    async def _shim_loop(self, shim: _Shim) -> None:
+        header = bytes([w.SEND]) + shim.peer.raw
+        while True:
+            data, addr = await shim.sock.recvfrom(65535)
+            if shim.target is None:
+                shim.target = addr
+            elif addr != shim.target:
+                continue  # only the endpoint the shim serves may use it
+            try:
+                await self._sock.send(header + data)
+                self.relayed_out += 1
+            except OSError:
+                pass  # the network dropped it; QUIC retransmits
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                data = await self._sock.recv(65535)
+            except OSError:  # ICMP unreachable from a connected socket: relay not up yet
+                await trio.sleep(0.05)
+                continue
+            if not data:
+                continue
+            if data[0] == w.RECV and len(data) > 33:
+                await self._deliver(PeerId(data[1:33]), data[33:])
+            else:
+                try:
+                    self._replies_send.send_nowait(data)
+                except trio.WouldBlock:
+                    pass
+
+    async def _deliver(self, src: PeerId, payload: bytes) -> None:
+        shim = self._shims.get(src)
+        if shim is None:
+            if self.serve_to is None:
+                return
+            try:
+                shim = await self._new_shim(src, self.serve_to)
+            except RelayError:
+                return
+        if shim.target is not None:
+            try:
+                await shim.sock.sendto(payload, shim.target)
+                self.relayed_in += 1
+            except OSError:
+                pass
+
+    async def _ping_loop(self) -> None:
+        while True:
+            await trio.sleep(PING_INTERVAL)
+            try:
+                await self._request(bytes([w.PING]), w.OK)
+            except RelayError:
+                try:
+                    await self.authenticate()  # the relay restarted or forgot us
+                except RelayError as exc:
+                    log.warning("relay registration failed: %s", exc)
+
+
+__all__ = ["RelayClient", "RelayError"]

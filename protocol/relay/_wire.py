@@ -1,0 +1,73 @@
+"""The relay's datagram format: one type byte, then fixed fields, then a body.
+
+Plain UDP, not QUIC: what the relay forwards *is* QUIC (already encrypted end to end), so a
+second encryption layer would only cost. Control datagrams are small and retried by the
+client; forwarded datagrams carry 33 bytes of header.
+
+====  =========  ===============================================  ===========================
+type  name       body                                             answer
+====  =========  ===============================================  ===========================
+0x01  HELLO      peer(32)                                         CHALLENGE
+0x02  CHALLENGE  relay peer(32) nonce(32)                         AUTH
+0x03  AUTH       peer(32) signature(64)                           OK / ERR
+0x04  OK         text                                             --
+0x05  ERR        text                                             --
+0x06  PUBLISH    record (see ``_records``)                        OK / ERR
+0x07  LOOKUP     peer(32)                                         RECORD / ERR
+0x08  RECORD     record                                           --
+0x09  PING       (none; refreshes a registration)                 OK
+0x10  SEND       destination peer(32) payload                     (forwarded as RECV)
+0x11  RECV       source peer(32) payload                          --
+====  =========  ===============================================  ===========================
+
+AUTH signs ``AUTH_CONTEXT + relay peer + nonce``; the relay keeps each nonce for the address
+it sent it to, once, so a signature is good for one relay, one challenge and one address.
+"""
+
+from __future__ import annotations
+
+HELLO, CHALLENGE, AUTH, OK, ERR = 0x01, 0x02, 0x03, 0x04, 0x05
+PUBLISH, LOOKUP, RECORD, PING = 0x06, 0x07, 0x08, 0x09
+SEND, RECV = 0x10, 0x11
+
+AUTH_CONTEXT = b"burn-remote-relay-auth/1"
+HEADER = 33
+"""Bytes a relayed datagram gains (type + peer id)."""
+
+
+def auth_message(relay_peer: bytes, nonce: bytes) -> bytes:
+    """What a peer signs to prove its key to the relay."""
+    return AUTH_CONTEXT + relay_peer + nonce
+
+
+def addr_text(addr: tuple) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port)."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"bad address {text!r}: expected host:port")
+    return host.strip("[]") or default_host, int(port)
+
+
+__all__ = [
+    "AUTH",
+    "AUTH_CONTEXT",
+    "CHALLENGE",
+    "ERR",
+    "HEADER",
+    "HELLO",
+    "LOOKUP",
+    "OK",
+    "PING",
+    "PUBLISH",
+    "RECORD",
+    "RECV",
+    "SEND",
+    "addr_text",
+    "auth_message",
+    "parse_hostport",
+]

@@ -1,0 +1,213 @@
+"""``burn-remote relay``: the discovery and relay node.
+
+It keeps signed address records (refusing unsigned, forged, stale and replayed ones), and
+forwards opaque datagrams between peers that proved their key by signing a challenge. What
+it forwards is QUIC, encrypted end to end between the peers; the relay has no session key
+and never parses a payload. Sans-I/O core (:class:`RelayState`: datagram in, datagrams out)
+under a thin trio loop, so tests can drive it without sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+import sys
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import trio
+
+from ..protocol.relay import _wire as w
+from ..protocol.relay._records import AddressRecord, RecordRefused, RecordStore
+from ..protocol.transport import Identity, PeerId
+
+log = logging.getLogger("burn_remote.relay")
+
+REGISTRATION_TTL = 60.0
+"""Seconds a peer stays registered without a PING or a SEND."""
+MAX_NONCES = 4096
+"""Outstanding challenges kept (oldest forgotten first)."""
+MAX_PEERS = 10_000
+"""Registered peers at once."""
+
+
+@dataclass
+class RelayStats:
+    """Counters of one relay (``burn-remote relay`` logs them on exit)."""
+
+    forwarded: int = 0
+    forwarded_bytes: int = 0
+    refused_records: int = 0
+    accepted_records: int = 0
+    auth_failures: int = 0
+    unroutable: int = 0
+
+
+@dataclass
+class RelayState:
+    """The relay's logic without sockets: ``handle(datagram, addr, now)`` -> datagrams out."""
+
+    identity: Identity
+    store: RecordStore = field(default_factory=RecordStore)
+    capture: BinaryIO | None = None
+    """If set, every forwarded datagram is appended here (4-byte length, bytes): tests
+    check that what the relay sees is ciphertext."""
+    stats: RelayStats = field(default_factory=RelayStats)
+
+    def __post_init__(self) -> None:
+        self._nonces: OrderedDict[tuple, bytes] = OrderedDict()
+        self._peers: dict[PeerId, tuple[tuple, float]] = {}
+        self._addrs: dict[tuple, PeerId] = {}
+
+    def handle(self, data: bytes, addr: tuple, now: float) -> list[tuple[bytes, tuple]]:
+        """One datagram from ``addr`` at wall-clock ``now``; returns (datagram, address)s."""
+        if not data:
+            return []
+        kind, body = data[0], data[1:]
+        try:
+            if kind == w.SEND:
+                return self._send(body, addr, now)
+            if kind == w.HELLO and len(body) == 32:
+                nonce = secrets.token_bytes(32)
+                self._nonces[addr] = nonce
+                self._nonces.move_to_end(addr)
+                while len(self._nonces) > MAX_NONCES:
+                    self._nonces.popitem(last=False)
+                return [(bytes([w.CHALLENGE]) + self.identity.peer_id.raw + nonce, addr)]
+            if kind == w.AUTH and len(body) == 96:
+                return [self._auth(body, addr, now)]
+            if kind == w.PUBLISH:
+                return [self._publish(body, addr, now)]
+            if kind == w.LOOKUP and len(body) == 32:
+                rec = self.store.get(PeerId(body), now)
+                if rec is None:
+                    return [_err("unknown peer", addr)]
+                return [(bytes([w.RECORD]) + rec.encode(), addr)]
+            if kind == w.PING:
+                peer = self._addrs.get(addr)
+                if peer is None:
+                    return [_err("not registered", addr)]
+                self._peers[peer] = (addr, now)
+                return [(bytes([w.OK]) + b"pong", addr)]
+        except ValueError as exc:
+            return [_err(f"malformed request: {exc}", addr)]
+        return []  # unknown type: silence, like any UDP service
+
+    def _auth(self, body: bytes, addr: tuple, now: float) -> tuple[bytes, tuple]:
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        nonce = self._nonces.pop(addr, None)
+        if nonce is None:
+            self.stats.auth_failures += 1
+            return _err("no challenge outstanding for this address (send HELLO first)", addr)
+        peer = PeerId(body[:32])
+        try:
+            key = ed25519.Ed25519PublicKey.from_public_bytes(peer.raw)
+            key.verify(body[32:], w.auth_message(self.identity.peer_id.raw, nonce))
+        except (InvalidSignature, ValueError):
+            self.stats.auth_failures += 1
+            return _err("challenge signature does not verify", addr)
+        if peer not in self._peers and len(self._peers) >= MAX_PEERS:
+            self._expire(now)
+            if len(self._peers) >= MAX_PEERS:
+                return _err("relay is full", addr)
+        old = self._peers.get(peer)
+        if old is not None:
+            self._addrs.pop(old[0], None)
+        self._peers[peer] = (addr, now)
+        self._addrs[addr] = peer
+        return (bytes([w.OK]) + b"registered", addr)
+
+    def _publish(self, body: bytes, addr: tuple, now: float) -> tuple[bytes, tuple]:
+        try:
+            self.store.accept(AddressRecord.decode(body), now)
+        except RecordRefused as exc:
+            self.stats.refused_records += 1
+            return _err(f"record refused: {exc}", addr)
+        self.stats.accepted_records += 1
+        return (bytes([w.OK]) + b"stored", addr)
+
+    def _send(self, body: bytes, addr: tuple, now: float) -> list[tuple[bytes, tuple]]:
+        src = self._addrs.get(addr)
+        if src is None or len(body) <= 32:
+            self.stats.unroutable += 1
+            return [_err("not registered", addr)] if src is None else []
+        entry = self._peers.get(PeerId(body[:32]))
+        if entry is None or now - entry[1] > REGISTRATION_TTL:
+            self.stats.unroutable += 1
+            return []
+        self._peers[src] = (addr, now)
+        payload = body[32:]
+        self.stats.forwarded += 1
+        self.stats.forwarded_bytes += len(payload)
+        if self.capture is not None:
+            self.capture.write(len(payload).to_bytes(4, "big") + payload)
+        return [(bytes([w.RECV]) + src.raw + payload, entry[0])]
+
+    def _expire(self, now: float) -> None:
+        for peer, (addr, seen) in list(self._peers.items()):
+            if now - seen > REGISTRATION_TTL:
+                del self._peers[peer]
+                self._addrs.pop(addr, None)
+
+
+def _err(text: str, addr: tuple) -> tuple[bytes, tuple]:
+    return (bytes([w.ERR]) + text.encode(), addr)
+
+
+async def serve_relay(
+    state: RelayState,
+    bind: tuple[str, int],
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the relay on ``bind`` until cancelled; ``task_status`` gets the bound address."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+    with sock:
+        await sock.bind(bind)
+        task_status.started(sock.getsockname()[:2])
+        while True:
+            try:
+                data, addr = await sock.recvfrom(65535)
+            except OSError:
+                continue
+            for out, dest in state.handle(data, addr, time.time()):
+                try:
+                    await sock.sendto(out, dest)
+                except OSError:  # unreachable peer: the datagram is lost, QUIC retransmits
+                    pass
+
+
+def run_relay(identity: Identity, bind: tuple[str, int], capture: str | None = None) -> int:
+    """``burn-remote relay``: serve until SIGINT/SIGTERM, printing the peer id and address."""
+    cap = open(capture, "ab", buffering=0) if capture else None  # noqa: SIM115
+    state = RelayState(identity, capture=cap)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve_relay, state, bind)
+            print("burn-remote relay", flush=True)
+            print(f"peer id: {identity.peer_id}", flush=True)
+            print(f"listening on: {w.addr_text((host, port))}", flush=True)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    try:
+        trio.run(main)
+    finally:
+        if cap is not None:
+            cap.close()
+    print(f"burn-remote relay: stopped; {state.stats}", flush=True)
+    sys.stdout.flush()
+    return 0
+
+
+__all__ = ["RelayState", "RelayStats", "run_relay", "serve_relay"]

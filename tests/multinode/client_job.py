@@ -1,0 +1,50 @@
+"""The client side of the multi-node suite, run as its own process (in the client's network
+namespace, or in the compose test runner). Prints one JSON line with what it observed.
+
+Usage: python client_job.py RELAY DIRECT_PEER RELAYED_PEER
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MARKER = b"PLAINTEXT-TENSOR"
+
+
+def main() -> None:
+    relay, direct_peer, relayed_peer = sys.argv[1:4]
+    os.environ["BURN_REMOTE_RELAY"] = relay
+    from burn_remote import Device, RemoteDevice
+    from remote.mlp import train
+
+    out: dict = {}
+    one = RemoteDevice(direct_peer)  # resolved by the relay; the direct path works
+    out["direct_address"] = list(one.address)
+    two = RemoteDevice(relayed_peer)  # resolved by the relay; no direct route: tunnelled
+    out["relayed_address"] = list(two.address)
+    want = train(Device.cpu(), 3)
+    got_one, got_two = train(one, 3), train(two, 3)
+    out["direct_equal"] = got_one["losses"] == want["losses"]
+    out["relayed_equal"] = got_two["losses"] == want["losses"] and all(
+        a.tobytes() == b.tobytes() for a, b in zip(got_two["weights"], want["weights"])
+    )
+    pattern = np.frombuffer(MARKER * 4096, dtype=np.uint8)
+    out["marker_roundtrip"] = two.tensor(pattern).numpy().tobytes() == pattern.tobytes()
+    # Server-to-server move: one's tensor goes to two, fetched by two's server from one's.
+    src = one.tensor(np.arange(1000, dtype=np.float32))
+    moved = src.to(two)
+    out["moved_sum"] = float(moved.sum().item())
+    one.close()
+    two.close()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

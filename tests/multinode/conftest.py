@@ -1,0 +1,143 @@
+"""A small network built from Linux network namespaces, created and removed by the tests.
+
+Topology (addresses in the private test range 10.231.0.0/24, on interfaces made here only)::
+
+        hub namespace: bridge br0
+          |         |          |          |
+        relay .1   s1 .11     s2 .12    client .10
+
+The client and s2 get ``unreachable`` routes to each other, so their only path is the relay.
+Every namespace is deleted in the fixture's finalizer, also when a test fails.
+
+With ``BURN_REMOTE_LAB=external`` (the docker-compose test runner) the suite instead uses
+running services named by ``BURN_REMOTE_LAB_RELAY`` and ``BURN_REMOTE_LAB_PEERS`` (files with
+the two servers' peer ids); there s2 advertises an unroutable address to force the relay.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from relay.conftest import start_relay, stop_process
+from remote.conftest import Server, start_server
+
+NET = "10.231.0"
+NODES = {"relay": 1, "s1": 11, "s2": 12, "cli": 10}
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+def netns_refusal() -> str | None:
+    """Why namespaces cannot be used here, or None when they can."""
+    if sys.platform != "linux":
+        return "network namespaces need Linux"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root (CI runs these as root)"
+    probe = f"brtprobe{secrets.token_hex(3)}"
+    try:
+        _ip("netns", "add", probe)
+    except subprocess.CalledProcessError as exc:
+        return f"this machine refuses `ip netns add`: {exc.stderr.strip()}"
+    _ip("netns", "del", probe)
+    return None
+
+
+@dataclass
+class Lab:
+    """The namespaces and the processes running in them."""
+
+    names: dict[str, str]
+    relay: Server | None = None
+    servers: dict[str, Server] = field(default_factory=dict)
+    capture: Path | None = None
+
+    def exec_prefix(self, node: str) -> tuple[str, ...]:
+        return ("ip", "netns", "exec", self.names[node])
+
+    def addr(self, node: str) -> str:
+        return f"{NET}.{NODES[node]}"
+
+
+def _build(lab: Lab) -> None:
+    hub = lab.names["hub"]
+    for ns in lab.names.values():
+        _ip("netns", "add", ns)
+        _ip("-n", ns, "link", "set", "lo", "up")
+    _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+    _ip("-n", hub, "link", "set", "br0", "up")
+    for node, host in NODES.items():
+        ns, port = lab.names[node], f"vh{host}"
+        _ip("-n", hub, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("-n", hub, "link", "set", port, "master", "br0", "up")
+        _ip("-n", ns, "addr", "add", f"{NET}.{host}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+    # No direct route between the client and s2: only the relay connects them.
+    _ip("-n", lab.names["cli"], "route", "add", "unreachable", f"{lab.addr('s2')}/32")
+    _ip("-n", lab.names["s2"], "route", "add", "unreachable", f"{lab.addr('cli')}/32")
+
+
+def _external_lab() -> Lab:
+    """Services started by docker-compose: a relay and two servers (peer ids in files)."""
+    lab = Lab({})
+    relay = os.environ["BURN_REMOTE_LAB_RELAY"]
+    lab.relay = Server(None, "", relay)  # type: ignore[arg-type]
+    for node, path in zip(("s1", "s2"), os.environ["BURN_REMOTE_LAB_PEERS"].split(",")):
+        lab.servers[node] = Server(None, Path(path).read_text().strip(), "")  # type: ignore[arg-type]
+    return lab
+
+
+def _teardown(lab: Lab) -> None:
+    for proc in [lab.relay, *lab.servers.values()]:
+        if proc is not None and proc.proc.poll() is None:
+            stop_process(proc)
+    for ns in lab.names.values():
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    if os.environ.get("BURN_REMOTE_LAB") == "external":
+        yield _external_lab()
+        return
+    reason = netns_refusal()
+    if reason is not None:
+        pytest.skip(reason)
+    tag = secrets.token_hex(3)
+    lab = Lab({n: f"brt{tag}-{n}" for n in ["hub", *NODES]})
+    tmp = tmp_path_factory.mktemp("lab")
+    try:
+        _build(lab)
+        lab.capture = tmp / "relay.capture"
+        relay_addr = f"{lab.addr('relay')}:7400"
+        lab.relay = start_relay(
+            tmp / "relay",
+            "--listen",
+            relay_addr,
+            "--capture",
+            str(lab.capture),
+            prefix=lab.exec_prefix("relay"),
+        )
+        for node in ("s1", "s2"):
+            lab.servers[node] = start_server(
+                tmp / node,
+                "--listen",
+                f"{lab.addr(node)}:7000",
+                "--relay",
+                relay_addr,
+                prefix=lab.exec_prefix(node),
+            )
+        yield lab
+    finally:
+        _teardown(lab)
