@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import struct
 
+from .messages import SESSION_EXPIRED  # the error code lives with the others
+
 MAGIC = 0xC1
 HEADER = struct.Struct(">BQQ")
-from .messages import SESSION_EXPIRED  # the error code lives with the others
 
 
 def wrap(seq: int, ack: int, inner: bytes) -> bytes:
