@@ -1,60 +1,60 @@
-"""`make demo`: the main job, end to end, on the embedded CPU default.
+"""`make demo`: the main job, end to end.
 
-1. the digits MLP trained on Device.cpu() (progress bar, test accuracy);
-2. a LoRA and a QLoRA fine-tune of a tiny GPT, adapters saved in the PEFT layout;
-3. the trained MLP exported to ONNX and checked against the engine with onnxruntime.
+1. `burn-remote serve --device cpu` starts (the embedded NumPy engine, no GPU needed);
+2. a client trains the digits MLP through `RemoteDevice`, with a progress bar: one small
+   message per step after the first, and the same accuracy as on `Device.cpu()`;
+3. a LoRA fine-tune of a tiny GPT runs on the server as a job, watched with a progress bar;
+   the adapter comes back in the PEFT layout with its checksum verified;
+4. the tuned model is exported to ONNX by a second job and checked with onnxruntime.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import burn_remote as br  # noqa: E402
 import digits  # noqa: E402
-import lora_demo  # noqa: E402
+import jobs_demo  # noqa: E402
+from remote_demo import start_server  # noqa: E402
 
 
-def stage_digits(dev: br.Device) -> br.nn.Module:
-    print("== 1. digits MLP on", dev, "==")
-    net, losses, acc = digits.train(dev, progress=True)
+def stage_remote_training(dev: br.RemoteDevice) -> None:
+    print(f"== 2. digits MLP trained through {dev} ==")
+    _, losses, acc = digits.train(dev, progress=True)
     stats = dev.stats()
+    steps = stats["replays"] + stats["graphs_registered"]
+    per_step = stats["bytes_sent"] / max(steps, 1)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; test accuracy {acc:.1%}")
-    print(f"graphs registered {stats['graphs_registered']}, graph runs {stats['replays']}")
-    return net
-
-
-def stage_onnx(dev: br.Device, net: br.nn.Module) -> None:
-    import onnxruntime as ort
-    from burn_remote.onnx import export
-
-    print("== 3. ONNX export, checked with onnxruntime ==")
-    _, _, xte, _ = digits.load()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = export(net, xte[:8], os.path.join(tmp, "digits.onnx"))
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        (got,) = sess.run(None, {sess.get_inputs()[0].name: xte})  # another batch size
-        with br.no_grad():
-            ref = net(dev.tensor(xte)).numpy()
-        diff = float(np.abs(got - ref).max())
-        print(
-            f"exported {os.path.getsize(path):,} bytes; onnxruntime vs engine on {len(xte)} rows: max |diff| {diff:.2e}"
-        )
-        if diff > 1e-4:
-            raise SystemExit("ONNX check failed: onnxruntime disagrees with the engine")
+    print(
+        f"graphs registered {stats['graphs_registered']}, replayed {stats['replays']}; "
+        f"{stats['messages_sent']} messages, {per_step:,.0f} bytes sent per step on average "
+        f"({stats['data_bytes_sent'] / max(steps, 1):,.0f} of them batch data)"
+    )
 
 
 def main() -> None:
-    dev = br.Device.cpu()
-    net = stage_digits(dev)
-    print("== 2. LoRA / QLoRA fine-tune of a tiny GPT ==")
-    lora_demo.main(dev)
-    stage_onnx(dev, net)
+    home = tempfile.mkdtemp(prefix="burn-remote-demo-")
+    os.chmod(home, 0o700)
+    os.environ.setdefault("BURN_REMOTE_HOME", home)  # the client's key lives here
+    print("== 1. burn-remote serve --device cpu ==")
+    proc, peer, addr = start_server(os.path.join(home, "server"))
+    try:
+        print(f"server peer id {peer}, listening on {addr}")
+        dev = br.RemoteDevice(f"{peer}@{addr}")
+        stage_remote_training(dev)
+        print("== 3-4. LoRA job, then ONNX export job checked with onnxruntime ==")
+        report = jobs_demo.main(f"{peer}@{addr}", base_steps=200, lora_steps=150)
+        if report["onnx_max_abs_diff"] > 1e-4:
+            raise SystemExit("ONNX check failed: onnxruntime disagrees with the engine")
+        dev.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
 
 
 if __name__ == "__main__":
