@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from burn_remote import RemoteDevice  # noqa: E402
 from burn_remote import functional as F  # noqa: E402
-from remote_demo import start_server  # noqa: E402
+from burn_remote.server.testing import start_server  # noqa: E402
 
 
 def client(
@@ -57,7 +57,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="burn-remote-load-")
     os.chmod(home, 0o700)
     os.environ["BURN_REMOTE_HOME"] = home
-    proc, peer, addr = start_server(str(Path(home) / "server"))
+    server = start_server(str(Path(home) / "server"))
+    peer, addr = server.peer_id, server.address
     target = f"{peer}@{addr}"
     lat: list[float] = []
     errors: list[str] = []
@@ -76,8 +77,7 @@ def main() -> None:
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()) + 15)
     wall = time.perf_counter() - t0
-    proc.terminate()
-    proc.wait(30)
+    server.stop()
     if lat:
         q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
         print(

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 from burn_remote import Device, RemoteDevice, nn, optim  # noqa: E402
 from burn_remote import functional as F  # noqa: E402
-from remote_demo import start_server  # noqa: E402
+from burn_remote.server.testing import start_server  # noqa: E402
 
 READ_EVERY = 10
 """The loops read the loss every this many steps, keeping parameters on the device."""
@@ -178,7 +178,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="burn-remote-bench-")
     os.chmod(home, 0o700)
     os.environ["BURN_REMOTE_HOME"] = home
-    proc, peer, addr = start_server(os.path.join(home, "server"))
+    server = start_server(os.path.join(home, "server"))
+    peer, addr = server.peer_id, server.address
     try:
         dev = RemoteDevice(f"{peer}@{addr}")
         remote, b, a = compare("digits MLP", mlp_model, dev, args.steps)
@@ -207,8 +208,7 @@ def main() -> None:
         dev.close()
         dev2.close()
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import tempfile
 
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import burn_remote as br  # noqa: E402
 import digits  # noqa: E402
 import jobs_demo  # noqa: E402
-from remote_demo import start_server  # noqa: E402
+from burn_remote.server.testing import start_server  # noqa: E402
 
 
 def stage_remote_training(dev: br.RemoteDevice) -> None:
@@ -42,7 +41,8 @@ def main() -> None:
     os.chmod(home, 0o700)
     os.environ.setdefault("BURN_REMOTE_HOME", home)  # the client's key lives here
     print("== 1. burn-remote serve --device cpu ==")
-    proc, peer, addr = start_server(os.path.join(home, "server"))
+    server = start_server(os.path.join(home, "server"))
+    peer, addr = server.peer_id, server.address
     try:
         print(f"server peer id {peer}, listening on {addr}")
         dev = br.RemoteDevice(f"{peer}@{addr}")
@@ -53,8 +53,7 @@ def main() -> None:
             raise SystemExit("ONNX check failed: onnxruntime disagrees with the engine")
         dev.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        server.stop()
 
 
 if __name__ == "__main__":

@@ -4,36 +4,12 @@ through RemoteDevice, print the server's peer id, the accuracy and the bytes per
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 from burn_remote import RemoteDevice, nn, optim
 from burn_remote import functional as F
-
-
-def start_server(data_dir: str) -> tuple[subprocess.Popen, str, str]:
-    """Run the daemon on loopback; returns the process, its peer id and its address."""
-    exe = Path(sys.executable).with_name("burn-remote")
-    proc = subprocess.Popen(
-        [str(exe), "serve", "--device", "cpu", "--allow-any", "--data-dir", data_dir],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    peer = addr = None
-    while peer is None or addr is None:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError("burn-remote serve exited before it was ready")
-        if mt := re.match(r"peer id: (\S+)", line):
-            peer = mt.group(1)
-        if mt := re.match(r"listening on: (\S+)", line):
-            addr = mt.group(1)
-    return proc, peer, addr
+from burn_remote.server.testing import start_server
 
 
 def main() -> None:
@@ -42,7 +18,8 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="burn-remote-demo-")
     os.chmod(home, 0o700)
     os.environ.setdefault("BURN_REMOTE_HOME", home)  # the client's key lives here
-    proc, peer, addr = start_server(os.path.join(home, "server"))
+    server = start_server(os.path.join(home, "server"))
+    peer, addr = server.peer_id, server.address
     try:
         print(f"server peer id: {peer} at {addr}")
         dev = RemoteDevice(f"{peer}@{addr}")
@@ -78,8 +55,7 @@ def main() -> None:
         )
         dev.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        server.stop()
 
 
 if __name__ == "__main__":

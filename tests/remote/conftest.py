@@ -3,72 +3,21 @@
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from burn_remote.server.testing import Daemon, start_daemon
 
-START_TIMEOUT = 60.0
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, peer_id: str, address: str) -> None:
-        self.proc, self.peer_id, self.address = proc, peer_id, address
-
-    @property
-    def target(self) -> str:
-        return f"{self.peer_id}@{self.address}"
+Server = Daemon
 
 
-def start_server(tmp: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Server:
-    tmp.mkdir(parents=True, exist_ok=True)
-    exe = Path(sys.executable).with_name("burn-remote")
-    proc = subprocess.Popen(
-        [
-            *prefix,
-            str(exe),
-            "serve",
-            "--device",
-            "cpu",
-            "--allow-any",
-            "--data-dir",
-            str(tmp),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    peer = address = None
-    deadline = time.monotonic() + START_TIMEOUT
-    lines = []
-    while time.monotonic() < deadline and (peer is None or address is None):
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if mt := re.match(r"peer id: (\S+)", line):
-            peer = mt.group(1)
-        if mt := re.match(r"listening on: (\S+)", line):
-            address = mt.group(1)
-    if peer is None or address is None:
-        proc.kill()
-        raise RuntimeError("server did not start:\n" + "".join(lines))
-    return Server(proc, peer, address)
+def start_server(tmp: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Daemon:
+    return start_daemon("serve", tmp, "--device", "cpu", "--allow-any", *extra, prefix=prefix)
 
 
-def stop_server(server: Server) -> None:
-    server.proc.send_signal(signal.SIGTERM)
-    try:
-        server.proc.wait(30)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
+def stop_server(server: Daemon) -> None:
+    server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -91,8 +40,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., Server]]:
 
     yield _spawn
     for s in started:
-        stop_server(s)
-        assert s.proc.returncode == 0, s.proc.stdout.read() if s.proc.stdout else ""
+        assert s.stop() == 0, s.output()
 
 
 @pytest.fixture
