@@ -106,7 +106,7 @@ declare(
     1,
     infer=_same_unary,
     grad=lambda b, g, xs, out, a: (
-        b.op("where", b.op("gt", xs[0], b.const(0, xs[0].dtype)), g, g * 0),
+        b.op("where", b.op("gt", xs[0], b.const(0, xs[0].dtype)), g, b.const(0, g.dtype)),
     ),
 )
 declare(

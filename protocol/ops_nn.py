@@ -203,35 +203,48 @@ def _dropout(b, x, key, p=0.5):
 declare("dropout", "nn", 2, attrs={"p": 0.5}, decompose=_dropout)
 
 
-def _cross_entropy(b, logits, target, ignore_index=-100, label_smoothing=0.0):
-    if target.shape != logits.shape[:-1]:
+def _cross_entropy_infer(xs, attrs):
+    logits, target = xs
+    if not logits.shape or target.shape != logits.shape[:-1]:
         raise ShapeError(
             f"cross_entropy: target {fmt(target.shape)} must be logits {fmt(logits.shape)} "
             "without its class axis"
         )
     if not dtypes.is_int(target.dtype):
         raise ShapeError(f"cross_entropy: target must hold integer classes, got {target.dtype}")
-    if target.dtype != dtypes.INDEX_DTYPE:  # so ignore_index (-100) fits, even for uint8
-        target = b.op("cast", target, dtype=dtypes.INDEX_DTYPE)
-    logp = b.op("log_softmax", logits, axis=-1)
-    valid = b.op("ne", target, b.const(ignore_index, target.dtype))
-    safe = b.op("where", valid, target, b.const(0, target.dtype))
-    picked = b.op("gather", logp, b.op("unsqueeze", safe, axis=-1), axis=-1)
-    loss = -b.op("squeeze", picked, axes=(-1,))
-    if label_smoothing:
-        smooth = -b.op("mean", logp, axes=(-1,))
-        loss = loss * (1.0 - label_smoothing) + smooth * label_smoothing
-    validf = b.op("cast", valid, dtype=logits.dtype)
-    total = b.op("sum", loss * validf)
-    return total / b.op("maximum", b.op("sum", validf), b.const(1, logits.dtype))
+    if not dtypes.is_float(logits.dtype):
+        raise ShapeError(f"cross_entropy: logits must be floating-point, got {logits.dtype}")
+    if not 0.0 <= attrs["label_smoothing"] < 1.0:
+        raise ShapeError(
+            f"cross_entropy: label_smoothing must be in [0, 1), got {attrs['label_smoothing']}"
+        )
+    return [((), logits.dtype)]
 
 
+CROSS_ENTROPY_DOC = (
+    "Mean over the targets that are not ignore_index of -((1 - s) logp[target] + s mean(logp)), "
+    "logp = log_softmax(logits, -1), s = label_smoothing; 0 when every target is ignored. "
+    "One primitive (not a composition) because a training step calls it every time: its "
+    "gradient is one more kernel (cross_entropy_backward) instead of a dozen small ones."
+)
 declare(
     "cross_entropy",
     "loss",
     2,
     attrs={"ignore_index": -100, "label_smoothing": 0.0},
-    decompose=_cross_entropy,
+    infer=_cross_entropy_infer,
+    grad=lambda b, g, xs, out, a: (b.op("cross_entropy_backward", g, xs[0], xs[1], **a), None),
+    doc=CROSS_ENTROPY_DOC,
+)
+declare(
+    "cross_entropy_backward",
+    "loss",
+    3,
+    attrs={"ignore_index": -100, "label_smoothing": 0.0},
+    infer=lambda xs, a: [(xs[1].shape, xs[1].dtype)],
+    grad=NOT_DIFFERENTIABLE,
+    doc="d cross_entropy / d logits times the 0-d incoming gradient g: for each counted row "
+    "(softmax(logits) - (1 - s) onehot(target) - s / C) g / count.",
 )
 
 

@@ -37,6 +37,8 @@ NOT_EXPORTABLE: dict[str, str] = {
     "the exported graph dequantizes stored codes (dequantize_nf4 is lowered)",
     "uniform": "randomness: the counter-based generator is for training (dropout, init); "
     "an exported model runs in eval mode, where no draw is recorded",
+    "cross_entropy": "a training loss: an exported model ends at its outputs (logits)",
+    "cross_entropy_backward": _BACKWARD,
 }
 
 

@@ -542,21 +542,73 @@ def _dequantize_nf4(packed, scales, block, shape, dtype):
 # --- fused optimizer updates ------------------------------------------------------------
 
 
+def _ce_parts(logits, target, ignore_index):
+    """log-softmax over the last axis, the counted rows, their targets made safe to index."""
+    xp = _mod(logits)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    logp = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
+    target = target.astype(xp.int64, copy=False)
+    valid = target != ignore_index
+    safe = xp.where(valid, target, 0)
+    count = max(int(valid.sum()), 1)
+    return logp, valid, safe, count
+
+
+@kernel("cross_entropy")
+def _cross_entropy(logits, target, ignore_index, label_smoothing):
+    xp = _mod(logits)
+    logp, valid, safe, count = _ce_parts(logits, target, ignore_index)
+    nll = -xp.take_along_axis(logp, safe[..., None], axis=-1)[..., 0]
+    if label_smoothing:
+        nll = nll * (1 - label_smoothing) - logp.mean(axis=-1) * label_smoothing
+    return xp.asarray((nll * valid).sum() / count, dtype=logits.dtype)
+
+
+@kernel("cross_entropy_backward")
+def _cross_entropy_backward(g, logits, target, ignore_index, label_smoothing):
+    xp = _mod(logits)
+    grad = xp.exp(logits - logits.max(axis=-1, keepdims=True))
+    grad /= grad.sum(axis=-1, keepdims=True)
+    target = target.astype(xp.int64, copy=False)
+    valid = target != ignore_index
+    count = int(valid.sum())
+    safe = target if count == valid.size else xp.where(valid, target, 0)
+    if label_smoothing:
+        grad -= label_smoothing / logits.shape[-1]
+    flat = grad.reshape(-1, logits.shape[-1])
+    flat[xp.arange(flat.shape[0]), safe.reshape(-1)] -= 1 - label_smoothing
+    if count == valid.size:  # nothing ignored: one scale for every row
+        grad *= float(g) / max(count, 1)
+    else:
+        grad *= (valid * (float(g) / max(count, 1)))[..., None].astype(grad.dtype, copy=False)
+    return grad
+
+
 @kernel("adam_update")
 def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled):
-    lr = lr.astype(p.dtype)
+    """Written with one scratch buffer and in-place updates, scalars folded on the host: this
+    runs once per parameter per step, so its per-call cost is most of an optimizer step."""
+    xp = _mod(p)
+    if xp is np:  # Python floats: NumPy keeps the arrays' dtype (weak scalars) and is fastest
+        lr, bc1, bc2 = float(lr), float(bc1), float(bc2)
+    else:
+        lr, bc1, bc2 = (a.astype(p.dtype) for a in (lr, bc1, bc2))
     if weight_decay and not decoupled:
         g = g + weight_decay * p
     m2 = m * beta1
-    m2 += (1 - beta1) * g
+    tmp = g * (1 - beta1)
+    m2 += tmp
     v2 = v * beta2
-    v2 += (1 - beta2) * (g * g)
-    denom = np.sqrt(v2 / bc2.astype(p.dtype))
-    denom += eps
-    step = m2 / denom
-    step *= lr / bc1.astype(p.dtype)
+    xp.multiply(g, g, out=tmp)
+    tmp *= 1 - beta2
+    v2 += tmp
+    xp.divide(v2, bc2, out=tmp)
+    xp.sqrt(tmp, out=tmp)
+    tmp += eps
+    xp.divide(m2, tmp, out=tmp)
+    tmp *= lr / bc1
     p2 = p * (1 - lr * weight_decay) if weight_decay and decoupled else p.copy()
-    p2 -= step
+    p2 -= tmp
     return p2, m2, v2
 
 

@@ -342,6 +342,7 @@ def _slice_view(x: CLArray, shape: Any, starts: Any, stops: Any, steps: Any) -> 
 
 def build_kernels(be: OpenCLBackend) -> dict[str, Any]:
     """Every primitive op's kernel for one OpenCL backend."""
+    from .opencl_losses import loss_kernels
     from .opencl_nn import nn_kernels
 
     kernels: dict[str, Any] = {}
@@ -360,6 +361,7 @@ def build_kernels(be: OpenCLBackend) -> dict[str, Any]:
     kernels["matmul"] = _matmul(be)
     kernels.update(_movement(be))
     kernels.update(nn_kernels(be))
+    kernels.update(loss_kernels(kernels))
     return kernels
 
 
