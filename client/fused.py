@@ -5,18 +5,19 @@ so the pre-activation never exists as a separate buffer. It shows everything an 
 declares: a shape/dtype rule (errors at the user's line), a gradient rule written over
 ordinary tensor ops (so backward is recorded into the same graph), and kernels per backend.
 
-Kernels: NumPy ("cpu") here. CuPy and OpenCL backends run it through the host fallback of
-``burn_remote.engine.extensions`` until native kernels are registered with
-``linear_bias_relu.kernel("cuda")`` / ``.kernel("opencl")`` (a CuPy version is the same
-three lines over ``cupy``; an OpenCL one a small GEMM + epilogue). Servers find this module
-through the entry point ``fused`` of the ``burn_remote.extensions`` group.
+Kernels: NumPy ("cpu"), CuPy ("cuda": the same three lines over ``cupy``) and OpenCL (the
+backend's tiled GEMM, then one bias + ReLU epilogue: two launches, nothing through the
+host). Servers find this module through the entry point ``fused`` of the
+``burn_remote.extensions`` group.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
+from burn_remote.engine.extensions import per_backend
 from burn_remote.protocol import dtypes
 from burn_remote.protocol.registry import ShapeError
 from burn_remote.protocol.shapes import fmt
@@ -60,12 +61,33 @@ def _kernel_numpy(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.maximum(out, 0, out=out)
 
 
+def _kernel_cuda(x: Any, w: Any, b: Any) -> Any:
+    import cupy  # type: ignore[import-not-found]
+
+    out = cupy.matmul(x, w)
+    out += b
+    return cupy.maximum(out, 0, out=out)
+
+
+@per_backend
+def _kernel_opencl(backend: Any) -> Any:
+    k = backend.kernels
+
+    def run(x: Any, w: Any, b: Any) -> Any:
+        rows = (math.prod(x.shape[:-1]), x.shape[-1])
+        y = k["matmul"](k["reshape"](x, shape=rows), w)
+        y = k["relu"](k["add"](y, b))  # one epilogue pass over the GEMM's output
+        return y if x.ndim == 2 else k["reshape"](y, shape=(*x.shape[:-1], w.shape[1]))
+
+    return run
+
+
 linear_bias_relu = fused.op(
     "linear_bias_relu",
     arity=3,
     infer=_infer,
     grad=_grad,
-    kernels={"cpu": _kernel_numpy},
+    kernels={"cpu": _kernel_numpy, "cuda": _kernel_cuda, "opencl": _kernel_opencl},
     doc="relu(x @ w + b) for x (..., k), w (k, n), b (n,); one kernel, one output buffer.",
 )
 

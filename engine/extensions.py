@@ -30,8 +30,16 @@ def kind_of(backend: Backend) -> str:
     return parse_device(backend.name)[0]
 
 
+def per_backend(factory: Callable[[Backend], Callable[..., Any]]) -> Callable[..., Any]:
+    """Mark a kernel *factory*: `factory(backend)` returns the kernel for that backend (OpenCL
+    kernels launch on a backend's queue, so they are built per backend)."""
+    factory.per_backend = True  # type: ignore[attr-defined]
+    return factory
+
+
 def register_kernel(kind: str, op: str, fn: Callable[..., Any]) -> None:
-    """Make `fn` the kernel of extension op `op` on every backend of `kind`, now and later."""
+    """Make `fn` the kernel of extension op `op` on every backend of `kind`, now and later
+    (`fn` may be a `per_backend` factory)."""
     if kind not in _KERNELS:
         raise ValueError(
             f"{op}: unknown backend kind {kind!r}; expected {', '.join(BACKEND_KINDS)}"
@@ -59,7 +67,9 @@ def _install_op(backend: Backend, op: str) -> None:
     kind = kind_of(backend)
     native = _KERNELS[kind].get(op)
     if native is not None:
-        backend.kernels[op] = native
+        # A kernel that launches device code needs its backend (queue, compiler): such
+        # kernels are registered as factories, called once per backend.
+        backend.kernels[op] = native(backend) if getattr(native, "per_backend", False) else native
     elif op in _KERNELS[HOST_KIND]:
         backend.kernels[op] = _host_fallback(backend, _KERNELS[HOST_KIND][op])
 

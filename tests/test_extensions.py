@@ -9,6 +9,7 @@ from burn_remote.engine import extensions as engine_ext
 from burn_remote.fused import linear_bias_relu
 from burn_remote.protocol import extensions as ext
 from burn_remote.protocol.graph import Graph, GraphNode, decode, validate
+from conftest import _UNAVAILABLE
 from extdemo_ops import scale_shift, snap, testext
 from gradcheck import check_grad
 
@@ -158,3 +159,22 @@ def test_other_backends_get_a_host_fallback_then_native_kernels():
 
     assert backend.kernels[op.wire] is _double_cl  # joined a live backend at registration
     assert engine_ext.kernels_of(op.wire) == {"cpu": False, "cuda": False, "opencl": True}
+
+
+@pytest.mark.skipif(_UNAVAILABLE["opencl"] is not None, reason=_UNAVAILABLE["opencl"] or "")
+def test_linear_bias_relu_runs_natively_on_opencl():
+    """The shipped example has an OpenCL kernel of its own: no host fallback on that device."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    dev = Device.opencl()
+    out = linear_bias_relu(dev.tensor(x), dev.tensor(w), dev.tensor(b)).numpy()
+    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+    assert engine_ext.kernels_of(linear_bias_relu.wire) == {
+        "cpu": True,
+        "cuda": True,
+        "opencl": True,
+    }
+    kernel = dev._rec.runtime.backend.kernels[linear_bias_relu.wire]
+    assert not getattr(kernel, "host_fallback", False)
