@@ -1,6 +1,6 @@
 """burn_remote: pick a device at run time, and the same tensor code runs there.
 
-The public surface is re-exported here from private modules; tests/test_exports.py keeps it
+The public surface is re-exported here from private modules; tests/test_package.py keeps it
 honest. Transport, server and GPU stacks load only when a device needs them.
 """
 
