@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from burn_remote import OpFailed, RemoteDevice
+from burn_remote import Device, OpFailed, RemoteDevice
 from extdemo_ops import scale_shift
 
 from .conftest import start_server, stop_server
@@ -41,7 +41,7 @@ def test_server_with_the_extension_runs_it_and_one_without_refuses(tmp_path, mon
     without = start_server(tmp_path / "without")
     try:
         dev = RemoteDevice(with_ext.target)
-        want = scale_shift(Device_cpu_tensor(x)).numpy()
+        want = scale_shift(Device.cpu().tensor(x)).numpy()
         got = scale_shift(dev.tensor(x)).numpy()
         np.testing.assert_allclose(got, want)
         dev.close()
@@ -55,9 +55,3 @@ def test_server_with_the_extension_runs_it_and_one_without_refuses(tmp_path, mon
     finally:
         stop_server(with_ext)
         stop_server(without)
-
-
-def Device_cpu_tensor(x: np.ndarray):  # noqa: N802  (reads as the expression it stands for)
-    from burn_remote import Device
-
-    return Device.cpu().tensor(x)
