@@ -351,23 +351,24 @@ def test_cross_entropy(device, rng, label_smoothing):
 def test_cross_entropy_backward(device, rng, label_smoothing):
     """The fused gradient against its formula: (softmax - (1-s) onehot - s/C) g / count."""
     logits = _rand(rng, (6, 5), "float64", -4, 4)
-    target = rng.integers(0, 5, 6)
-    target[2] = -100
-    g = 1.5
-    out = F.call(
-        "cross_entropy_backward",
-        device.tensor(np.asarray(g)),
-        device.tensor(logits),
-        device.tensor(target),
-        label_smoothing=label_smoothing,
-    )
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    p = z / z.sum(-1, keepdims=True)
-    valid = target != -100
-    hot = np.eye(5)[np.where(valid, target, 0)]
-    ref = (p - (1 - label_smoothing) * hot - label_smoothing / 5) * valid[:, None] * g / valid.sum()
-    assert out.shape == logits.shape
-    assert_close(out, ref)
+    for ignored in ([], [2]):  # every row counted (the kernels' fast path), and one ignored
+        target = rng.integers(0, 5, 6)
+        target[ignored] = -100
+        g = 1.5
+        out = F.call(
+            "cross_entropy_backward",
+            device.tensor(np.asarray(g)),
+            device.tensor(logits),
+            device.tensor(target),
+            label_smoothing=label_smoothing,
+        )
+        z = np.exp(logits - logits.max(-1, keepdims=True))
+        p = z / z.sum(-1, keepdims=True)
+        valid = target != -100
+        hot = np.eye(5)[np.where(valid, target, 0)]
+        ref = (p - (1 - label_smoothing) * hot - label_smoothing / 5) * valid[:, None]
+        assert out.shape == logits.shape
+        assert_close(out, ref * g / valid.sum())
 
 
 @pytest.mark.ops("mse_loss")
