@@ -58,6 +58,11 @@ def call(name: str, *inputs: Tensor, _device: Any = None, _where: Any = None, **
     except (ShapeError, TypeError) as exc:
         where = _where or user_location()
         raise RecordError(f"{exc} (at {fmt_location(where)})") from None
+    if not inputs and _device is None:
+        raise RecordError(
+            f"{name}: an op with no tensor operands needs a device; use the device's methods "
+            "(dev.full, dev.zeros, dev.uniform, ...)"
+        )
     dev = _device if not inputs else _device_of(name, inputs)
     rec = dev._rec
     where = _where or user_location()

@@ -197,6 +197,10 @@ class Tensor:
             else self._bin("div", o)
         )
 
+    def __rfloordiv__(self, o: Any) -> Tensor:
+        q = self._bin("div", o, True)
+        return _ops.call("floor", q) if dtypes.is_float(q.dtype) else q
+
     def __pow__(self, o: Any) -> Tensor:
         return self._bin("pow", o)
 

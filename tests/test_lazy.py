@@ -104,3 +104,16 @@ def test_backward_through_a_step_lands_in_one_graph():
     cap = dev._rec.capture()
     ops = [n.op for n in cap.nodes]
     assert "matmul" in ops and ops.count("matmul") == 2  # forward and the weight gradient
+
+
+def test_creation_op_without_a_device_says_so():
+    from burn_remote import functional as F
+
+    with pytest.raises(br.RecordError, match="needs a device"):
+        F.full(shape=(2,), value=1.0, dtype="float32")
+
+
+def test_reflected_floor_division():
+    dev = br.Device.cpu()
+    assert (7 // dev.tensor(np.array([2, 3]))).numpy().tolist() == [3, 2]
+    assert (7.0 // dev.tensor(np.array([2.0, 4.0], np.float32))).numpy().tolist() == [3.0, 1.0]
