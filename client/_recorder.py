@@ -237,9 +237,11 @@ class Recorder:
         needed: set[int] = set()
         keep: list[Node] = []
         for n in reversed(nodes):
-            if any(o in refs or o in needed for o in n.outputs):
-                keep.append(n)
-                needed.update(n.inputs)
+            for o in n.outputs:  # a plain loop: this runs once per node per sync
+                if o in refs or o in needed:
+                    keep.append(n)
+                    needed.update(n.inputs)
+                    break
         if len(keep) == len(nodes):
             return nodes
         keep.reverse()

@@ -157,9 +157,15 @@ def validate(graph: Graph) -> None:
         raise GraphError("graph output id out of range")
 
 
+_SCALARS = (int, float, bool, str, type(None))
+
+
 def canonical_attrs(attrs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """Attributes in hash order, lists turned into tuples so they hash and compare."""
-    return tuple(sorted((k, _tuples(v)) for k, v in attrs.items()))
+    """Attributes in hash order, lists turned into tuples so they hash and compare.
+
+    Called for every recorded op: scalar values (most of them) skip the recursive walk.
+    """
+    return tuple(sorted((k, v if type(v) in _SCALARS else _tuples(v)) for k, v in attrs.items()))
 
 
 def specs_of(shapes_dtypes: Sequence[tuple[Sequence[int], str]]) -> tuple[Spec, ...]:

@@ -145,6 +145,19 @@ def _erf_kernel(x):
 
 @kernel("where")
 def _where(c, a, b):
+    if (
+        b.ndim == 0
+        and a.shape == c.shape
+        and a.dtype == b.dtype
+        and a.dtype.kind == "f"
+        and type(a) is np.ndarray
+        and not b
+    ):
+        # where(c, a, 0), a ReLU's gradient every step: a multiply is 3x faster than where.
+        # It differs only where a is not finite (nan * 0), so that case takes the exact path.
+        out = np.multiply(a, c)
+        if np.isfinite(out).all():
+            return out
     return np.where(c, a, b)
 
 
