@@ -9,7 +9,6 @@ training step replays the same graph with new bindings.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,14 +68,6 @@ class Graph:
 
     def digest(self) -> str:
         return hashlib.sha256(self.encode()).hexdigest()
-
-    @property
-    def value_nodes(self) -> list[int]:
-        """Indices of the nodes whose scalar value is a binding."""
-        return [i for i, n in enumerate(self.nodes) if n.op == "value"]
-
-    def n_tensors(self) -> int:
-        return len(self.inputs) + sum(len(n.outputs) for n in self.nodes)
 
 
 def _tuples(obj: Any) -> Any:
@@ -166,7 +157,3 @@ def canonical_attrs(attrs: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     Called for every recorded op: scalar values (most of them) skip the recursive walk.
     """
     return tuple(sorted((k, v if type(v) in _SCALARS else _tuples(v)) for k, v in attrs.items()))
-
-
-def specs_of(shapes_dtypes: Sequence[tuple[Sequence[int], str]]) -> tuple[Spec, ...]:
-    return tuple((tuple(s), d) for s, d in shapes_dtypes)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from burn_remote import Device, lora, nn, optim
+from burn_remote import Device, lora, nn
 from burn_remote._ops import call
+from cycle_training import cycle_steps
 
 DEV = Device.cpu()
 CFG = nn.GPTConfig(n_layer=2, n_head=4, d_model=64, vocab=40, context=16)
@@ -61,25 +62,10 @@ def test_odd_sizes_pad_and_come_back():
     assert np.abs(back - w).max() <= lora.NF4_HALF_GAP * np.abs(w).max() * 1.01
 
 
-def _cycle(model, steps, stride, lr=1e-2):
-    pattern = np.tile((np.arange(8) * stride) % 8, 4)
-    opt = optim.AdamW(model, lr=lr, weight_decay=0.0)
-    losses = []
-    for step in range(steps):
-        seq = pattern[step % 8 : step % 8 + CFG.context + 1][None].repeat(4, 0)
-        loss = model.loss(DEV.tensor(seq[:, :-1]), DEV.tensor(seq[:, 1:]))
-        loss.backward()
-        optim.clip_grad_norm(model, 1.0)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 def test_qlora_model_frozen_nf4_base_trains_adapters(tmp_path):
     nn.seed(5)
     model = nn.GPT(CFG)
-    _cycle(model, 40, stride=1)
+    cycle_steps(model, DEV, 40, stride=1)
     ids = DEV.tensor(np.tile(np.arange(8), 2)[None])
     dense = model(ids).numpy()
     targets = ["c_attn", "c_proj", "c_fc"]
@@ -94,7 +80,7 @@ def test_qlora_model_frozen_nf4_base_trains_adapters(tmp_path):
     assert stats.bytes_per_base_param == pytest.approx(4.127 / 8, abs=0.005)
     assert 0.05 < stats.trainable_share < 0.2
     frozen = {n: a for n, a in model.state_dict().items() if ".lora_" not in n}
-    losses = _cycle(model, 40, stride=3)
+    losses = cycle_steps(model, DEV, 40, stride=3)
     # stated margin: 40 adapter steps over an NF4 base cut the loss by at least 30% (observed
     # 40-50%; the exact curve moves with float rounding, so the bar leaves room for it)
     assert np.mean(losses[-5:]) < 0.7 * losses[0], (losses[0], losses[-5:])

@@ -4,34 +4,19 @@ Device.cpu(), with only the adapters changing."""
 from __future__ import annotations
 
 import numpy as np
-from burn_remote import Device, RemoteDevice, lora, nn, optim
+from burn_remote import Device, RemoteDevice, lora, nn
+from cycle_training import cycle_steps
 
 CFG = nn.GPTConfig(n_layer=2, n_head=4, d_model=64, vocab=40, context=16)
-
-
-def _cycle_steps(model: nn.GPT, dev, steps: int, stride: int) -> list[float]:
-    """Next-token training on the cycle 0 -> stride -> 2 stride ... (mod 8)."""
-    pattern = np.tile((np.arange(8) * stride) % 8, 4)
-    opt = optim.AdamW(model, lr=1e-2, weight_decay=0.0)
-    losses = []
-    for step in range(steps):
-        seq = pattern[step % 8 : step % 8 + CFG.context + 1][None].repeat(4, 0)
-        loss = model.loss(dev.tensor(seq[:, :-1]), dev.tensor(seq[:, 1:]))
-        loss.backward()
-        optim.clip_grad_norm(model, 1.0)
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def _finetune(dev) -> tuple[list[float], bool]:
     nn.seed(4)
     model = nn.GPT(CFG, device=dev)
-    _cycle_steps(model, dev, 40, stride=1)  # "pretraining" on t -> t+1
+    cycle_steps(model, dev, 40, stride=1)  # "pretraining" on t -> t+1
     model.apply_lora(lora.LoraConfig(r=8, alpha=16, target_modules=["c_attn", "c_proj", "c_fc"]))
     base = {n: a for n, a in model.state_dict().items() if ".lora_" not in n}
-    losses = _cycle_steps(model, dev, 40, stride=3)  # adapters alone learn t -> t+3
+    losses = cycle_steps(model, dev, 40, stride=3)  # adapters alone learn t -> t+3
     after = model.state_dict()
     return losses, all(np.array_equal(a, after[n]) for n, a in base.items())
 
