@@ -84,7 +84,7 @@ from burn_remote import RemoteDevice
 dev = RemoteDevice(sys.argv[1])
 keep = dev.tensor(np.ones(1_000_000, np.float32)) * 3
 keep.sum().item()
-print("ready", flush=True)
+print("ready", dev._rt.link._proc.pid, flush=True)
 time.sleep(600)
 """
 
@@ -100,7 +100,8 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
         env=env_with_home(home),
     )
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        ready, link_pid = proc.stdout.readline().split()
+        assert ready == "ready"
         watcher = RemoteDevice(srv.target)
         stats = watcher.session_stats()
         assert stats["sessions"] == 2 and stats["server_bytes"] >= 4_000_000
@@ -114,9 +115,22 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
             time.sleep(0.5)
         assert stats["sessions"] == 1
         assert stats["server_bytes"] == stats["session_bytes"] == 0
+        # The link process saw its user vanish, said goodbye and ended (no orphan).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _gone(int(link_pid)):
+            time.sleep(0.2)
+        assert _gone(int(link_pid))
         watcher.close()
     finally:
         proc.kill()
+
+
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie waiting for init to reap it counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_remote_memory_stats_has_the_local_form(server: Server) -> None:

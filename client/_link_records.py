@@ -1,0 +1,56 @@
+"""Records between a remote device and its link process, over one local stream socket.
+
+A record is a 13-byte header (kind, a 64-bit argument, payload length) and the payload. The
+user's side sends ``BATCH`` (a control frame; the argument counts the ``BULK`` records that
+follow and belong to it) and ``CLOSE``; the link process sends ``CONTROL`` and ``BULK`` (the
+server's frames) and ``FATAL`` (why the connection ended, UTF-8). This is a private pipe
+between two processes of one program, not the wire format (that is ``protocol.messages``).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+HEADER = struct.Struct(">BQI")
+"""kind, argument (bulk id or bulk count), payload length."""
+
+BATCH, BULK, CLOSE, CONTROL, FATAL = range(1, 6)
+
+
+def send_record(sock: socket.socket, kind: int, arg: int = 0, payload: bytes = b"") -> None:
+    """Write one record (blocking); the payload is not copied when it is large."""
+    header = HEADER.pack(kind, arg, len(payload))
+    if len(payload) <= 65536:
+        sock.sendall(header + payload)
+    else:
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+def read_exact(sock: socket.socket, n: int) -> bytearray | None:
+    """``n`` bytes, or None at end of stream (the other process is gone)."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            return None
+        got += k
+    return buf
+
+
+def read_record(sock: socket.socket) -> tuple[int, int, bytearray] | None:
+    """The next (kind, argument, payload), or None at end of stream."""
+    header = read_exact(sock, HEADER.size)
+    if header is None:
+        return None
+    kind, arg, size = HEADER.unpack(header)
+    payload = read_exact(sock, size) if size else bytearray()
+    if payload is None:
+        return None
+    return kind, arg, payload
+
+
+__all__ = ["BATCH", "BULK", "CLOSE", "CONTROL", "FATAL", "HEADER", "read_record", "send_record"]
