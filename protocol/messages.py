@@ -548,6 +548,8 @@ def _bin(v: Any, name: str) -> bytes:
 def _ids(v: Any, name: str) -> tuple[int, ...]:
     if type(v) is not list:
         raise DecodeError(f"{name}: expected an array of ids, got {_show(v)}")
+    if all(type(x) is int for x in v) and (not v or (min(v) >= 0 and max(v) <= U64_MAX)):
+        return tuple(v)  # the common case, without a message formatted per element
     return tuple(_u64(x, f"{name}[{i}]") for i, x in enumerate(v))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +53,10 @@ class _Failure(Exception):
 
 
 ENGINE_WORK = (m.ExecuteGraph, m.RegisterGraph)
+"""Messages whose processing may take long: a session runs them in a worker thread."""
 
 MAX_REFUSED_GRAPHS = 64
 """Refused digests a session remembers (a client retrying more is refused again)."""
-"""Messages whose processing may take long: a session runs them in a worker thread."""
 
 
 class Session:
@@ -68,9 +69,9 @@ class Session:
         self.store: dict[int, Any] = {}
         self.nbytes = 0
         self.peak = 0
-        self.refused: dict[str, tuple[str, int]] = {}
+        self.refused: dict[str, tuple[int, str, int]] = {}
         """Digests this session registered and the server refused: executing one fails with the
-        reason instead of asking the client to re-register."""
+        reason (error code, message, node) instead of asking the client to re-register."""
         self.graphs: set[str] = set()
         self.stalled = False
         self.closed = False
@@ -182,26 +183,39 @@ class Session:
 
     # --- tensor store -----------------------------------------------------------------------
     def _put(self, tensor_id: int, array: Any) -> None:
-        old = self.store.get(tensor_id)
-        size = int(getattr(array, "nbytes", 0))
-        if old is None and len(self.store) >= self.state.limits.max_tensors:
-            raise LimitExceeded(
-                f"session holds {len(self.store)} tensors (max_tensors "
-                f"{self.state.limits.max_tensors})"
-            )
-        old_size = int(getattr(old, "nbytes", 0)) if old is not None else 0
-        self.state.account(0 if old is not None else 1, size - old_size, self.nbytes - old_size)
-        self.nbytes += size - old_size
-        self.peak = max(self.peak, self.nbytes)
-        self.store[tensor_id] = array
+        self._put_many(((tensor_id, array),))
 
-    def _drop(self, ids: tuple[int, ...]) -> None:
+    def _put_many(self, items: Iterable[tuple[int, Any]]) -> None:
+        """Store tensors (replacing any with the same id), charging the quotas once: all are
+        stored or, past a limit, none."""
+        new_items = dict(items)
+        store = self.store
+        added = delta = 0
+        for tid, array in new_items.items():
+            old = store.get(tid)
+            delta += _nbytes(array) - _nbytes(old)
+            added += old is None
+        limit = self.state.limits.max_tensors
+        if added and len(store) + added > limit:
+            raise LimitExceeded(
+                f"session holds {len(store)} tensors and {added} more would exceed "
+                f"max_tensors {limit}"
+            )
+        self.state.account(added, delta, self.nbytes)
+        store.update(new_items)
+        self.nbytes += delta
+        self.peak = max(self.peak, self.nbytes)
+
+    def _drop(self, ids: Iterable[int]) -> None:
+        count = freed = 0
         for i in ids:
             a = self.store.pop(i, None)
             if a is not None:
-                size = int(getattr(a, "nbytes", 0))
-                self.nbytes -= size
-                self.state.account(-1, -size, self.nbytes)
+                count += 1
+                freed += _nbytes(a)
+        if count:
+            self.nbytes -= freed
+            self.state.account(-count, -freed, self.nbytes)
 
     def _get(self, tensor_id: int) -> Any:
         try:
@@ -247,27 +261,30 @@ class Session:
 
     def _register(self, msg: m.RegisterGraph) -> None:
         digest = msg.digest.hex()
-        if digest not in self.graphs and len(self.graphs) >= self.state.limits.max_graphs:
-            raise LimitExceeded(
-                f"session registered {len(self.graphs)} graphs (max_graphs "
-                f"{self.state.limits.max_graphs})"
-            )
+        limit = self.state.limits.max_graphs
+        if digest not in self.graphs and len(self.graphs) >= limit:
+            self._refuse(digest, m.LIMIT, f"session registered {len(self.graphs)} graphs "
+                         f"(max_graphs {limit})")  # fmt: skip
         try:
             self.state.register(digest, msg.graph)
         except GraphError as exc:
-            if len(self.refused) >= MAX_REFUSED_GRAPHS:
-                self.refused.clear()
-            node = -1 if exc.node is None else exc.node
-            self.refused[digest] = (f"graph refused: {exc}", node)
-            raise _Failure(m.BAD_GRAPH, f"graph refused: {exc}", node) from None
+            self._refuse(digest, m.BAD_GRAPH, f"graph refused: {exc}", exc.node)
         self.refused.pop(digest, None)
         self.graphs.add(digest)
+
+    def _refuse(self, digest: str, code: int, message: str, node: int | None = None) -> None:
+        """Fail this registration and every execution of ``digest`` until it registers: the
+        client would otherwise take the missing plan for an eviction and re-register forever."""
+        if len(self.refused) >= MAX_REFUSED_GRAPHS:
+            self.refused.clear()
+        self.refused[digest] = (code, message, -1 if node is None else node)
+        raise _Failure(*self.refused[digest])
 
     def _execute(self, msg: m.ExecuteGraph) -> None:
         refused = self.refused.get(msg.digest.hex())
         if refused is not None:  # not evicted but refused: re-registering would not help
             self._drop(msg.drops)
-            raise _Failure(m.BAD_GRAPH, *refused)
+            raise _Failure(*refused)
         plan = self.state.plan(msg.digest.hex())
         if plan is None:  # the client resends this message (drops included) after Resync
             self.stalled = True
@@ -312,10 +329,9 @@ class Session:
         except (TypeError, ValueError, OverflowError) as exc:
             raise _Failure(m.MALFORMED, f"bad bindings: {exc}") from None
         try:
-            for tid, a in zip(msg.output_ids, outs):
-                self._put(tid, a)
+            self._put_many(zip(msg.output_ids, outs))
         except LimitExceeded:
-            self._drop(msg.output_ids)
+            self._drop(msg.output_ids)  # no stale tensor under an id the client now expects
             raise
 
     def _read(self, msg: m.Read) -> None:
@@ -368,6 +384,10 @@ class Session:
             raise _Failure(m.CAPABILITY, f"fetch from {msg.source_peer[:12]}... failed: {result}")
         dtype, shape, data = result
         self._put(tid, self._array(dtype, shape, data))
+
+
+def _nbytes(array: Any) -> int:
+    return 0 if array is None else int(getattr(array, "nbytes", 0))
 
 
 def _request_id(msg: m.Message) -> int:

@@ -72,6 +72,24 @@ def test_limits_give_errors_and_memory_is_freed() -> None:
     assert state.bytes == 0 and state.tensors == 0 and not state.sessions
 
 
+def test_tensor_and_graph_count_limits_are_clear_and_all_or_nothing() -> None:
+    state = ServerState("cpu", Limits(max_tensors=3, max_graphs=3))
+    dev, session = loopback_device(state)
+    a = dev.tensor(np.ones(2, np.float32))
+    b = a + 1
+    assert b.sum().item() == 4.0  # a, b and the sum: 3 tensors
+    with pytest.raises(OpFailed, match="max_tensors 3"):
+        (a * b).numpy()
+    assert len(session.store) == state.tensors <= 3  # the refused output was not stored
+    del b
+    np.testing.assert_array_equal((a * 3).numpy(), [3, 3])  # room again: the session goes on
+    for _ in range(2):  # the refused graph stays refused, without a re-registration loop
+        with pytest.raises(OpFailed, match="max_graphs 3"):
+            (a - 5).exp().numpy()
+    np.testing.assert_array_equal((a * 3).numpy(), [3, 3])  # a graph it has: replayed
+    assert session.nbytes == state.bytes == sum(t.nbytes for t in session.store.values())
+
+
 def test_malformed_frames_get_errors() -> None:
     state = ServerState("cpu")
     s = Session(state)
