@@ -8,6 +8,7 @@ the network loop go on. Tests drive the same object in memory.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,6 +56,13 @@ class _Failure(Exception):
 ENGINE_WORK = (m.ExecuteGraph, m.RegisterGraph)
 """Messages whose processing may take long: a session runs them in a worker thread."""
 
+INLINE_BUDGET = 0.001
+"""Seconds of engine work a batch may do on the network loop instead of a worker thread,
+judged from each plan's last run. Handing a small step to a thread and back costs more
+than the step (two wakeups and a GIL ping-pong: a digits-MLP step took ~1000 us of server
+CPU through a thread, ~520 us inline); a plan not yet timed, or slower, always goes to a
+worker, so the loop never stalls other sessions for longer than this."""
+
 MAX_REFUSED_GRAPHS = 64
 """Refused digests a session remembers (a client retrying more is refused again)."""
 
@@ -73,6 +81,8 @@ class Session:
         """Digests this session registered and the server refused: executing one fails with the
         reason (error code, message, node) instead of asking the client to re-register."""
         self.graphs: set[str] = set()
+        self.plan_seconds: dict[bytes, float] = {}
+        """Digest -> seconds its last execution took (see ``needs_worker``)."""
         self.stalled = False
         self.closed = False
         """Set when the connection must end (bad version, session limit)."""
@@ -106,10 +116,18 @@ class Session:
 
     # --- processing -------------------------------------------------------------------------
     def needs_worker(self) -> bool:
-        """Whether what is queued includes engine work (graphs to compile or run). Reads, syncs
-        and drops are cheap enough to answer on the network loop, saving a thread handoff on
-        every `item()` round trip."""
-        return any(isinstance(msg, ENGINE_WORK) for msg in self.queue)
+        """Whether what is queued includes engine work too long for the network loop: a
+        graph to compile, a plan not yet timed, or more than INLINE_BUDGET of timed plans.
+        Reads, syncs and drops are answered on the loop, saving a thread handoff on every
+        `item()` round trip."""
+        budget = INLINE_BUDGET
+        for msg in self.queue:
+            if isinstance(msg, ENGINE_WORK):
+                cost = self.plan_seconds.get(msg.digest) if type(msg) is m.ExecuteGraph else None
+                if cost is None or cost > budget:
+                    return True
+                budget -= cost
+        return False
 
     def step(self) -> list[Output]:
         """Run queued messages until done or blocked on a bulk payload or a fetch."""
@@ -322,12 +340,16 @@ class Session:
         dropping = set(msg.drops)
         donated = [k for k, tid in enumerate(msg.input_ids) if tid in dropping]
         self._drop(tuple(msg.input_ids[k] for k in donated))
+        start = time.perf_counter()
         try:
             outs = self.state.executor.run(plan, inputs, msg.values, donated)
         except ExecutionError as exc:
             raise _Failure(m.EXECUTION, str(exc), exc.node) from None
         except (TypeError, ValueError, OverflowError) as exc:
             raise _Failure(m.MALFORMED, f"bad bindings: {exc}") from None
+        if len(self.plan_seconds) >= self.state.limits.max_graphs:
+            self.plan_seconds.clear()
+        self.plan_seconds[msg.digest] = time.perf_counter() - start
         try:
             self._put_many(zip(msg.output_ids, outs))
         except LimitExceeded:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +60,31 @@ def test_two_clients_are_isolated(server: Server, tmp_path: Path) -> None:
     assert one.session_stats()["session_tensors"] == two.session_stats()["session_tensors"] + 1
     one.close()
     two.close()
+
+
+def test_a_long_step_runs_off_the_network_loop(server: Server, tmp_path: Path) -> None:
+    """Small timed steps may run on the loop (see Session.needs_worker); a long one must not
+    hold up another session's reads."""
+    slow = RemoteDevice(server.target)
+    quick = RemoteDevice(server.target, key=tmp_path / "quick-key")
+    x = quick.tensor(np.ones(4, np.float32))
+    assert x.sum().item() == 4.0
+    big = slow.tensor(np.full((1500, 1500), 1e-3, np.float32))
+    slow.sync()  # its 9 MB are on the server: what follows is engine work only
+    y = big
+    for _ in range(40):  # about a second of matmuls on this machine
+        y = y @ big
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (y.sum().item(), done.set()))
+    worker.start()
+    time.sleep(0.3)  # let the slow step reach the server
+    for _ in range(5):
+        assert (x * 2).sum().item() == 8.0
+    assert not done.is_set(), "the slow step ended first: make it longer"
+    worker.join(120)
+    assert done.is_set()
+    slow.close()
+    quick.close()
 
 
 def test_server_to_server_move(spawn) -> None:  # type: ignore[no-untyped-def]
