@@ -145,3 +145,36 @@ def test_handshake_survives_lost_datagrams():
         client.handle_timer(Clock.now)
         exchange(client, server)
     assert client.handshake_confirmed and server.handshake_confirmed
+
+
+def test_acks_wait_for_the_delay_or_a_burst():
+    """One small packet is acknowledged ACK_DELAY later (not aioquic's 1 ms); a burst of
+    ACK_EVERY_BYTES is acknowledged at once."""
+    from aioquic import tls
+    from burn_remote.protocol.transport._quic import ACK_DELAY, ACK_EVERY_BYTES
+
+    client, server, _, _ = make_pair()
+    exchange(client, server)
+    space = server._spaces[tls.Epoch.ONE_RTT]
+    sid = client.open_bidi_stream()
+    client.send_stream_data(sid, b"step")
+    now = Clock.now = Clock.now + 1.0
+    assert roundtrip(client, server, now) == 1
+    assert space.ack_at == now + ACK_DELAY
+    assert not server.datagrams_to_send(now + ACK_DELAY / 2)  # nothing due yet
+    assert server.datagrams_to_send(now + ACK_DELAY)  # the ACK
+    assert space.ack_at is None
+
+    client._loss._cc.congestion_window = 64 * ACK_EVERY_BYTES  # a connection past slow start
+    client.send_stream_data(sid, bytes(2 * ACK_EVERY_BYTES))
+    sizes: list[int] = []
+    start = now = now + 0.1
+    while space.ack_at != now and now < start + 0.9 * ACK_DELAY:  # paced: a bit at a time
+        now += 0.00005
+        for data, _ in client.datagrams_to_send(now):
+            server.receive_datagram(data, CLIENT_ADDR, now)
+            sizes.append(len(data))
+            if space.ack_at == now:
+                break
+    assert space.ack_at == now, f"no ACK due after {sum(sizes)} bytes in {now - start:.4f} s"
+    assert sum(sizes) >= ACK_EVERY_BYTES > sum(sizes[:-1])  # due on the datagram that filled it
