@@ -3,23 +3,26 @@
 Runs a CNN step (two 3x3 conv layers on 28x28 inputs, batch 64) and a transformer step
 (4 layers, d_model 256, sequence 128, batch 8) through the engine on the CPU device, records
 every allocation and free the engine makes (uploads, graph intermediates, outputs, drops),
-and replays that one trace into the static pool (fixed page classes, never releases) and into
-the adaptive pools with arena planning. Prints, per model: peak live bytes (the floor), peak
-reserved for each policy, their ratios, and the engine's own measured stats.
+and replays that one trace into two static pools that never release (the page layout Burn
+used before adaptive pools, CubeCL's SubSlices, sized for this device's memory as it sized
+them; and our own tighter fixed classes) and into the adaptive pools with arena planning.
+Prints, per model: peak live bytes (the floor), peak reserved for each policy, their ratios,
+and the engine's own measured stats.
 
-    .venv/bin/python bench/memory.py [--steps N]
+    .venv/bin/python bench/memory.py [--steps N] [--device-memory GIB]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 
 import numpy as np
 from burn_remote import Device, nn, optim
 from burn_remote import functional as F
 from burn_remote._device import LocalRuntime
-from burn_remote.engine.memory import Event, fmt_bytes, replay
+from burn_remote.engine.memory import Event, fmt_bytes, replay, subslice_classes
 
 SEED = 0
 CNN_BATCH = 64
@@ -122,26 +125,43 @@ def trace_training(name: str, steps: int) -> tuple[list[Event], list[int], objec
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5, help="training steps (>= 3)")
+    parser.add_argument(
+        "--device-memory",
+        type=float,
+        default=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
+        help="GiB of device memory the SubSlices layout is sized for (default: this host's RAM, "
+        "the CPU device's memory)",
+    )
     args = parser.parse_args()
     steps = max(3, args.steps)
+    subslices = subslice_classes(int(args.device_memory * 2**30))
+    print(
+        f"SubSlices layout for {args.device_memory:.1f} GiB: "
+        + ", ".join(f"{fmt_bytes(a)} slices on {fmt_bytes(b)} pages" for a, b in subslices[:-1])
+        + f", then {fmt_bytes(subslices[-1][1])} pages"
+    )
     for name, title in (("cnn", "CNN, 28x28, batch 64"), ("tf", "transformer, 4x256, seq 128")):
         trace, ends, measured = trace_training(name, steps)
         # Steps 1 and 2 register their graphs (optimizer state appears in step 1): setup.
         setup = trace[: ends[1]]
         loop = [trace[a:b] for a, b in zip(ends[1:], ends[2:])]
+        old = replay(loop, "static", setup, movable=False, static_classes=subslices)
         static = replay(loop, "static", setup, movable=False)
         adaptive = replay(loop, "adaptive", setup, movable=False)
         floor = static.peak_live
         print(f"== {title}: {steps} steps, {sum(1 for _ in trace)} trace events")
         print(f"  peak live (floor)            {fmt_bytes(floor):>10}")
-        print(
-            f"  static pool, peak reserved   {fmt_bytes(static.peak_reserved):>10}"
-            f"  {static.ratio:.3f}x live"
-        )
+        for label, base in (
+            ("static, SubSlices layout ", old),
+            ("static, tight classes    ", static),
+        ):
+            print(f"  {label}  {fmt_bytes(base.peak_reserved):>10}  {base.ratio:.3f}x live")
         print(
             f"  adaptive + arena, peak res.  {fmt_bytes(adaptive.peak_reserved):>10}"
             f"  {adaptive.ratio:.3f}x live, "
-            f"{100 * (1 - adaptive.peak_reserved / static.peak_reserved):.1f}% below static"
+            f"{100 * (1 - adaptive.peak_reserved / old.peak_reserved):.1f}% below the SubSlices "
+            f"static pool, {100 * (1 - adaptive.peak_reserved / static.peak_reserved):.1f}% "
+            "below the tight one"
         )
         print(
             f"  steady-state page reservations per step: static "

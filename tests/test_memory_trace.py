@@ -1,6 +1,14 @@
 """Trace replay: both policies see the same trace; results checked against the trace itself."""
 
-from burn_remote.engine.memory import Alloc, Free, peak_live, replay, transient_buffers
+import pytest
+from burn_remote.engine.memory import (
+    Alloc,
+    Free,
+    peak_live,
+    replay,
+    subslice_classes,
+    transient_buffers,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,3 +84,32 @@ def test_random_traces_never_go_below_the_floor(spec, repeats):
         assert result.peak_reserved >= floor
     ids, buffers = transient_buffers(steps[0]) if steps else ([], [])
     assert len(ids) == len(buffers)
+
+
+def test_subslice_layout_matches_the_pre_adaptive_burn_pages():
+    GIB = 1024 * MIB
+    assert subslice_classes(8 * GIB) == (
+        (512 * 1024, 8 * MIB),
+        (4 * MIB, 32 * MIB),
+        (32 * MIB, 128 * MIB),
+        (256 * MIB, 512 * MIB),
+        (2 * GIB, 2 * GIB),
+    )
+    for memory in (1 * GIB, 3 * GIB + 12345, 24 * GIB, 141 * GIB):
+        classes = subslice_classes(memory)
+        assert classes[-1][1] <= memory // 4
+        assert all(s <= p for s, p in classes)
+        assert [p for _, p in classes] == sorted(p for _, p in classes)
+    with pytest.raises(ValueError, match="too small"):
+        subslice_classes(100)
+
+
+def test_subslice_static_pool_replays_and_never_releases():
+    setup, steps = training_like(6, 3 * MIB, 1 * MIB, 4)
+    layout = subslice_classes(8 * 1024 * MIB)
+    old = replay(steps, "static", setup, static_classes=layout)
+    assert old.peak_live == peak_live([setup, *steps])
+    assert old.steady_page_allocs == 0  # pages reserved in the first step are kept and reused
+    # 3 MiB buffers land in the 4 MiB class of 32 MiB pages: whole pages, not 3 MiB blocks.
+    assert old.peak_reserved % (8 * MIB) == 0 and old.peak_reserved >= 32 * MIB
+    assert replay(steps, "adaptive", setup).peak_reserved <= old.peak_reserved

@@ -16,7 +16,7 @@ from ._format import fmt_bytes, parse_bytes
 from ._graph import GraphMemory, GraphRun
 from ._pages import HostPageAllocator, Page, PageAllocator, VirtualPageAllocator
 from ._source import PageSource
-from ._static import StaticPool
+from ._static import StaticPool, subslice_classes
 from ._stats import MemoryStats, PoolStats
 from ._trace import Alloc, Event, Free, ReplayResult, peak_live, replay, transient_buffers
 from ._tuning import PageChoice, choose_page_size
@@ -47,6 +47,7 @@ __all__ = [
     "PoolStats",
     "ReplayResult",
     "StaticPool",
+    "subslice_classes",
     "VirtualPageAllocator",
     "align_up",
     "choose_page_size",

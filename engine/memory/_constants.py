@@ -51,6 +51,13 @@ ahead of time, the way the old static configuration did, never from statistics."
 # Allocations above the last sliced class get an exclusive page of their own, reused by any
 # later allocation that fits; static pages are never released.
 
+SUBSLICES_PAGE_FRACTION = 4
+"""The pre-adaptive Burn (CubeCL ``SubSlices``) layout sizes its largest page as the device's
+memory divided by this, then derives the smaller page classes from it (``subslice_classes``)."""
+
+SUBSLICES_MIN_PAGE = 32 * MIB
+"""That layout keeps dividing its page size by four while the page is at least this big."""
+
 # --- arena planner -------------------------------------------------------------------------
 
 ARENA_ORDERINGS = ("size", "lifetime", "area", "first_use", "last_use")

@@ -101,6 +101,8 @@ class DeviceMemory:
         pages: where pages come from (host, CuPy, or virtual memory).
         limit: quota in bytes (``--memory-limit``), or None.
         pool: ``adaptive`` (default) or ``static`` (the baseline, for comparisons).
+        static_classes: the static pool's page classes (see ``StaticPool``), if not the
+            default ones.
     """
 
     def __init__(
@@ -109,12 +111,17 @@ class DeviceMemory:
         pages: PageAllocator,
         limit: int | None = None,
         pool: Literal["adaptive", "static"] = "adaptive",
+        static_classes: tuple[tuple[int, int], ...] | None = None,
     ) -> None:
         self.device = device
         self.source = PageSource(pages, limit, device)
-        self.pool: AdaptivePool | StaticPool = (
-            AdaptivePool(self.source) if pool == "adaptive" else StaticPool(self.source)
-        )
+        self.pool: AdaptivePool | StaticPool
+        if pool == "adaptive":
+            self.pool = AdaptivePool(self.source)
+        elif static_classes is None:
+            self.pool = StaticPool(self.source)
+        else:
+            self.pool = StaticPool(self.source, static_classes)
         self.arenas: dict[str, Arena] = {}
 
     def alloc(self, nbytes: int, movable: bool = False) -> Block:

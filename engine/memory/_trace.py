@@ -91,8 +91,15 @@ def transient_buffers(step: Step) -> tuple[list[int], list[Buffer]]:
     return ids, [spans[i] for i in ids]
 
 
-def replay(steps: list[Step], policy: str, setup: Step = (), movable: bool = True) -> ReplayResult:
-    """Replay `setup` (e.g. creating parameters) then `steps` under ``static`` or
+def replay(
+    steps: list[Step],
+    policy: str,
+    setup: Step = (),
+    movable: bool = True,
+    static_classes: tuple[tuple[int, int], ...] | None = None,
+) -> ReplayResult:
+    """Replay `setup` (e.g. creating parameters) then `steps` under ``static`` (with
+    `static_classes`, e.g. ``subslice_classes(...)``, or the default classes) or
     ``adaptive`` (adaptive pools + arena planning).
 
     Adaptive: step 0 is the dry run (everything through the pool, statistics recorded); its
@@ -101,7 +108,12 @@ def replay(steps: list[Step], policy: str, setup: Step = (), movable: bool = Tru
     """
     if policy not in ("static", "adaptive"):
         raise ValueError(f"unknown policy {policy!r}: use 'static' or 'adaptive'")
-    mem = DeviceMemory("trace", VirtualPageAllocator(), pool=policy)  # type: ignore[arg-type]
+    mem = DeviceMemory(
+        "trace",
+        VirtualPageAllocator(),
+        pool=policy,
+        static_classes=static_classes,  # type: ignore[arg-type]
+    )
     live: dict[int, Block] = {}
     arena: Arena | None = None
     steady_peak = 0
