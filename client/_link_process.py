@@ -15,6 +15,7 @@ says goodbye, so the server frees the session at once. A lost connection is resu
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 from collections import deque
@@ -251,6 +252,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Ctrl-C in a terminal signals the whole process group: the user's process decides what
+    # an interrupt means; this one ends only at CLOSE or when that process is gone.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, peer_id, host, port, *key = argv if argv is not None else sys.argv[1:]
     pipe = socket.socket(fileno=int(fd))
     link = LinkProcess(pipe, peer_id, (host, int(port)), key[0] if key else None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -60,6 +62,16 @@ def test_two_clients_are_isolated(server: Server, tmp_path: Path) -> None:
     assert one.session_stats()["session_tensors"] == two.session_stats()["session_tensors"] + 1
     one.close()
     two.close()
+
+
+def test_link_process_ignores_an_interrupt_meant_for_the_user(server: Server) -> None:
+    dev = RemoteDevice(server.target)
+    x = dev.tensor(np.arange(3, dtype=np.float32))
+    assert x.sum().item() == 3.0
+    os.kill(dev._rt.link._proc.pid, signal.SIGINT)  # what Ctrl-C sends the process group
+    time.sleep(0.2)
+    assert (x * 2).sum().item() == 6.0
+    dev.close()
 
 
 def test_a_long_step_runs_off_the_network_loop(server: Server, tmp_path: Path) -> None:
