@@ -17,11 +17,15 @@ HEADER = struct.Struct(">BQI")
 
 BATCH, BULK, CLOSE, CONTROL, FATAL = range(1, 6)
 
+INLINE_PAYLOAD = 64 * 1024
+"""Payloads up to this size are written with their header in one call (one small copy);
+larger ones in a second call, without a copy."""
+
 
 def send_record(sock: socket.socket, kind: int, arg: int = 0, payload: bytes = b"") -> None:
     """Write one record (blocking); the payload is not copied when it is large."""
     header = HEADER.pack(kind, arg, len(payload))
-    if len(payload) <= 65536:
+    if len(payload) <= INLINE_PAYLOAD:
         sock.sendall(header + payload)
     else:
         sock.sendall(header)
@@ -53,4 +57,14 @@ def read_record(sock: socket.socket) -> tuple[int, int, bytearray] | None:
     return kind, arg, payload
 
 
-__all__ = ["BATCH", "BULK", "CLOSE", "CONTROL", "FATAL", "HEADER", "read_record", "send_record"]
+__all__ = [
+    "BATCH",
+    "BULK",
+    "CLOSE",
+    "CONTROL",
+    "FATAL",
+    "HEADER",
+    "INLINE_PAYLOAD",
+    "read_record",
+    "send_record",
+]
