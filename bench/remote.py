@@ -63,8 +63,11 @@ def transformer_model(dev):
     return model, loss_at
 
 
-def train_loop(dev, build, steps: int, resend_graph: bool = False) -> tuple[float, dict, dict]:
-    """Seconds per step (after 5 warm-up steps) and stats before/after the timed part."""
+def train_loop(
+    dev, build, steps: int, resend_graph: bool = False, cpu_of: tuple = ()
+) -> tuple[float, dict, dict]:
+    """Seconds per step (after 5 warm-up steps) and stats before/after the timed part; with
+    `cpu_of` (pids), the stats also hold ``cpu``: CPU seconds per timed step of each."""
     model, loss_at = build(dev)
     opt = optim.AdamW(model.parameters(), lr=1e-2)
 
@@ -84,26 +87,43 @@ def train_loop(dev, build, steps: int, resend_graph: bool = False) -> tuple[floa
         step(k)
     dev.sync()
     before = dict(dev.stats())
+    cpu = [cpu_seconds(p) for p in cpu_of]
     t = time.perf_counter()
     for k in range(steps):
         step(k)
     dev.sync()
     dt = (time.perf_counter() - t) / steps
-    return dt, before, dict(dev.stats())
+    after = dict(dev.stats())
+    after["cpu"] = [(cpu_seconds(p) - c) / steps for p, c in zip(cpu_of, cpu)]
+    return dt, before, after
 
 
-def compare(name: str, build, remote_dev, steps: int, rounds: int = 3) -> tuple[float, dict, dict]:
-    """Local and remote loops interleaved, medians of `rounds`: this machine is noisy."""
-    local, remote, stats = [], [], None
+def cpu_seconds(pid: int | str = "self") -> float:
+    """CPU time (user + system) of a process so far, all threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def compare(
+    name: str, build, remote_dev, steps: int, server_pid: int, rounds: int = 3
+) -> tuple[float, dict, dict]:
+    """Local and remote loops interleaved, medians of `rounds`: this machine is noisy. Also
+    where the remote loop's CPU goes: this process, the device's link process, the server."""
+    local, remote, cpu, stats = [], [], [], None
     for _ in range(rounds):
         local.append(train_loop(Device.cpu(), build, steps)[0])
-        dt, b, a = train_loop(remote_dev, build, steps)
+        pids = ("self", remote_dev._rt.link._proc.pid, server_pid)
+        dt, b, a = train_loop(remote_dev, build, steps, cpu_of=pids)
+        cpu.append(a["cpu"])
         remote.append(dt)
         stats = (b, a)
     lo, re = statistics.median(local), statistics.median(remote)
+    mine, link, server = (statistics.median(c[k] for c in cpu) * 1e6 for k in range(3))
     print(
         f"{name} step (loss read every {READ_EVERY}): local {lo * 1e6:.0f} us, "
-        f"remote {re * 1e6:.0f} us, remote/local {re / lo:.2f}"
+        f"remote {re * 1e6:.0f} us, remote/local {re / lo:.2f}; remote CPU per step: "
+        f"user's process {mine:.0f} us, link process {link:.0f} us, server {server:.0f} us "
+        f"({os.cpu_count()} CPUs)"
     )
     return re, stats[0], stats[1]
 
@@ -182,8 +202,11 @@ def main() -> None:
     peer, addr = server.peer_id, server.address
     try:
         dev = RemoteDevice(f"{peer}@{addr}")
-        remote, b, a = compare("digits MLP", mlp_model, dev, args.steps)
-        compare("small transformer", transformer_model, dev, max(args.steps // 4, 20))
+        dev.sync()  # connected before anything is timed (its link process exists from here)
+        remote, b, a = compare("digits MLP", mlp_model, dev, args.steps, server.proc.pid)
+        compare(
+            "small transformer", transformer_model, dev, max(args.steps // 4, 20), server.proc.pid
+        )
         n = args.steps
         print(
             f"per step: {(a['messages_sent'] - b['messages_sent']) / n:.2f} messages sent, "
