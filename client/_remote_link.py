@@ -46,7 +46,6 @@ class Link:
         self._reader: threading.Thread | None = None
         self._send_lock = threading.Lock()
         """Held from ``take()`` to the end of the write, so batches reach the link in order."""
-        self._closing = False
 
     def kick(self) -> None:
         """Hand everything pending to the link process; never waits for the server."""
@@ -73,7 +72,6 @@ class Link:
         if self._sock is None:
             return
         self.kick()
-        self._closing = True
         with self._send_lock:
             try:
                 r.send_record(self._sock, r.CLOSE)
