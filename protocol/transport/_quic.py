@@ -1,6 +1,6 @@
 """aioquic's sans-I/O connection, adjusted for peer-to-peer use. No sockets, no event loop.
 
-Two changes to stock aioquic, each kept to an override:
+Changes to stock aioquic, each kept to an override:
 
 * **Peer keys are checked inside TLS.** The client compares the server's certificate key with
   the peer id it dialled right after verifying the CertificateVerify signature (which proves
@@ -149,7 +149,7 @@ class PeerQuicConnection(QuicConnection):
         return super().datagrams_to_send(now)
 
     def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
-        """aioquic's, then the ACK policy of ``ACK_DELAY`` and ``ACK_EVERY``."""
+        """aioquic's, then the ACK policy of ``ACK_DELAY`` and ``ACK_EVERY_BYTES``."""
         space = self._spaces.get(tls.Epoch.ONE_RTT)
         if space is None or space.ack_at is None:
             self._unacked_bytes = 0  # the last ACK went out (or nothing awaited one)
