@@ -71,13 +71,9 @@ class LinkProcess:
 
     # --- the user's side ----------------------------------------------------------------------
     async def _write(self, kind: int, arg: int = 0, payload: bytes = b"") -> None:
-        header = r.HEADER.pack(kind, arg, len(payload))
         async with self._out_lock:
-            if len(payload) <= r.INLINE_PAYLOAD:
-                await self._pipe.send_all(header + payload)
-            else:  # a large tensor: not copied to prepend 13 bytes
-                await self._pipe.send_all(header)
-                await self._pipe.send_all(payload)
+            for part in r.record_parts(kind, arg, payload):
+                await self._pipe.send_all(part)
 
     async def _fatal(self, why: str) -> None:
         try:

@@ -22,14 +22,19 @@ INLINE_PAYLOAD = 64 * 1024
 larger ones in a second call, without a copy."""
 
 
-def send_record(sock: socket.socket, kind: int, arg: int = 0, payload: bytes = b"") -> None:
-    """Write one record (blocking); the payload is not copied when it is large."""
+def record_parts(kind: int, arg: int = 0, payload: bytes = b"") -> tuple[bytes, ...]:
+    """The buffers to write, in order: header and payload joined when the payload is small
+    (one write), apart when it is large (no copy of a big tensor to prepend 13 bytes)."""
     header = HEADER.pack(kind, arg, len(payload))
     if len(payload) <= INLINE_PAYLOAD:
-        sock.sendall(header + payload)
-    else:
-        sock.sendall(header)
-        sock.sendall(payload)
+        return (header + payload,)
+    return (header, payload)
+
+
+def send_record(sock: socket.socket, kind: int, arg: int = 0, payload: bytes = b"") -> None:
+    """Write one record (blocking)."""
+    for part in record_parts(kind, arg, payload):
+        sock.sendall(part)
 
 
 def read_exact(sock: socket.socket, n: int) -> bytearray | None:
@@ -66,5 +71,6 @@ __all__ = [
     "HEADER",
     "INLINE_PAYLOAD",
     "read_record",
+    "record_parts",
     "send_record",
 ]

@@ -115,13 +115,11 @@ class DeviceMemory:
     ) -> None:
         self.device = device
         self.source = PageSource(pages, limit, device)
-        self.pool: AdaptivePool | StaticPool
-        if pool == "adaptive":
-            self.pool = AdaptivePool(self.source)
-        elif static_classes is None:
-            self.pool = StaticPool(self.source)
-        else:
-            self.pool = StaticPool(self.source, static_classes)
+        self.pool: AdaptivePool | StaticPool = (
+            AdaptivePool(self.source)
+            if pool == "adaptive"
+            else StaticPool(self.source, static_classes)
+        )
         self.arenas: dict[str, Arena] = {}
 
     def alloc(self, nbytes: int, movable: bool = False) -> Block:

@@ -29,8 +29,11 @@ class StaticPool:
     def __init__(
         self,
         source: PageSource,
-        classes: tuple[tuple[int, int], ...] = STATIC_SLICED_CLASSES,
+        classes: tuple[tuple[int, int], ...] | None = None,
     ) -> None:
+        """``classes``: (largest slice, page size) per sliced class, smallest first; None
+        means ``STATIC_SLICED_CLASSES``."""
+        classes = STATIC_SLICED_CLASSES if classes is None else classes
         self.source = source
         self._limits = [max_slice for max_slice, _ in classes]
         self._sets = [
