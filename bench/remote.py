@@ -108,21 +108,21 @@ def compare(
     name: str, build, remote_dev, steps: int, server_pid: int, rounds: int = 3
 ) -> tuple[float, dict, dict]:
     """Local and remote loops interleaved, medians of `rounds`: this machine is noisy. Also
-    where the remote loop's CPU goes: this process, the device's link process, the server."""
+    where the remote loop's CPU goes: this process (recording and QUIC), the server."""
     local, remote, cpu, stats = [], [], [], None
     for _ in range(rounds):
         local.append(train_loop(Device.cpu(), build, steps)[0])
-        pids = ("self", remote_dev._rt.link._proc.pid, server_pid)
+        pids = ("self", server_pid)
         dt, b, a = train_loop(remote_dev, build, steps, cpu_of=pids)
         cpu.append(a["cpu"])
         remote.append(dt)
         stats = (b, a)
     lo, re = statistics.median(local), statistics.median(remote)
-    mine, link, server = (statistics.median(c[k] for c in cpu) * 1e6 for k in range(3))
+    mine, server = (statistics.median(c[k] for c in cpu) * 1e6 for k in range(2))
     print(
         f"{name} step (loss read every {READ_EVERY}): local {lo * 1e6:.0f} us, "
         f"remote {re * 1e6:.0f} us, remote/local {re / lo:.2f}; remote CPU per step: "
-        f"user's process {mine:.0f} us, link process {link:.0f} us, server {server:.0f} us "
+        f"user's process {mine:.0f} us (recording and QUIC), server {server:.0f} us "
         f"({os.cpu_count()} CPUs)"
     )
     return re, stats[0], stats[1]
@@ -202,7 +202,7 @@ def main() -> None:
     peer, addr = server.peer_id, server.address
     try:
         dev = RemoteDevice(f"{peer}@{addr}")
-        dev.sync()  # connected before anything is timed (its link process exists from here)
+        dev.sync()  # connected before anything is timed
         remote, b, a = compare("digits MLP", mlp_model, dev, args.steps, server.proc.pid)
         compare(
             "small transformer", transformer_model, dev, max(args.steps // 4, 20), server.proc.pid

@@ -164,8 +164,8 @@ class RemoteDevice(Device):
     ``RemoteDevice("peer-id@host:port")`` dials that address; ``RemoteDevice("peer-id")``
     looks the peer up in the address book. The same target (and key) gives the same device
     object; another ``key`` (this client's identity file) gives a separate session.
-    Nothing is sent until the first read or flush; the connection opens then, in a link
-    process of its own (see ``_link_process``: QUIC in Python must not share our GIL).
+    Nothing is sent until the first read or flush; the connection opens then, on a thread
+    (see ``_remote_link``: your thread sends each flushed step itself).
     """
 
     _remote: dict[str, RemoteDevice] = {}

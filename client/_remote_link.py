@@ -1,32 +1,44 @@
-"""The I/O half of a remote device: a link process (``_link_process``) that owns the QUIC
-connection, and a reader thread here that hands the server's frames to the protocol.
+"""The I/O half of a remote device: one QUIC connection, driven by this process's threads.
 
-The user's thread never touches the network. ``kick()`` takes what the protocol has pending
-and writes it to the link process over a local socket: one write per batch, which the link
-process reads eagerly (so the write never waits on the network). Replies are applied by the
-reader thread under ``cond``'s lock, and waiters on ``cond`` are woken.
+The user's thread sends. ``kick()`` takes what the protocol has pending, numbers it for
+resume (``_remote_resume``) and writes it to the connection, so a flushed step is on the wire
+when ``flush()`` returns; it never waits on the network (tensors above the bulk threshold go
+to a bulk thread, which may wait for the server to take them). The connection's reader
+thread applies the server's frames under ``cond``'s lock and wakes waiters. Dialling, and
+after a lost connection dialling again and resuming the session, runs on a connector thread;
+batches recorded meanwhile wait in the sequencer and leave when it is done.
+
+Why not an event loop: QUIC here is Python (aioquic), and a loop thread sharing the GIL with
+a thread that records ops got the interpreter only at the 5 ms switch interval, so steps left
+in bursts at the next read; a loop in a process of its own cost a local hop per message and a
+third busy process per step (see ``protocol.transport._blocking``).
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
+import queue
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
-from . import _link_records as r
+from burn_remote.protocol import messages as m
+
 from ._remote_protocol import ClientProtocol
+from ._remote_resume import ATTEMPT_TIMEOUT, RESUME_TIMEOUT, ClientSequencer, SessionExpired
 
 CLOSE_TIMEOUT = 10.0
-"""Seconds ``close`` waits for the link process to say goodbye to the server and exit."""
-PIPE_BUFFER = 4 << 20
-"""Bytes requested for the local socket's buffers: several steps fit without blocking."""
+"""Seconds ``close`` waits for the connection (and queued uploads) before giving up."""
+CONNECT_TIMEOUT = 30.0
+"""Seconds the first dial may take before the device fails."""
+RETRY_PAUSE = 0.25
+"""Seconds between dials while resuming."""
+
+_IDLE, _CONNECTING, _RESUMING, _UP, _CLOSED = "idle", "connecting", "resuming", "up", "closed"
 
 
 class Link:
-    """Starts and feeds the link process of one remote device."""
+    """The connection of one remote device and the threads that serve it."""
 
     def __init__(
         self,
@@ -41,17 +53,25 @@ class Link:
         self.protocol = protocol
         self.cond = cond
         self.key_path = key_path
-        self._sock: socket.socket | None = None
-        self._proc: subprocess.Popen | None = None
-        self._reader: threading.Thread | None = None
-        self._send_lock = threading.Lock()
-        """Held from ``take()`` to the end of the write, so batches reach the link in order."""
+        self._lock = threading.Lock()
+        """Orders frames on the wire and guards the state below; held for CPU work only."""
+        self._state = _IDLE
+        self._changed = threading.Condition(self._lock)
+        self._conn: Any = None  # a BlockingConnection while _UP or _RESUMING
+        self._control = -1
+        self._seq = ClientSequencer()
+        self._token: bytes | None = None
+        self._incoming: dict[int, int | None] = {}  # server's bulk stream -> its bulk id
+        self._bulk: queue.SimpleQueue[tuple[Any, int, bytes] | None] = queue.SimpleQueue()
+        self._bulk_thread: threading.Thread | None = None
 
+    # --- the user's side ----------------------------------------------------------------------
     def kick(self) -> None:
-        """Hand everything pending to the link process; never waits for the server."""
-        with self._send_lock:
-            if self._sock is None:
-                self._start()
+        """Send everything pending (or queue it while dialling); never waits for the server."""
+        with self._lock:
+            if self._state == _IDLE:
+                self._state = _CONNECTING
+                self._spawn(self._dial, False)
             while True:
                 with self.cond:
                     if self.protocol.fatal is not None:
@@ -59,81 +79,223 @@ class Link:
                     batch = self.protocol.take()
                 if batch is None:
                     return
-                try:
-                    r.send_record(self._sock, r.BATCH, len(batch.bulk), batch.frame)
-                    for bulk_id, payload in batch.bulk:
-                        r.send_record(self._sock, r.BULK, bulk_id, payload)
-                except OSError:
-                    self._fail("the connection is closed (the link process ended)")
-                    return
+                frame = self._seq.wrap(batch.frame, batch.bulk)
+                if self._state == _UP:
+                    self._send(frame, batch.bulk)
 
     def close(self) -> None:
-        """Send what is pending, let the link say goodbye to the server, wait for it to end."""
-        if self._sock is None:
-            return
+        """Send what is pending and the goodbye (the server frees the session at once)."""
+        with self._lock:
+            if self._state == _IDLE:
+                self._state = _CLOSED
+                return
         self.kick()
-        with self._send_lock:
-            try:
-                r.send_record(self._sock, r.CLOSE)
-                self._sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
-        assert self._proc is not None and self._reader is not None
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        with self._lock:  # a fatal error does not notify: poll for it
+            while self._state not in (_UP, _CLOSED) and self.protocol.fatal is None:
+                if time.monotonic() > deadline:
+                    break
+                self._changed.wait(0.05)
+        if self._bulk_thread is not None:
+            self._bulk.put(None)
+            self._bulk_thread.join(CLOSE_TIMEOUT)
+        with self._lock:
+            conn, up = self._conn, self._state == _UP
+            self._state = _CLOSED
+            if up:
+                self._try(conn.send_frame, self._control, self._seq.goodbye(), wait=False)
+        if conn is not None:
+            conn.close("client closing", flush_timeout=2.0)
+
+    # --- sending (with self._lock held) -------------------------------------------------------
+    def _send(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> None:
+        """A lost connection is reported by its reader; what failed here is resent on resume."""
+        if self._try(self._conn.send_frame, self._control, frame, wait=False):
+            for bulk_id, payload in bulk:
+                self._bulk_put((self._conn, bulk_id, payload))
+
+    def _bulk_put(self, item: tuple[Any, int, bytes]) -> None:
+        if self._bulk_thread is None:
+            self._bulk_thread = self._spawn(self._send_bulk_loop)
+        self._bulk.put(item)
+
+    def _send_bulk_loop(self) -> None:
+        """One stream per tensor: a ``Bulk`` header frame, the bytes, the end of the stream."""
+        while (item := self._bulk.get()) is not None:
+            conn, bulk_id, payload = item
+            sid = self._try(conn.open_stream)
+            if sid is not None:
+                header = m.encode(m.Bulk(bulk_id, len(payload)))
+                _ = (
+                    self._try(conn.send_frame, sid, header)
+                    and self._try(conn.send_frame, sid, payload)
+                    and self._try(conn.finish, sid)
+                )
+
+    @staticmethod
+    def _try(call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call``'s result, or None if the connection is gone (resume resends)."""
+        from burn_remote.protocol.transport import TransportError
+
         try:
-            self._proc.wait(CLOSE_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        self._reader.join(CLOSE_TIMEOUT)
-        self._sock.close()
+            out = call(*args, **kwargs)
+        except TransportError:
+            return None
+        return True if out is None else out
 
-    def _start(self) -> None:
-        ours, theirs = socket.socketpair()
-        for s in (ours, theirs):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PIPE_BUFFER)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, PIPE_BUFFER)
-        args = [str(theirs.fileno()), self.peer_id, self.address[0], str(self.address[1])]
-        if self.key_path is not None:
-            args.append(str(self.key_path))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "burn_remote._link_process", *args],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            env=env,
+    # --- connecting ---------------------------------------------------------------------------
+    def _spawn(self, target: Any, *args: Any) -> threading.Thread:
+        thread = threading.Thread(
+            target=target, args=args, name=f"burn-remote-{self.peer_id[:8]}", daemon=True
         )
-        theirs.close()
-        self._sock = ours
-        self._reader = threading.Thread(
-            target=self._read, name=f"burn-remote-{self.peer_id[:8]}", daemon=True
-        )
-        self._reader.start()
+        thread.start()
+        return thread
 
-    def _read(self) -> None:
-        """Apply the server's frames as they come; end of stream ends the device."""
-        assert self._sock is not None
-        while (record := r.read_record(self._sock)) is not None:
-            kind, arg, payload = record
-            if kind == r.FATAL:
-                self._fail(payload.decode(errors="replace"))
-                continue
+    def _dial(self, resuming: bool) -> None:
+        """Connect (again, until RESUME_TIMEOUT, when resuming), then send what waited."""
+        from burn_remote.protocol.transport import (
+            BlockingConnection,
+            EndpointConfig,
+            Identity,
+            PeerRejected,
+            TransportError,
+            default_key_path,
+        )
+
+        timeout = ATTEMPT_TIMEOUT if resuming else CONNECT_TIMEOUT
+        config = EndpointConfig(max_frame_size=m.MAX_FRAME, handshake_timeout=timeout)
+        deadline = time.monotonic() + RESUME_TIMEOUT
+        try:
+            identity = Identity.load_or_create(self.key_path or default_key_path())
+            while True:
+                try:
+                    conn = BlockingConnection.connect(
+                        identity,
+                        self.peer_id,
+                        self.address,
+                        config=config,
+                        on_frame=self._on_frame,
+                        on_closed=self._on_closed,
+                    )
+                    break
+                except TransportError as exc:
+                    if not resuming or isinstance(exc, PeerRejected):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(RETRY_PAUSE)
+        except Exception as exc:  # the user's next wait raises it
+            self._fail(f"connection to {self.peer_id[:12]}... failed: {_describe(exc)}")
+            return
+        with self._lock:
+            if self._state == _CLOSED:
+                conn.close("client closing", flush_timeout=0)
+                return
+            self._conn, self._control = conn, conn.open_stream()
+            if resuming:
+                assert self._token is not None
+                self._state = _RESUMING
+                self._try(conn.send_frame, self._control, self._seq.resume_frame(self._token))
+            else:
+                self._go_up([(frame, bulk) for _, frame, bulk in self._seq.unacked])
+
+    def _go_up(self, frames: list[tuple[bytes, list[tuple[int, bytes]]]]) -> None:
+        for frame, bulk in frames:
+            self._send(frame, bulk)
+        self._state = _UP
+        self._changed.notify_all()
+
+    # --- the server's side (the connection's reader thread) -----------------------------------
+    def _on_frame(self, stream_id: int, frame: bytes | None) -> None:
+        try:
+            if stream_id == self._control:
+                self._on_control(frame)
+            else:
+                self._on_bulk_stream(stream_id, frame)
+        except Exception as exc:  # a bug must end the device visibly, not the reader silently
+            self._fail(f"the link failed: {_describe(exc)}")
+
+    def _on_control(self, frame: bytes | None) -> None:
+        if frame is None:
+            if self._state != _CLOSED:
+                self._fail("the server closed the session")
+            return
+        with self._lock:
+            if self._state == _RESUMING:
+                self._resumed(frame)
+                return
+            inner = self._seq.accept(frame)
+            if inner is not None and self._token is None:
+                self._token = _welcome_token(inner)
+        if inner is None:  # a frame resent after a reconnect, applied already
+            return
+        with self.cond:
+            self.protocol.receive_control(inner)
+            self.cond.notify_all()
+            again = bool(self.protocol.pending)
+        if again:  # a replay after UNKNOWN_GRAPH
+            self.kick()
+
+    def _resumed(self, reply: bytes) -> None:
+        """The server's answer to our resume (lock held): resend what it lacks, or fail."""
+        try:
+            frames = self._seq.resumed(reply)
+        except SessionExpired as exc:
+            self._state = _CLOSED
+            self._fail(f"session expired: {exc}")
+            return
+        self._go_up(frames)
+
+    def _on_bulk_stream(self, stream_id: int, frame: bytes | None) -> None:
+        """The server's streams carry one tensor each: a ``Bulk`` header, then its bytes."""
+        if frame is None:
+            self._incoming.pop(stream_id, None)
+        elif stream_id not in self._incoming:
+            try:
+                msg = m.decode(frame)[0]
+            except (m.DecodeError, ValueError, IndexError):
+                msg = None
+            self._incoming[stream_id] = msg.bulk_id if isinstance(msg, m.Bulk) else None
+        elif (bulk_id := self._incoming.pop(stream_id)) is not None:
             with self.cond:
-                if kind == r.CONTROL:
-                    self.protocol.receive_control(payload)
-                elif kind == r.BULK:
-                    self.protocol.receive_bulk(arg, payload)
+                self.protocol.receive_bulk(bulk_id, frame)
                 self.cond.notify_all()
-                again = kind == r.CONTROL and bool(self.protocol.pending)
-            if again:  # a replay after UNKNOWN_GRAPH
-                self.kick()
-        self._fail("the connection is closed")
+
+    def _on_closed(self, error: Exception) -> None:
+        """The connection died under us: resume on a new one, or fail the device."""
+        with self._lock:
+            if self._state == _CLOSED:
+                return
+            self._conn, self._control = None, -1
+            if self._token is None:
+                self._state = _CLOSED
+            else:
+                self._state = _CONNECTING
+                self._spawn(self._dial, True)
+                return
+        self._fail(f"the connection is closed: {_describe(error)}")
 
     def _fail(self, why: str) -> None:
         with self.cond:
             if self.protocol.fatal is None:
                 self.protocol.fatal = why
             self.cond.notify_all()
+
+
+def _welcome_token(frame: bytes) -> bytes | None:
+    """The resume token if ``frame`` holds the server's Welcome (its first frame does)."""
+    try:
+        msgs = m.decode(frame)
+    except m.DecodeError:
+        return None
+    return next((w.resume_token for w in msgs if isinstance(w, m.Welcome)), None)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an error that may be an exception group."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
 
 
 __all__ = ["Link"]

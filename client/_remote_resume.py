@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Any
 
 from burn_remote.protocol import messages as m
 from burn_remote.protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
@@ -63,13 +62,12 @@ class ClientSequencer:
     def resume_frame(self, token: bytes) -> bytes:
         return wrap(0, self.received, m.encode(m.Hello(m.PROTOCOL_VERSION, token)))
 
-    async def resume(self, control: Any) -> list[tuple[bytes, list[tuple[int, bytes]]]]:
-        """Ask the server for our session on a new control stream; the frames to resend.
+    def resumed(self, reply: bytes | None) -> list[tuple[bytes, list[tuple[int, bytes]]]]:
+        """Apply the server's answer to ``resume_frame``; the frames to send again, in order.
 
         Raises:
             SessionExpired: the server answered that the session is gone.
         """
-        reply = await control.receive_frame()
         h = unwrap(reply or b"")
         if h is None:
             raise SessionExpired("the server closed the connection instead of resuming")
@@ -83,23 +81,4 @@ class ClientSequencer:
         return [(frame, bulk) for _, frame, bulk in self.unacked]
 
 
-class SequencedStream:
-    """The link's control stream with sequencing: ``receive_frame`` drops duplicates."""
-
-    def __init__(self, stream: Any, seq: ClientSequencer) -> None:
-        self.stream, self.seq = stream, seq
-
-    async def send_frame(self, frame: bytes) -> None:
-        await self.stream.send_frame(frame)
-
-    async def receive_frame(self) -> bytes | None:
-        while True:
-            frame = await self.stream.receive_frame()
-            if frame is None:
-                return None
-            inner = self.seq.accept(frame)
-            if inner is not None:
-                return inner
-
-
-__all__ = ["ClientSequencer", "SequencedStream", "SessionExpired"]
+__all__ = ["ATTEMPT_TIMEOUT", "RESUME_TIMEOUT", "ClientSequencer", "SessionExpired"]

@@ -199,6 +199,7 @@ class _SessionPump:
             return
         self.session.feed_bulk(msg.bulk_id, payload)
         self._arrived.set()
+        await s.close()  # both sides finished: the stream's state is freed at both ends
 
     async def _fetch(self, out: StartFetch) -> None:
         result: Any

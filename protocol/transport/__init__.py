@@ -13,6 +13,7 @@ from ._addressing import (
     parse_peer_address,
 )
 from ._authorized import AuthorizedPeers, load_authorized_peers, parse_authorized_peers
+from ._blocking import BlockingConnection
 from ._config import (
     ALPN,
     DEFAULT_DATAGRAM_SIZE,
@@ -37,6 +38,7 @@ __all__ = [
     "PEER_ID_LENGTH",
     "AddressBook",
     "AuthorizedPeers",
+    "BlockingConnection",
     "BookEntry",
     "Connection",
     "Endpoint",

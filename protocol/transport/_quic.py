@@ -204,6 +204,10 @@ class PeerQuicConnection(QuicConnection):
             return 0
         return stream.sender._buffer_stop - stream.sender._buffer_start
 
+    def unacknowledged(self) -> bool:
+        """Whether any stream holds data the peer has not acknowledged yet."""
+        return any(self.sender_buffered(sid) for sid in self._streams)
+
     def window_update_due(self, stream_id: int) -> bool:
         """Whether reads since the last MAX_STREAM_DATA/MAX_DATA justify sending an update."""
         stream = self._streams.get(stream_id)

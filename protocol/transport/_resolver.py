@@ -5,7 +5,7 @@ relay (``$BURN_REMOTE_RELAY`` or ``relay = "host:port"`` in the address book) is
 client needs no code to find a server that publishes its record there. Kept here, beside the
 transport, so that the client and the relay package need not know about each other. (The
 async `Resolver` of _addressing serves `Endpoint.dial`; these synchronous lookups serve
-`RemoteDevice`, which resolves before its link process starts.)
+`RemoteDevice`, which resolves before it dials.)
 """
 
 from __future__ import annotations

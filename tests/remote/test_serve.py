@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -64,16 +62,6 @@ def test_two_clients_are_isolated(server: Server, tmp_path: Path) -> None:
     two.close()
 
 
-def test_link_process_ignores_an_interrupt_meant_for_the_user(server: Server) -> None:
-    dev = RemoteDevice(server.target)
-    x = dev.tensor(np.arange(3, dtype=np.float32))
-    assert x.sum().item() == 3.0
-    os.kill(dev._rt.link._proc.pid, signal.SIGINT)  # what Ctrl-C sends the process group
-    time.sleep(0.2)
-    assert (x * 2).sum().item() == 6.0
-    dev.close()
-
-
 def test_a_long_step_runs_off_the_network_loop(server: Server, tmp_path: Path) -> None:
     """Small timed steps may run on the loop (see Session.needs_worker); a long one must not
     hold up another session's reads."""
@@ -122,13 +110,15 @@ from burn_remote import RemoteDevice
 dev = RemoteDevice(sys.argv[1])
 keep = dev.tensor(np.ones(1_000_000, np.float32)) * 3
 keep.sum().item()
-print("ready", dev._rt.link._proc.pid, flush=True)
+print("ready", flush=True)
 time.sleep(600)
 """
 
 
 def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    srv = spawn("--idle-timeout", "2")
+    """A killed client says no goodbye: the server notices the silence (idle timeout), keeps
+    the session for the resume grace period, then frees it."""
+    srv = spawn("--idle-timeout", "2", "--resume-grace", "1")
     home = tmp_path / "victim-home"
     home.mkdir(mode=0o700)
     proc = subprocess.Popen(
@@ -138,8 +128,7 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
         env=env_with_home(home),
     )
     try:
-        ready, link_pid = proc.stdout.readline().split()
-        assert ready == "ready"
+        assert proc.stdout.readline().split() == ["ready"]
         watcher = RemoteDevice(srv.target)
         stats = watcher.session_stats()
         assert stats["sessions"] == 2 and stats["server_bytes"] >= 4_000_000
@@ -153,22 +142,9 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
             time.sleep(0.5)
         assert stats["sessions"] == 1
         assert stats["server_bytes"] == stats["session_bytes"] == 0
-        # The link process saw its user vanish, said goodbye and ended (no orphan).
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not _gone(int(link_pid)):
-            time.sleep(0.2)
-        assert _gone(int(link_pid))
         watcher.close()
     finally:
         proc.kill()
-
-
-def _gone(pid: int) -> bool:
-    """The process ended (a zombie waiting for init to reap it counts)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_remote_memory_stats_has_the_local_form(server: Server) -> None:

@@ -1,0 +1,405 @@
+"""One client connection driven by threads instead of trio: the same sans-I/O core, another shell.
+
+Why a second shell: a remote device's user thread records ops while holding the GIL. A trio
+loop in another thread got the interpreter back only at the 5 ms switch interval, so a step
+the user flushed waited there; a loop in another process cost a local hop and a third busy
+process per step. Here the caller's thread packetizes and sends in ``send_frame`` itself, and
+one reader thread receives, acknowledges and runs QUIC's timer. The reader needs the GIL only
+when a datagram arrives or a timer fires, and nothing it does is urgent while the caller is
+busy: when the caller waits for a reply it releases the GIL and the reader runs at once.
+
+Frames (4-byte big-endian length, then the payload) are handed to ``on_frame(stream_id,
+frame)`` as soon as they are whole, on the reader thread, outside the connection's lock;
+``on_frame(stream_id, None)`` says the peer finished the stream. Received bytes count as read
+when they reach the frame buffer, so the flow-control window follows this reader, which reads
+everything: buffered data is bounded by one partial frame (``max_frame_size``) per stream.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+from aioquic.quic import events
+
+from ._config import EndpointConfig, quic_configuration
+from ._connection import _termination_error
+from ._endpoint import _size_buffers
+from ._errors import FrameTooLarge, TransportError
+from ._identity import Identity, PeerId
+from ._quic import PeerQuicConnection
+
+FrameHandler = Callable[[int, bytes | None], None]
+ClosedHandler = Callable[[TransportError], None]
+
+_PREFIX = struct.Struct(">I")
+_INLINE_FRAME = 65536
+"""Frames up to this size are joined to their prefix (one copy); larger ones are not copied."""
+_RECV_SIZE = 65536
+_RECV_BATCH = 256
+"""Datagrams read per wake before the events are processed and replies sent."""
+_IGNORED_SEND_ERRORS = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+class _FrameReader:
+    """Reassembles the frames of one stream from the pieces QUIC delivers."""
+
+    __slots__ = ("buf", "need", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.buf = bytearray()
+        self.need: int | None = None
+        self.limit = limit
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The frames ``data`` completes, in order."""
+        if not self.buf and self.need is None and len(data) >= 4:
+            (size,) = _PREFIX.unpack_from(data)
+            if len(data) == 4 + size and size <= self.limit:
+                return [data[4:]]  # the common case: one whole frame in one piece
+        self.buf += data
+        out = []
+        while True:
+            if self.need is None:
+                if len(self.buf) < 4:
+                    return out
+                (size,) = _PREFIX.unpack_from(self.buf)
+                if size > self.limit:
+                    raise FrameTooLarge(
+                        f"peer sent a {size}-byte frame; max_frame_size is {self.limit}"
+                    )
+                self.need = size
+                del self.buf[:4]
+            if len(self.buf) < self.need:
+                return out
+            out.append(bytes(self.buf[: self.need]))
+            del self.buf[: self.need]
+            self.need = None
+
+
+class BlockingConnection:
+    """An authenticated client connection; ``connect`` returns it after the handshake.
+
+    Thread-safe: any thread may send; frames arrive on the reader thread. Not for servers
+    (one peer, a connected socket, no connection-id table): those run on the trio ``Endpoint``.
+    """
+
+    def __init__(
+        self,
+        quic: PeerQuicConnection,
+        sock: socket.socket,
+        remote: tuple,
+        config: EndpointConfig,
+        on_frame: FrameHandler,
+        on_closed: ClosedHandler,
+    ) -> None:
+        self._quic = quic
+        self._sock = sock
+        self._remote = remote
+        self._config = config
+        self._on_frame = on_frame
+        self._on_closed = on_closed
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        """Notified after each batch of received datagrams: ACKs free send space."""
+        self._readers: dict[int, _FrameReader] = {}
+        self._ready = threading.Event()
+        self._error: TransportError | None = None
+        self._stopping = False
+        self._handed_out = False
+        """Set once ``connect`` returned it: only then is ``on_closed`` called."""
+        self._armed: float | None = None  # the deadline the reader sleeps towards
+        self._next_ping = time.monotonic() + (config.keepalive_interval or float("inf"))
+        self._ping_uid = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self.peer_id: PeerId | None = None
+        self._thread = threading.Thread(target=self._run, name="burn-remote-quic", daemon=True)
+
+    @classmethod
+    def connect(
+        cls,
+        identity: Identity,
+        peer: PeerId | str,
+        address: tuple[str, int],
+        *,
+        on_frame: FrameHandler,
+        on_closed: ClosedHandler,
+        config: EndpointConfig | None = None,
+    ) -> BlockingConnection:
+        """Dial ``peer`` at ``address`` and return once both sides accepted each other.
+
+        Raises:
+            PeerRejected: the server's key is not ``peer``, or the server refused us.
+            TransportError: no answer within ``handshake_timeout``, or another failure.
+        """
+        config = config or EndpointConfig()
+        peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
+        infos = socket.getaddrinfo(address[0], address[1], type=socket.SOCK_DGRAM)
+        if not infos:
+            raise TransportError(f"cannot resolve {address[0]!r}")
+        family, _, _, _, remote = infos[0]
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            _size_buffers(sock, config.socket_buffer)
+            sock.connect(remote)
+            size = config.datagram_size_for(remote[0])
+            quic = PeerQuicConnection(
+                configuration=quic_configuration(
+                    identity, is_client=True, config=config, datagram_size=size
+                ),
+                path_datagram_size=size,
+                expected_peer=peer_id,
+                max_streams=config.max_streams,
+                max_packets_in_flight=config.max_packets_in_flight,
+            )
+            conn = cls(quic, sock, remote, config, on_frame, on_closed)
+            with conn._lock:
+                quic.connect(remote, now=time.monotonic())
+                conn._transmit()
+            conn._thread.start()
+        except BaseException:
+            sock.close()
+            raise
+        if not conn._ready.wait(config.handshake_timeout):
+            conn._shut(f"no handshake within {config.handshake_timeout:g} s")
+            raise TransportError(
+                f"connection to {address[0]}:{address[1]}: no handshake within "
+                f"{config.handshake_timeout:g} s"
+            )
+        with conn._lock:
+            error = conn._error
+            conn._handed_out = error is None
+        if error is not None:
+            conn._shut("handshake failed")
+            raise error
+        return conn
+
+    @property
+    def is_closed(self) -> bool:
+        return self._error is not None or self._stopping
+
+    @property
+    def close_reason(self) -> TransportError | None:
+        """Why the connection ended, once it has."""
+        return self._error
+
+    # -- sending (any thread) --------------------------------------------------------------
+
+    def open_stream(self) -> int:
+        """A new bidirectional stream's id; the peer sees the stream with its first frame."""
+        with self._lock:
+            self._check_open()
+            sid = self._quic.open_bidi_stream()
+            self._readers[sid] = _FrameReader(self._config.max_frame_size)
+            return sid
+
+    def send_frame(self, stream_id: int, data: bytes | memoryview, *, wait: bool = True) -> None:
+        """Send one frame now.
+
+        With ``wait``, waits while the stream holds ``send_buffer`` unacknowledged bytes;
+        without, leaves in aioquic's buffer whatever the peer cannot take yet (for small
+        frames from a thread that must never block on the network).
+
+        Raises:
+            FrameTooLarge: the frame exceeds ``max_frame_size``.
+            TransportError: the connection is closed.
+        """
+        size = len(data)
+        if size > self._config.max_frame_size:
+            raise FrameTooLarge(f"frame of {size} bytes exceeds {self._config.max_frame_size}")
+        prefix = _PREFIX.pack(size)
+        parts = (prefix + data,) if size <= _INLINE_FRAME else (prefix, memoryview(data))
+        quic = self._quic
+        cap = self._config.send_buffer
+        with self._lock:
+            for part in parts:
+                written, total = 0, len(part)
+                while written < total:
+                    self._check_open()
+                    room = total - written
+                    if wait:
+                        room = min(room, cap - quic.sender_buffered(stream_id))
+                        if room <= 0:
+                            self._changed.wait()
+                            continue
+                    quic.send_stream_data(stream_id, part[written : written + room])
+                    written += room
+                    self._transmit()
+
+    def finish(self, stream_id: int) -> None:
+        """End our side of a stream (the peer's side stays open until the peer ends it)."""
+        with self._lock:
+            self._check_open()
+            self._quic.send_stream_data(stream_id, b"", end_stream=True)
+            self._transmit()
+
+    def close(self, reason: str = "", *, flush_timeout: float = 5.0) -> None:
+        """Wait (up to ``flush_timeout``) for sent data to be acknowledged, then send
+        CONNECTION_CLOSE with ``reason`` and stop the reader."""
+        deadline = time.monotonic() + flush_timeout
+        with self._lock:
+            while self._error is None and self._quic.unacknowledged():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+        self._shut(reason or "closed by peer")
+
+    def ping(self) -> None:
+        """Send a PING now (keep-alive is automatic; this is for tests and tools)."""
+        with self._lock:
+            self._check_open()
+            self._send_ping()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._stopping:
+            raise TransportError("connection is closed")
+
+    def _shut(self, reason: str) -> None:
+        with self._lock:
+            if self._error is None and not self._stopping:
+                self._quic.close(error_code=0, reason_phrase=reason)
+                self._transmit()
+            self._stopping = True
+            self._wake()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(5.0)
+
+    def _wake(self) -> None:
+        """Interrupt the reader's poll (called with the lock held: the pipe may be closed)."""
+        if self._wake_w < 0:
+            return
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already woken
+
+    def _send_ping(self) -> None:
+        self._ping_uid += 1
+        self._quic.send_ping(self._ping_uid)
+        self._transmit()
+
+    def _transmit(self) -> None:
+        """Send what aioquic has ready; wake the reader if QUIC's timer moved earlier."""
+        quic = self._quic
+        for data, _ in quic.datagrams_to_send(time.monotonic()):
+            try:
+                self._sock.send(data)
+            except OSError as exc:  # ICMP errors from a gone peer surface here
+                if exc.errno not in _IGNORED_SEND_ERRORS:
+                    raise
+        timer = quic.get_timer()
+        if timer is not None and (self._armed is None or timer < self._armed):
+            self._armed = timer
+            if threading.current_thread() is not self._thread:
+                self._wake()
+
+    def _deliveries(self) -> list[tuple[int, bytes | None]]:
+        """Drain aioquic's events; the frames to hand out. Called with the lock held."""
+        quic = self._quic
+        out: list[tuple[int, bytes | None]] = []
+        while (event := quic.next_event()) is not None:
+            kind = type(event)
+            if kind is events.StreamDataReceived:
+                sid = event.stream_id
+                reader = self._readers.get(sid)
+                if reader is None:
+                    if (sid & 1) == 0:  # ours, already finished: a late frame
+                        continue
+                    reader = self._readers[sid] = _FrameReader(self._config.max_frame_size)
+                quic.app_consumed[sid] = quic.app_consumed.get(sid, 0) + len(event.data)
+                try:
+                    out.extend((sid, f) for f in reader.feed(event.data))
+                except FrameTooLarge:
+                    quic.stop_stream(sid, 1)
+                    self._readers.pop(sid)
+                    continue
+                if event.end_stream:  # inside a frame or not, the stream is over
+                    out.append((sid, None))
+                    self._readers.pop(sid)
+                    quic.app_consumed.pop(sid, None)
+            elif kind in (events.StreamReset, events.StopSendingReceived):
+                if self._readers.pop(event.stream_id, None) is not None:
+                    out.append((event.stream_id, None))
+            elif kind is events.ConnectionTerminated and self._error is None:
+                host, port = self._remote[:2]
+                self._error = _termination_error(event, f"connection to {host}:{port}")
+        if not self._ready.is_set() and (
+            self._error is not None or (quic.handshake_confirmed and quic.peer_id is not None)
+        ):
+            self.peer_id = quic.peer_id
+            self._ready.set()
+        self._changed.notify_all()
+        return out
+
+    def _run(self) -> None:
+        """The reader thread: datagrams in, events out, the timer and the keep-alive."""
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        quic, sock = self._quic, self._sock
+        interval = self._config.keepalive_interval
+        try:
+            while True:
+                with self._lock:
+                    if self._stopping or self._error is not None:
+                        break
+                    timer = quic.get_timer()
+                    self._armed = timer
+                    deadline = self._next_ping if timer is None else min(timer, self._next_ping)
+                wait = deadline - time.monotonic()
+                ready = poller.poll(None if wait == float("inf") else max(0, int(wait * 1000) + 1))
+                with self._lock:
+                    if any(fd == self._wake_r for fd, _ in ready):
+                        os.read(self._wake_r, 4096)
+                    for _ in range(_RECV_BATCH):
+                        try:
+                            data = sock.recv(_RECV_SIZE, socket.MSG_DONTWAIT)
+                        except BlockingIOError:
+                            break
+                        except OSError:  # an ICMP error from the peer's host: QUIC copes
+                            continue
+                        quic.receive_datagram(data, self._remote, time.monotonic())
+                    now = time.monotonic()
+                    timer = quic.get_timer()
+                    if timer is not None and now >= timer:
+                        quic.handle_timer(now)
+                    if interval is not None and now >= self._next_ping:
+                        self._next_ping = now + interval
+                        if quic.handshake_confirmed:
+                            self._send_ping()
+                    frames = self._deliveries()
+                    if self._error is None or quic._close_pending:
+                        self._transmit()
+                    error = self._error
+                for sid, frame in frames:
+                    self._on_frame(sid, frame)
+                if error is not None:
+                    break
+        finally:
+            with self._lock:
+                if self._error is None:
+                    self._error = TransportError("connection closed")
+                error, tell = self._error, self._handed_out and not self._stopping
+                self._ready.set()
+                self._changed.notify_all()
+                sock.close()
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
+            if tell:
+                self._on_closed(error)
+
+
+__all__ = ["BlockingConnection"]

@@ -1,0 +1,233 @@
+"""The thread-driven client connection against the trio endpoint, over real UDP on loopback."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import trio
+from burn_remote.protocol.transport import (
+    BlockingConnection,
+    Endpoint,
+    EndpointConfig,
+    FrameTooLarge,
+    Identity,
+    PeerRejected,
+    TransportError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Server:
+    """A trio endpoint in a thread: echoes every frame on its stream; on b"push" it also opens
+    a stream of its own with one frame; on b"bye" it closes the connection."""
+
+    def __init__(self, authorized: set) -> None:
+        self.identity = Identity.generate()
+        self.closed: queue.Queue[str] = queue.Queue()
+        self._ready: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=trio.run, args=(self._main, authorized))
+        self._thread.start()
+        self.address, self._token, self._scope = self._ready.get(timeout=10)
+
+    async def _main(self, authorized: set) -> None:
+        async with Endpoint.open(self.identity, authorized_peers=authorized) as ep:
+            with trio.CancelScope() as scope:
+                self._ready.put((ep.local_address, trio.lowlevel.current_trio_token(), scope))
+                await ep.serve(self._handle)
+
+    async def _handle(self, conn) -> None:  # type: ignore[no-untyped-def]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch, conn)
+            while True:
+                stream = await conn.accept_stream()
+                nursery.start_soon(self._echo, conn, stream)
+
+    async def _watch(self, conn) -> None:  # type: ignore[no-untyped-def]
+        self.closed.put(str(await conn.wait_closed()))
+
+    async def _echo(self, conn, stream) -> None:  # type: ignore[no-untyped-def]
+        while (frame := await stream.receive_frame()) is not None:
+            if frame == b"bye":
+                await conn.close("server says bye")
+                return
+            await stream.send_frame(frame)
+            if frame == b"push":
+                pushed = await conn.open_stream()
+                await pushed.send_frame(b"pushed")
+                await pushed.close()
+        await stream.close()
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+
+class Received:
+    """What the reader thread handed out, for a test to wait on."""
+
+    def __init__(self) -> None:
+        self.frames: queue.Queue[tuple[int, bytes | None]] = queue.Queue()
+        self.closed: queue.Queue[TransportError] = queue.Queue()
+
+    def next(self) -> tuple[int, bytes | None]:
+        return self.frames.get(timeout=20)
+
+
+@pytest.fixture
+def client() -> Identity:
+    return Identity.generate()
+
+
+@contextmanager
+def served(client: Identity) -> Iterator[tuple[Server, BlockingConnection, Received]]:
+    server = Server({client.peer_id})
+    got = Received()
+    conn = BlockingConnection.connect(
+        client,
+        server.identity.peer_id,
+        ("127.0.0.1", server.address[1]),
+        on_frame=lambda sid, frame: got.frames.put((sid, frame)),
+        on_closed=got.closed.put,
+    )
+    try:
+        yield server, conn, got
+    finally:
+        conn.close(flush_timeout=1)
+        server.stop()
+
+
+def test_frames_of_many_sizes_round_trip_in_order(client: Identity) -> None:
+    rng = np.random.default_rng(0)
+    sizes = [0, 1, 65536, 65537, 3 << 20, 10 << 20]  # the last two exceed send_buffer / 2 and 1x
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        frames = [rng.bytes(n) for n in sizes]
+        for frame in frames:
+            conn.send_frame(sid, frame)
+        for frame in frames:
+            assert got.next() == (sid, frame)
+        assert conn.peer_id is not None
+
+
+def test_small_frames_sent_without_waiting_arrive_in_order(client: Identity) -> None:
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        for k in range(300):
+            conn.send_frame(sid, k.to_bytes(4, "big") * 100, wait=False)
+        for k in range(300):
+            assert got.next() == (sid, k.to_bytes(4, "big") * 100)
+
+
+def test_a_stream_the_server_opens_is_delivered_then_ended(client: Identity) -> None:
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"push")
+        seen = [got.next() for _ in range(3)]
+        assert (sid, b"push") in seen
+        pushed = [item for item in seen if item[0] != sid]
+        assert len(pushed) == 2 and pushed[0][1] == b"pushed" and pushed[1][1] is None
+        assert pushed[0][0] % 4 == 1  # a server-initiated bidirectional stream
+
+
+def test_finishing_a_stream_ends_it_on_both_sides(client: Identity) -> None:
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"last")
+        conn.finish(sid)
+        assert got.next() == (sid, b"last")  # the server's side stays open until it ends
+        assert got.next() == (sid, None)
+
+
+def test_oversize_frame_is_refused_before_sending(client: Identity) -> None:
+    server = Server({client.peer_id})
+    try:
+        conn = BlockingConnection.connect(
+            client,
+            server.identity.peer_id,
+            ("127.0.0.1", server.address[1]),
+            on_frame=lambda *_: None,
+            on_closed=lambda _: None,
+            config=EndpointConfig(max_frame_size=1000),
+        )
+        sid = conn.open_stream()
+        with pytest.raises(FrameTooLarge, match="1001 bytes exceeds 1000"):
+            conn.send_frame(sid, b"x" * 1001)
+        conn.close()
+    finally:
+        server.stop()
+
+
+def test_wrong_peer_id_is_refused_in_the_handshake(client: Identity) -> None:
+    server = Server({client.peer_id})
+    try:
+        impostor = Identity.generate().peer_id
+        with pytest.raises(PeerRejected, match="but .* was dialled"):
+            BlockingConnection.connect(
+                client,
+                impostor,
+                ("127.0.0.1", server.address[1]),
+                on_frame=lambda *_: None,
+                on_closed=lambda _: None,
+            )
+    finally:
+        server.stop()
+
+
+def test_unauthorised_client_is_refused(client: Identity) -> None:
+    server = Server(set())
+    try:
+        with pytest.raises(PeerRejected, match="not in this server's authorized peers"):
+            BlockingConnection.connect(
+                client,
+                server.identity.peer_id,
+                ("127.0.0.1", server.address[1]),
+                on_frame=lambda *_: None,
+                on_closed=lambda _: None,
+            )
+    finally:
+        server.stop()
+
+
+def test_server_closing_is_reported_with_its_reason(client: Identity) -> None:
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"bye")
+        error = got.closed.get(timeout=20)
+        assert "server says bye" in str(error)
+        assert conn.is_closed
+        with pytest.raises(TransportError):
+            conn.send_frame(sid, b"too late")
+
+
+def test_close_tells_the_server_why(client: Identity) -> None:
+    with served(client) as (server, conn, got):
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"x" * 100_000)
+        conn.close("finished here")
+        assert "finished here" in server.closed.get(timeout=20)
+        assert got.closed.empty()  # closing ourselves is not reported as a loss
+
+
+def test_no_answer_times_out(client: Identity) -> None:
+    import socket
+
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    silent.bind(("127.0.0.1", 0))
+    try:
+        with pytest.raises(TransportError, match="no handshake within 0.5 s"):
+            BlockingConnection.connect(
+                client,
+                Identity.generate().peer_id,
+                silent.getsockname(),
+                on_frame=lambda *_: None,
+                on_closed=lambda _: None,
+                config=EndpointConfig(handshake_timeout=0.5),
+            )
+    finally:
+        silent.close()
