@@ -16,6 +16,7 @@ third busy process per step (see ``protocol.transport._blocking``).
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
@@ -99,6 +100,9 @@ class Link:
         if self._bulk_thread is not None:
             self._bulk.put(None)
             self._bulk_thread.join(CLOSE_TIMEOUT)
+        self._goodbye()
+
+    def _goodbye(self) -> None:
         with self._lock:
             conn, up = self._conn, self._state == _UP
             self._state = _CLOSED
@@ -106,6 +110,7 @@ class Link:
                 self._try(conn.send_frame, self._control, self._seq.goodbye(), wait=False)
         if conn is not None:
             conn.close("client closing", flush_timeout=2.0)
+        atexit.unregister(self._goodbye)
 
     # --- sending (with self._lock held) -------------------------------------------------------
     def _send(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> None:
@@ -198,6 +203,9 @@ class Link:
                 self._try(conn.send_frame, self._control, self._seq.resume_frame(self._token))
             else:
                 self._go_up([(frame, bulk) for _, frame, bulk in self._seq.unacked])
+                # A program that ends without close() still says goodbye: the server frees
+                # the session now instead of after its idle timeout and resume grace.
+                atexit.register(self._goodbye)
 
     def _go_up(self, frames: list[tuple[bytes, list[tuple[int, bytes]]]]) -> None:
         for frame, bulk in frames:

@@ -104,25 +104,29 @@ def test_server_to_server_move(spawn) -> None:  # type: ignore[no-untyped-def]
     b.close()
 
 
-KILLED_CLIENT = """
+CLIENT = """
 import numpy as np, sys, time
 from burn_remote import RemoteDevice
 dev = RemoteDevice(sys.argv[1])
 keep = dev.tensor(np.ones(1_000_000, np.float32)) * 3
 keep.sum().item()
 print("ready", flush=True)
-time.sleep(600)
+sys.stdin.readline()  # the test says when to end (no dev.close())
 """
 
 
-def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A killed client says no goodbye: the server notices the silence (idle timeout), keeps
-    the session for the resume grace period, then frees it."""
-    srv = spawn("--idle-timeout", "2", "--resume-grace", "1")
-    home = tmp_path / "victim-home"
+@pytest.mark.parametrize("ending", ["killed", "exits without close"])
+def test_a_gone_clients_tensors_are_freed(spawn, tmp_path: Path, ending: str) -> None:  # type: ignore[no-untyped-def]
+    """A program that ends says goodbye (atexit) and the session is freed at once; a killed
+    one cannot: the server notices the silence (idle timeout), keeps the session for the
+    resume grace period, then frees it."""
+    killed = ending == "killed"
+    srv = spawn(*(("--idle-timeout", "2", "--resume-grace", "1") if killed else ()))
+    home = tmp_path / "client-home-2"
     home.mkdir(mode=0o700)
     proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(KILLED_CLIENT), srv.target],
+        [sys.executable, "-c", textwrap.dedent(CLIENT), srv.target],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env=env_with_home(home),
@@ -132,14 +136,19 @@ def test_killed_client_tensors_are_freed(spawn, tmp_path: Path) -> None:  # type
         watcher = RemoteDevice(srv.target)
         stats = watcher.session_stats()
         assert stats["sessions"] == 2 and stats["server_bytes"] >= 4_000_000
-        proc.kill()
-        proc.wait()
-        deadline = time.monotonic() + 60
+        if killed:
+            proc.kill()
+        else:
+            proc.stdin.write("end\n")
+            proc.stdin.flush()
+        assert proc.wait(30) != 0 if killed else proc.wait(30) == 0
+        # Killed: 2 s idle timeout + 1 s grace. Ended: long before the defaults (30 s + 30 s).
+        deadline = time.monotonic() + (60 if killed else 10)
         while time.monotonic() < deadline:
             stats = watcher.session_stats()
             if stats["sessions"] == 1:
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert stats["sessions"] == 1
         assert stats["server_bytes"] == stats["session_bytes"] == 0
         watcher.close()
