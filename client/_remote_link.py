@@ -200,7 +200,8 @@ class Link:
             if resuming:
                 assert self._token is not None
                 self._state = _RESUMING
-                self._try(conn.send_frame, self._control, self._seq.resume_frame(self._token))
+                resume = self._seq.resume_frame(self._token)
+                self._try(conn.send_frame, self._control, resume, wait=False)
             else:
                 self._go_up([(frame, bulk) for _, frame, bulk in self._seq.unacked])
                 # A program that ends without close() still says goodbye: the server frees
