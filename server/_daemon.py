@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,7 +200,11 @@ class _SessionPump:
             return
         self.session.feed_bulk(msg.bulk_id, payload)
         self._arrived.set()
-        await s.close()  # both sides finished: the stream's state is freed at both ends
+        # Both directions finished (ours now, the client's end next): QUIC and the
+        # connection free the stream's state at both ends.
+        await s.close()
+        with suppress(TransportError):
+            await s.receive_frame()
 
     async def _fetch(self, out: StartFetch) -> None:
         result: Any

@@ -329,6 +329,8 @@ class BlockingConnection:
                     out.append((sid, None))
                     self._readers.pop(sid)
                     quic.app_consumed.pop(sid, None)
+                    if sid & 1:  # the peer's stream: end ours too, so aioquic frees it
+                        quic.finish_stream(sid)
             elif kind in (events.StreamReset, events.StopSendingReceived):
                 if self._readers.pop(event.stream_id, None) is not None:
                     out.append((event.stream_id, None))
@@ -344,49 +346,29 @@ class BlockingConnection:
         return out
 
     def _run(self) -> None:
-        """The reader thread: datagrams in, events out, the timer and the keep-alive."""
+        """The reader thread: datagrams in, events out, the timer and the keep-alive.
+
+        Each round ends by handing out frames and goes straight back to ``poll``: the thread
+        a frame wakes gets the GIL at once. The next deadline is taken before the hand-out;
+        a send from a handler that moves QUIC's timer earlier writes the wake-up pipe."""
         poller = select.poll()
         poller.register(self._sock, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        quic, sock = self._quic, self._sock
-        interval = self._config.keepalive_interval
+        frames: list[tuple[int, bytes | None]] = []
         try:
+            with self._lock:
+                deadline = self._deadline()
             while True:
-                with self._lock:
-                    if self._stopping or self._error is not None:
-                        break
-                    timer = quic.get_timer()
-                    self._armed = timer
-                    deadline = self._next_ping if timer is None else min(timer, self._next_ping)
-                wait = deadline - time.monotonic()
-                ready = poller.poll(None if wait == float("inf") else max(0, int(wait * 1000) + 1))
-                with self._lock:
-                    if any(fd == self._wake_r for fd, _ in ready):
-                        os.read(self._wake_r, 4096)
-                    for _ in range(_RECV_BATCH):
-                        try:
-                            data = sock.recv(_RECV_SIZE, socket.MSG_DONTWAIT)
-                        except BlockingIOError:
-                            break
-                        except OSError:  # an ICMP error from the peer's host: QUIC copes
-                            continue
-                        quic.receive_datagram(data, self._remote, time.monotonic())
-                    now = time.monotonic()
-                    timer = quic.get_timer()
-                    if timer is not None and now >= timer:
-                        quic.handle_timer(now)
-                    if interval is not None and now >= self._next_ping:
-                        self._next_ping = now + interval
-                        if quic.handshake_confirmed:
-                            self._send_ping()
-                    frames = self._deliveries()
-                    if self._error is None or quic._close_pending:
-                        self._transmit()
-                    error = self._error
                 for sid, frame in frames:
                     self._on_frame(sid, frame)
-                if error is not None:
+                if self._error is not None or self._stopping:
                     break
+                wait = deadline - time.monotonic()
+                timeout = None if wait == float("inf") else max(0, int(wait * 1000) + 1)
+                ready = poller.poll(timeout)
+                with self._lock:
+                    frames = self._round(any(fd == self._wake_r for fd, _ in ready))
+                    deadline = self._deadline()
         finally:
             with self._lock:
                 if self._error is None:
@@ -394,12 +376,45 @@ class BlockingConnection:
                 error, tell = self._error, self._handed_out and not self._stopping
                 self._ready.set()
                 self._changed.notify_all()
-                sock.close()
+                self._sock.close()
                 os.close(self._wake_r)
                 os.close(self._wake_w)
                 self._wake_w = -1
             if tell:
                 self._on_closed(error)
+
+    def _round(self, woken: bool) -> list[tuple[int, bytes | None]]:
+        """Read what arrived, run due timers, send what is due; the frames to hand out."""
+        quic, sock = self._quic, self._sock
+        if woken:
+            os.read(self._wake_r, 4096)
+        for _ in range(_RECV_BATCH):
+            try:
+                data = sock.recv(_RECV_SIZE, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError:  # an ICMP error from the peer's host: QUIC copes
+                continue
+            quic.receive_datagram(data, self._remote, time.monotonic())
+        now = time.monotonic()
+        timer = quic.get_timer()
+        if timer is not None and now >= timer:
+            quic.handle_timer(now)
+        interval = self._config.keepalive_interval
+        if interval is not None and now >= self._next_ping:
+            self._next_ping = now + interval
+            if quic.handshake_confirmed:
+                self._send_ping()
+        frames = self._deliveries()
+        if self._error is None or quic._close_pending:
+            self._transmit()
+        return frames
+
+    def _deadline(self) -> float:
+        """When the reader must wake without a datagram: QUIC's timer or the next PING."""
+        timer = self._quic.get_timer()
+        self._armed = timer
+        return self._next_ping if timer is None else min(timer, self._next_ping)
 
 
 __all__ = ["BlockingConnection"]

@@ -204,6 +204,13 @@ class PeerQuicConnection(QuicConnection):
             return 0
         return stream.sender._buffer_stop - stream.sender._buffer_start
 
+    def finish_stream(self, stream_id: int) -> None:
+        """Send our FIN on a stream unless we already did (aioquic keeps a stream's state
+        until both directions are finished)."""
+        stream = self._streams.get(stream_id)
+        if stream is not None and stream.sender._buffer_fin is None:
+            self.send_stream_data(stream_id, b"", end_stream=True)
+
     def unacknowledged(self) -> bool:
         """Whether any stream holds data the peer has not acknowledged yet."""
         return any(self.sender_buffered(sid) for sid in self._streams)

@@ -166,3 +166,18 @@ def test_remote_memory_stats_has_the_local_form(server: Server) -> None:
     assert "memory on remote:" in str(stats)
     del x
     dev.close()
+
+
+def test_bulk_streams_are_freed_at_both_ends(server: Server) -> None:
+    """Each large upload and read has a stream of its own; both ends finish it, so neither
+    side's QUIC keeps one per tensor (a growing stream table slows every packet built)."""
+    dev = RemoteDevice(server.target)
+    big = np.arange(100_000, dtype=np.float32)  # 400 KB: above the bulk threshold
+    for k in range(5):
+        t = dev.tensor(big + k)
+        np.testing.assert_array_equal(t.numpy(), big + k)  # up and back down, bulk both ways
+    time.sleep(0.1)  # the last FINs are acknowledged (5 ms ACK delay)
+    dev.sync()  # a packet built drops the finished streams
+    link = dev._rt.link
+    assert list(link._conn._quic._streams) == [link._control]
+    dev.close()

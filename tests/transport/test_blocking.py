@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -234,3 +235,19 @@ def test_no_answer_times_out(client: Identity) -> None:
             )
     finally:
         silent.close()
+
+
+def test_finished_streams_are_freed_at_our_end(client: Identity) -> None:
+    """aioquic keeps a stream until both directions ended: a pushed stream must be ended from
+    our side too, or every download would leave one behind (and slow every packet built)."""
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        for _ in range(20):
+            conn.send_frame(sid, b"push")
+        ended = 0
+        while ended < 20:
+            ended += got.next()[1] is None
+        time.sleep(0.1)  # the server acknowledges our FINs (within its 5 ms ACK delay)
+        conn.send_frame(sid, b"sync")  # aioquic drops finished streams when it builds a packet
+        assert got.next() == (sid, b"sync")
+        assert list(conn._quic._streams) == [sid]
