@@ -598,10 +598,15 @@ _CHECKS = {
 }
 _BY_NAME = {"shape": _shape, "node": _i64}
 """Fields whose check is stricter (shape) or signed (node: -1 means none)."""
-_SCHEMAS: dict[type, tuple[tuple[str, Any], ...]] = {
-    cls: tuple((f.name, _BY_NAME.get(f.name) or _CHECKS[f.type]) for f in dataclasses.fields(cls))
+_SCHEMAS: dict[type, tuple[tuple[str, Any, str], ...]] = {
+    cls: tuple(
+        (f.name, _BY_NAME.get(f.name) or _CHECKS[f.type], f"({cls.__name__}).{f.name}")
+        for f in dataclasses.fields(cls)
+    )
     for cls in MESSAGES.values()
 }
+"""Per message class: (field, check, the field's name in errors), in wire order. The names
+are made once here: a decode formats text only for a field that fails its check."""
 
 
 def _show(v: Any) -> str:
@@ -612,7 +617,7 @@ def _show(v: Any) -> str:
 # --- encoding ------------------------------------------------------------------------------
 def _pack_one(msg: Any) -> list[Any]:
     out: list[Any] = [msg.TAG]
-    for name, _ in _SCHEMAS[type(msg)]:
+    for name, _, _ in _SCHEMAS[type(msg)]:
         v = getattr(msg, name)
         out.append(list(v) if isinstance(v, tuple) else v)
     return out
@@ -638,10 +643,10 @@ def decode_message(raw: Any, where: str = "message") -> Message:
         raise DecodeError(
             f"{where} ({cls.__name__}): expected {len(schema)} fields, got {len(raw) - 1}"
         )
-    kwargs = {
-        name: check(v, f"{where} ({cls.__name__}).{name}")
-        for (name, check), v in zip(schema, raw[1:])
-    }
+    try:
+        kwargs = {name: check(v, label) for (name, check, label), v in zip(schema, raw[1:])}
+    except DecodeError as exc:
+        raise DecodeError(f"{where} {exc}") from None
     return cls(**kwargs)
 
 
@@ -667,7 +672,13 @@ def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
         raise DecodeError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if type(raw) is not list or not 1 <= len(raw) <= MAX_BATCH:
         raise DecodeError(f"frame: expected an array of 1..{MAX_BATCH} messages, got {_show(raw)}")
-    return [decode_message(m, f"message {i}") for i, m in enumerate(raw)]
+    out = []
+    for i, one in enumerate(raw):
+        try:
+            out.append(decode_message(one))
+        except DecodeError as exc:  # name the message only when it failed
+            raise DecodeError(f"message {i}{str(exc).removeprefix('message')}") from None
+    return out
 
 
 def digest_bytes(hex_digest: str) -> bytes:
