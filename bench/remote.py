@@ -203,7 +203,7 @@ def main() -> None:
     try:
         dev = RemoteDevice(f"{peer}@{addr}")
         dev.sync()  # connected before anything is timed
-        remote, b, a = compare("digits MLP", mlp_model, dev, args.steps, server.proc.pid)
+        remote, b, a = compare("digits MLP", mlp_model, dev, args.steps, server.proc.pid, rounds=5)
         compare(
             "small transformer", transformer_model, dev, max(args.steps // 4, 20), server.proc.pid
         )

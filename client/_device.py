@@ -66,7 +66,7 @@ class LocalRuntime:
         try:
             outs = ex.run(plan, inputs, capture.values, capture.donated)
         except self._execution_error as exc:
-            raise op_failure(capture, exc.node, exc.op, str(exc)) from exc
+            raise op_failure(capture.where(exc.node), exc.op, str(exc)) from exc
         self.drop([i for i in capture.output_ids if i in store])
         store.update(zip(capture.output_ids, outs))
         if self.accounting is not None:

@@ -299,7 +299,6 @@ class Recorder:
         return self.runtime.read(tensor_id)
 
 
-def op_failure(capture: Capture, node_index: int, op: str, message: str) -> OpFailed:
+def op_failure(where: tuple[str, int] | None, op: str, message: str) -> OpFailed:
     """The user-facing error for a failed node: op name and the line that recorded it."""
-    where = fmt_location(capture.where(node_index))
-    return OpFailed(f"{op} (recorded at {where}) failed: {message}")
+    return OpFailed(f"{op} (recorded at {fmt_location(where)}) failed: {message}")

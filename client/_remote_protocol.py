@@ -55,6 +55,22 @@ class _Entry:
 
 
 @dataclass(slots=True)
+class _InFlight:
+    """What an execution awaiting its outcome keeps: the graph (re-registered if the server
+    evicted it) and each node's op and recording line (for an error naming them). Not the
+    whole capture: those stay alive for up to a read's worth of steps, and hundreds of
+    objects a step kept that long made the garbage collector's full passes frequent."""
+
+    digest: str
+    graph: Any
+    ops: tuple[str, ...]
+    wheres: tuple[tuple[str, int], ...]
+
+    def where(self, node: int) -> tuple[str, int] | None:
+        return self.wheres[node] if 0 <= node < len(self.wheres) else None
+
+
+@dataclass(slots=True)
 class Batch:
     """What the link sends next: one control frame, then bulk transfers."""
 
@@ -71,8 +87,8 @@ class ClientProtocol:
         self.pending_bytes = 0
         self.journal: deque[_Entry] = deque()
         self.known: set[bytes] = set()
-        self.captures: dict[int, Any] = {}
-        """request id -> Capture of executions not yet known to have succeeded."""
+        self.in_flight: dict[int, _InFlight] = {}
+        """request id -> executions not yet known to have succeeded."""
         self.results: dict[int, Any] = {}
         self.errors: list[OpFailed] = []
         self.welcome: m.Welcome | None = None
@@ -115,7 +131,13 @@ class ClientProtocol:
         else:
             self.counters.replays += 1
         rid = self._next_rid()
-        self.captures[rid] = capture
+        nodes = capture.nodes
+        self.in_flight[rid] = _InFlight(
+            capture.digest,
+            capture.graph,
+            tuple([n.op for n in nodes]),
+            tuple([n.where for n in nodes]),
+        )
         # Donated inputs (no Tensor holds them) go in this message's drops: the server frees
         # them inside the graph instead of one step later.
         donated = tuple(capture.input_ids[k] for k in getattr(capture, "donated", ()))
@@ -200,14 +222,14 @@ class ClientProtocol:
         self.results[msg.request_id] = a
 
     def _answered(self, rid: int) -> None:
-        """Every message up to request ``rid`` was processed: trim journal and captures."""
+        """Every message up to request ``rid`` was processed: trim journal and in_flight."""
         j = self.journal
         while j:
             e = j.popleft()
             if getattr(e.msg, "request_id", None) == rid:
                 break
-        for k in [k for k in self.captures if k < rid]:
-            del self.captures[k]
+        for k in [k for k in self.in_flight if k < rid]:
+            del self.in_flight[k]
 
     def _on_message(self, msg: m.Message) -> None:
         if isinstance(msg, m.Data):
@@ -241,11 +263,11 @@ class ClientProtocol:
         if err.code == m.VERSION or (err.code == m.LIMIT and self.welcome is None):
             self.fatal = err.message
             return
-        capture = self.captures.pop(err.request_id, None)
-        if capture is not None:
+        sent = self.in_flight.pop(err.request_id, None)
+        if sent is not None:
             if err.node >= 0:
-                op = capture.nodes[err.node].op if err.node < len(capture.nodes) else "?"
-                exc = op_failure(capture, err.node, op, err.message)
+                op = sent.ops[err.node] if err.node < len(sent.ops) else "?"
+                exc = op_failure(sent.where(err.node), op, err.message)
             else:
                 exc = OpFailed(f"graph execution failed on the server: {err.message}")
             self.errors.append(exc)
@@ -260,15 +282,15 @@ class ClientProtocol:
         start = next(
             (i for i, e in enumerate(entries) if getattr(e.msg, "request_id", None) == rid), None
         )
-        capture = self.captures.get(rid)
-        if start is None or capture is None:
+        sent = self.in_flight.get(rid)
+        if start is None or sent is None:
             self.fatal = f"server lost graph of request {rid} and it cannot be replayed"
             return
         self.counters.reregistrations += 1
-        digest = m.digest_bytes(capture.digest)
+        digest = m.digest_bytes(sent.digest)
         keep, resend = entries[:start], entries[start:]
         self.journal = deque(keep)
-        head = [_Entry(m.Resync()), _Entry(m.RegisterGraph(digest, capture.graph.encode()))]
+        head = [_Entry(m.Resync()), _Entry(m.RegisterGraph(digest, sent.graph.encode()))]
         self.pending = head + resend + self.pending
         self.known.add(digest)
 
