@@ -305,10 +305,12 @@ class BlockingConnection:
             if threading.current_thread() is not self._thread:
                 self._wake()
 
-    def _deliveries(self) -> list[tuple[int, bytes | None]]:
-        """Drain aioquic's events; the frames to hand out. Called with the lock held."""
+    def _deliveries(self) -> tuple[list[tuple[int, bytes | None]], bool]:
+        """Drain aioquic's events (lock held): the frames to hand out, and whether what was
+        read owes the peer a window update."""
         quic = self._quic
         out: list[tuple[int, bytes | None]] = []
+        window_due = False
         while (event := quic.next_event()) is not None:
             kind = type(event)
             if kind is events.StreamDataReceived:
@@ -319,6 +321,7 @@ class BlockingConnection:
                         continue
                     reader = self._readers[sid] = _FrameReader(self._config.max_frame_size)
                 quic.app_consumed[sid] = quic.app_consumed.get(sid, 0) + len(event.data)
+                window_due = window_due or quic.window_update_due(sid)
                 try:
                     out.extend((sid, f) for f in reader.feed(event.data))
                 except FrameTooLarge:
@@ -343,7 +346,7 @@ class BlockingConnection:
             self.peer_id = quic.peer_id
             self._ready.set()
         self._changed.notify_all()
-        return out
+        return out, window_due
 
     def _run(self) -> None:
         """The reader thread: datagrams in, events out, the timer and the keep-alive.
@@ -398,15 +401,18 @@ class BlockingConnection:
             quic.receive_datagram(data, self._remote, time.monotonic())
         now = time.monotonic()
         timer = quic.get_timer()
-        if timer is not None and now >= timer:
-            quic.handle_timer(now)
+        fired = timer is not None and now >= timer
+        if fired:
+            quic.handle_timer(now)  # may queue a probe, which only a build sends
         interval = self._config.keepalive_interval
         if interval is not None and now >= self._next_ping:
             self._next_ping = now + interval
             if quic.handshake_confirmed:
                 self._send_ping()
-        frames = self._deliveries()
-        if self._error is None or quic._close_pending:
+        frames, window_due = self._deliveries()
+        if quic._close_pending or (
+            self._error is None and (fired or window_due or quic.send_due(now))
+        ):
             self._transmit()
         return frames
 

@@ -324,7 +324,8 @@ class Endpoint:
                         touched[conn] = None
             for conn in touched:
                 conn._process_events()
-                if conn._error is None or conn._quic._close_pending:
+                quic = conn._quic  # window updates: the readers' _consumed sends them
+                if quic._close_pending or (conn._error is None and quic.send_due(now)):
                     conn._transmit()
 
     def _read_batch(self) -> list[tuple[bytes, tuple]]:
