@@ -191,6 +191,64 @@ def transport_echo(n: int) -> float:
     return result[0]
 
 
+def aioquic_echo(n: int) -> float:
+    """Seconds per 64-byte echo round trip over stock aioquic: its own asyncio API, default
+    settings, server in a thread of this process (what "a bare aioquic echo" means)."""
+    import asyncio
+    import ssl
+
+    from aioquic.asyncio import connect, serve
+    from aioquic.quic.configuration import QuicConfiguration
+    from burn_remote.protocol.transport import Identity
+
+    ident = Identity.load_or_create(Path(tempfile.mkdtemp()) / "k")
+    ready = threading.Event()
+    addr: list = []
+    stop: list = []
+
+    def echo(reader, writer) -> None:
+        async def loop() -> None:
+            while data := await reader.read(64):
+                writer.write(data)
+
+        asyncio.ensure_future(loop())
+
+    async def server() -> None:
+        config = QuicConfiguration(alpn_protocols=["echo"], is_client=False)
+        config.certificate, config.private_key = ident.certificate(), ident.private_key
+        srv = await serve("127.0.0.1", 0, configuration=config, stream_handler=echo)
+        addr.append(srv._transport.get_extra_info("sockname")[:2])
+        done = asyncio.Event()
+        stop.append((asyncio.get_running_loop(), done))
+        ready.set()
+        await done.wait()
+        srv.close()
+
+    th = threading.Thread(target=asyncio.run, args=(server(),), daemon=True)
+    th.start()
+    ready.wait(30)
+
+    async def client() -> float:
+        config = QuicConfiguration(alpn_protocols=["echo"], verify_mode=ssl.CERT_NONE)
+        async with connect(*addr[0], configuration=config) as conn:
+            reader, writer = await conn.create_stream()
+            payload = b"x" * 64
+            for _ in range(20):
+                writer.write(payload)
+                await reader.readexactly(64)
+            t = time.perf_counter()
+            for _ in range(n):
+                writer.write(payload)
+                await reader.readexactly(64)
+            return (time.perf_counter() - t) / n
+
+    result = asyncio.run(client())
+    loop, done = stop[0]
+    loop.call_soon_threadsafe(done.set)
+    th.join(10)
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
@@ -222,14 +280,17 @@ def main() -> None:
             f"B/step; re-sending the graph every step: {resend * 1e6:.0f} us and "
             f"{(a2['bytes_sent'] - b2['bytes_sent']) / n:.0f} B/step"
         )
-        trips, echoes = [], []
+        trips, echoes, stock = [], [], []
         for _ in range(5):  # interleaved, medians: this machine is noisy
             trips.append(item_round_trip(dev, 200))
             echoes.append(transport_echo(200))
-        rt, echo = statistics.median(trips), statistics.median(echoes)
+            stock.append(aioquic_echo(200))
+        rt, echo, bare = (statistics.median(x) for x in (trips, echoes, stock))
         print(
-            f"item() round trip {rt * 1e6:.0f} us; bare transport echo of 64 bytes "
-            f"{echo * 1e6:.0f} us; ratio {rt / echo:.2f} (medians of 5 interleaved runs)"
+            f"item() round trip {rt * 1e6:.0f} us; 64-byte echo over stock aioquic (asyncio "
+            f"API) {bare * 1e6:.0f} us, ratio {rt / bare:.2f}; over our transport (trio driver, "
+            f"delayed ACKs) {echo * 1e6:.0f} us, ratio {rt / echo:.2f} "
+            f"(medians of 5 interleaved runs)"
         )
         dev.close()
         dev2.close()
