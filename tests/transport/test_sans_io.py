@@ -178,3 +178,24 @@ def test_acks_wait_for_the_delay_or_a_burst():
                 break
     assert space.ack_at == now, f"no ACK due after {sum(sizes)} bytes in {now - start:.4f} s"
     assert sum(sizes) >= ACK_EVERY_BYTES > sum(sizes[:-1])  # due on the datagram that filled it
+
+
+def test_a_datagram_is_built_after_receiving_only_when_one_is_due():
+    """send_due: true through the handshake; after a packet whose ACK may wait, false until
+    the delay expires; true while stream data waits to go out."""
+    from burn_remote.protocol.transport._quic import ACK_DELAY
+
+    client, server, _, _ = make_pair()
+    assert client.send_due(Clock.now)  # the handshake is on
+    exchange(client, server)
+    now = Clock.now = Clock.now + 1.0
+    assert not server.datagrams_to_send(now) and not server.send_due(now)
+    sid = client.open_bidi_stream()
+    client.send_stream_data(sid, b"step")
+    assert client.send_due(now)  # written, not yet sent
+    assert roundtrip(client, server, now) == 1
+    assert not client.send_due(now)
+    assert not server.send_due(now)  # its ACK waits
+    assert not server.datagrams_to_send(now)  # as building would show
+    assert server.send_due(now + ACK_DELAY)
+    assert server.datagrams_to_send(now + ACK_DELAY)
