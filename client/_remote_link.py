@@ -17,6 +17,7 @@ third busy process per step (see ``protocol.transport._blocking``).
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
 import time
@@ -65,10 +66,13 @@ class Link:
         self._incoming: dict[int, int | None] = {}  # server's bulk stream -> its bulk id
         self._bulk: queue.SimpleQueue[tuple[Any, int, bytes] | None] = queue.SimpleQueue()
         self._bulk_thread: threading.Thread | None = None
+        self._pid = os.getpid()
 
     # --- the user's side ----------------------------------------------------------------------
     def kick(self) -> None:
         """Send everything pending (or queue it while dialling); never waits for the server."""
+        if self._forked():
+            return
         with self._lock:
             if self._state == _IDLE:
                 self._state = _CONNECTING
@@ -86,6 +90,8 @@ class Link:
 
     def close(self) -> None:
         """Send what is pending and the goodbye (the server frees the session at once)."""
+        if self._forked():
+            return
         with self._lock:
             if self._state == _IDLE:
                 self._state = _CLOSED
@@ -103,6 +109,8 @@ class Link:
         self._goodbye()
 
     def _goodbye(self) -> None:
+        if self._forked():  # a forked child inherits atexit: the session is its parent's
+            return
         with self._lock:
             conn, up = self._conn, self._state == _UP
             self._state = _CLOSED
@@ -111,6 +119,19 @@ class Link:
         if conn is not None:
             conn.close("client closing", flush_timeout=2.0)
         atexit.unregister(self._goodbye)
+
+    def _forked(self) -> bool:
+        """In a forked child the connection is its parent's (same keys, same packet numbers)
+        and its threads did not come along: the device fails there instead of corrupting the
+        parent's session. No lock is taken: a thread may have held one at the fork."""
+        if os.getpid() == self._pid:
+            return False
+        if self.protocol.fatal is None:
+            self.protocol.fatal = (
+                "this RemoteDevice belongs to the process that created it (this one is a "
+                "fork of it): create a RemoteDevice in this process instead"
+            )
+        return True
 
     # --- sending (with self._lock held) -------------------------------------------------------
     def _send(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> None:

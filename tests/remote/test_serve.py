@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from burn_remote import Device, OpFailed, RemoteDevice
+from burn_remote import Device, OpFailed, RemoteDevice, RemoteError
 from burn_remote import functional as F
 
 from .conftest import Server, env_with_home
@@ -180,4 +181,30 @@ def test_bulk_streams_are_freed_at_both_ends(server: Server) -> None:
     dev.sync()  # a packet built drops the finished streams
     link = dev._rt.link
     assert list(link._conn._quic._streams) == [link._control]
+    dev.close()
+
+
+def test_a_forked_child_cannot_use_or_end_its_parents_session(server: Server) -> None:
+    """The child inherits the connection (keys, packet numbers) but not its threads, and its
+    atexit handlers: using the device there fails clearly, and exiting says no goodbye for
+    the parent."""
+    dev = RemoteDevice(server.target)
+    x = dev.tensor(np.arange(3, dtype=np.float32))
+    assert x.sum().item() == 3.0
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        code = 1
+        try:
+            (x * 2).sum().item()
+        except RemoteError as exc:
+            code = 0 if "fork" in str(exc) else 2
+        except BaseException:
+            code = 3
+        import atexit
+
+        atexit._run_exitfuncs()  # what a normal exit runs
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (x * 2).sum().item() == 6.0  # the parent's session is untouched
     dev.close()
