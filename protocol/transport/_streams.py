@@ -132,6 +132,7 @@ class FrameStream:
             TransportError: the stream was reset, ended inside a frame, or the connection
                 closed.
         """
+        parked = False  # parking is a checkpoint: a call that parked needs no second one
         while True:
             if self._need is None and self._buffered >= FRAME_PREFIX_SIZE:
                 (size,) = _PREFIX.unpack(self._take(FRAME_PREFIX_SIZE))
@@ -147,7 +148,8 @@ class FrameStream:
                 self._conn._set_frame_credit(self.stream_id, 0)  # before _take grants more
                 data = self._take(self._need)
                 self._need = None
-                await trio.lowlevel.checkpoint()
+                if not parked:
+                    await trio.lowlevel.checkpoint()
                 return data
             if self._error is not None:
                 raise self._error
@@ -160,6 +162,7 @@ class FrameStream:
                 raise TransportError(f"stream {self.stream_id} ended inside a frame")
             self._conn._check_open()
             await self._readable.park()
+            parked = True
 
     def _take(self, n: int) -> bytes:
         """Remove ``n`` buffered bytes (``n`` <= buffered) with at most one copy."""

@@ -314,3 +314,27 @@ async def test_cancelled_send_resets_the_stream_instead_of_corrupting_it():
             while not errors:
                 await trio.sleep(0.01)
     assert "reset" in errors[0]
+
+
+@trio_test
+async def test_receive_frame_is_always_a_checkpoint():
+    """Once, whether the frame was buffered already or had to be waited for (parking is the
+    checkpoint then): trio's rule that lets a loop of reads be cancelled and be fair."""
+    from trio.testing import assert_checkpoints
+
+    async def echo_twice(conn):
+        s = await conn.accept_stream()
+        frame = await s.receive_frame()
+        await s.send_frame(frame)
+        await s.send_frame(frame)
+
+    async with serving(echo_twice) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        await s.send_frame(b"ping")
+        with assert_checkpoints():
+            assert await s.receive_frame() == b"ping"  # waited for
+        while not s._buffered:
+            await trio.sleep(0.001)
+        with assert_checkpoints():
+            assert await s.receive_frame() == b"ping"  # already there
