@@ -201,8 +201,9 @@ class Connection:
         if datagrams:
             self._ep._send_batch(datagrams)
         t = quic.get_timer()
-        self._timer_at = t
-        self._timer_scope.deadline = math.inf if t is None else t
+        if t != self._timer_at:  # often the same (the oldest packet in flight sets it)
+            self._timer_at = t
+            self._timer_scope.deadline = math.inf if t is None else t
 
     def _process_events(self) -> None:
         quic = self._quic
