@@ -25,6 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from burn_remote.protocol import messages as m
+from burn_remote.protocol.transport import (  # imported with the first RemoteDevice
+    BlockingConnection,
+    EndpointConfig,
+    Identity,
+    PeerRejected,
+    TransportError,
+    default_key_path,
+)
 
 from ._remote_protocol import ClientProtocol
 from ._remote_resume import ATTEMPT_TIMEOUT, RESUME_TIMEOUT, ClientSequencer, SessionExpired
@@ -59,7 +67,7 @@ class Link:
         """Orders frames on the wire and guards the state below; held for CPU work only."""
         self._state = _IDLE
         self._changed = threading.Condition(self._lock)
-        self._conn: Any = None  # a BlockingConnection while _UP or _RESUMING
+        self._conn: BlockingConnection | None = None  # set while _UP or _RESUMING
         self._control = -1
         self._seq = ClientSequencer()
         self._token: bytes | None = None
@@ -161,8 +169,6 @@ class Link:
     @staticmethod
     def _try(call: Any, *args: Any, **kwargs: Any) -> Any:
         """``call``'s result, or None if the connection is gone (resume resends)."""
-        from burn_remote.protocol.transport import TransportError
-
         try:
             out = call(*args, **kwargs)
         except TransportError:
@@ -179,15 +185,6 @@ class Link:
 
     def _dial(self, resuming: bool) -> None:
         """Connect (again, until RESUME_TIMEOUT, when resuming), then send what waited."""
-        from burn_remote.protocol.transport import (
-            BlockingConnection,
-            EndpointConfig,
-            Identity,
-            PeerRejected,
-            TransportError,
-            default_key_path,
-        )
-
         timeout = ATTEMPT_TIMEOUT if resuming else CONNECT_TIMEOUT
         config = EndpointConfig(max_frame_size=m.MAX_FRAME, handshake_timeout=timeout)
         deadline = time.monotonic() + RESUME_TIMEOUT

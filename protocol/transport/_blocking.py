@@ -141,7 +141,10 @@ class BlockingConnection:
         """
         config = config or EndpointConfig()
         peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
-        infos = socket.getaddrinfo(address[0], address[1], type=socket.SOCK_DGRAM)
+        try:
+            infos = socket.getaddrinfo(address[0], address[1], type=socket.SOCK_DGRAM)
+        except OSError as exc:
+            raise TransportError(f"cannot resolve {address[0]!r}: {exc}") from None
         if not infos:
             raise TransportError(f"cannot resolve {address[0]!r}")
         family, _, _, _, remote = infos[0]

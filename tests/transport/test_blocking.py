@@ -251,3 +251,14 @@ def test_finished_streams_are_freed_at_our_end(client: Identity) -> None:
         conn.send_frame(sid, b"sync")  # aioquic drops finished streams when it builds a packet
         assert got.next() == (sid, b"sync")
         assert list(conn._quic._streams) == [sid]
+
+
+def test_an_unresolvable_host_is_a_transport_error(client: Identity) -> None:
+    with pytest.raises(TransportError, match="cannot resolve 'no-such-host.invalid'"):
+        BlockingConnection.connect(
+            client,
+            Identity.generate().peer_id,
+            ("no-such-host.invalid", 4433),
+            on_frame=lambda *_: None,
+            on_closed=lambda _: None,
+        )
