@@ -83,6 +83,18 @@ class Received:
         return self.frames.get(timeout=20)
 
 
+def dial(client: Identity, peer, address, **config) -> BlockingConnection:  # type: ignore[no-untyped-def]
+    """A connection whose frames and loss nobody watches (for the handshake's outcomes)."""
+    return BlockingConnection.connect(
+        client,
+        peer,
+        address,
+        on_frame=lambda *_: None,
+        on_closed=lambda _: None,
+        config=EndpointConfig(**config),
+    )
+
+
 @pytest.fixture
 def client() -> Identity:
     return Identity.generate()
@@ -151,13 +163,8 @@ def test_finishing_a_stream_ends_it_on_both_sides(client: Identity) -> None:
 def test_oversize_frame_is_refused_before_sending(client: Identity) -> None:
     server = Server({client.peer_id})
     try:
-        conn = BlockingConnection.connect(
-            client,
-            server.identity.peer_id,
-            ("127.0.0.1", server.address[1]),
-            on_frame=lambda *_: None,
-            on_closed=lambda _: None,
-            config=EndpointConfig(max_frame_size=1000),
+        conn = dial(
+            client, server.identity.peer_id, ("127.0.0.1", server.address[1]), max_frame_size=1000
         )
         sid = conn.open_stream()
         with pytest.raises(FrameTooLarge, match="1001 bytes exceeds 1000"):
@@ -172,13 +179,7 @@ def test_wrong_peer_id_is_refused_in_the_handshake(client: Identity) -> None:
     try:
         impostor = Identity.generate().peer_id
         with pytest.raises(PeerRejected, match="but .* was dialled"):
-            BlockingConnection.connect(
-                client,
-                impostor,
-                ("127.0.0.1", server.address[1]),
-                on_frame=lambda *_: None,
-                on_closed=lambda _: None,
-            )
+            dial(client, impostor, ("127.0.0.1", server.address[1]))
     finally:
         server.stop()
 
@@ -187,13 +188,7 @@ def test_unauthorised_client_is_refused(client: Identity) -> None:
     server = Server(set())
     try:
         with pytest.raises(PeerRejected, match="not in this server's authorized peers"):
-            BlockingConnection.connect(
-                client,
-                server.identity.peer_id,
-                ("127.0.0.1", server.address[1]),
-                on_frame=lambda *_: None,
-                on_closed=lambda _: None,
-            )
+            dial(client, server.identity.peer_id, ("127.0.0.1", server.address[1]))
     finally:
         server.stop()
 
@@ -225,14 +220,7 @@ def test_no_answer_times_out(client: Identity) -> None:
     silent.bind(("127.0.0.1", 0))
     try:
         with pytest.raises(TransportError, match="no handshake within 0.5 s"):
-            BlockingConnection.connect(
-                client,
-                Identity.generate().peer_id,
-                silent.getsockname(),
-                on_frame=lambda *_: None,
-                on_closed=lambda _: None,
-                config=EndpointConfig(handshake_timeout=0.5),
-            )
+            dial(client, Identity.generate().peer_id, silent.getsockname(), handshake_timeout=0.5)
     finally:
         silent.close()
 
@@ -255,10 +243,4 @@ def test_finished_streams_are_freed_at_our_end(client: Identity) -> None:
 
 def test_an_unresolvable_host_is_a_transport_error(client: Identity) -> None:
     with pytest.raises(TransportError, match="cannot resolve 'no-such-host.invalid'"):
-        BlockingConnection.connect(
-            client,
-            Identity.generate().peer_id,
-            ("no-such-host.invalid", 4433),
-            on_frame=lambda *_: None,
-            on_closed=lambda _: None,
-        )
+        dial(client, Identity.generate().peer_id, ("no-such-host.invalid", 4433))
