@@ -28,12 +28,12 @@ from collections.abc import Callable
 
 from aioquic.quic import events
 
-from ._config import EndpointConfig, quic_configuration
+from ._config import EndpointConfig
 from ._connection import _termination_error
 from ._endpoint import _size_buffers
 from ._errors import FrameTooLarge, TransportError
 from ._identity import Identity, PeerId
-from ._quic import PeerQuicConnection
+from ._quic import PeerQuicConnection, client_connection
 
 FrameHandler = Callable[[int, bytes | None], None]
 ClosedHandler = Callable[[TransportError], None]
@@ -152,16 +152,7 @@ class BlockingConnection:
         try:
             _size_buffers(sock, config.socket_buffer)
             sock.connect(remote)
-            size = config.datagram_size_for(remote[0])
-            quic = PeerQuicConnection(
-                configuration=quic_configuration(
-                    identity, is_client=True, config=config, datagram_size=size
-                ),
-                path_datagram_size=size,
-                expected_peer=peer_id,
-                max_streams=config.max_streams,
-                max_packets_in_flight=config.max_packets_in_flight,
-            )
+            quic = client_connection(identity, peer_id, config, remote[0])
             conn = cls(quic, sock, remote, config, on_frame, on_closed)
             with conn._lock:
                 quic.connect(remote, now=time.monotonic())

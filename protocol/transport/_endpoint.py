@@ -33,7 +33,7 @@ from ._config import EndpointConfig, quic_configuration
 from ._connection import Connection, Handler
 from ._errors import PeerRejected, TransportError
 from ._identity import Identity, PeerId
-from ._quic import PeerQuicConnection
+from ._quic import PeerQuicConnection, client_connection
 
 log = logging.getLogger("burn_remote.transport")
 
@@ -157,16 +157,7 @@ class Endpoint:
         peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
         host, port = await _resolve(addr, self._sock.family)
         remote = (host, port) if self._sock.family == socket.AF_INET else (host, port, 0, 0)
-        size = self._config.datagram_size_for(host)
-        quic = PeerQuicConnection(
-            configuration=quic_configuration(
-                self.identity, is_client=True, config=self._config, datagram_size=size
-            ),
-            path_datagram_size=size,
-            expected_peer=peer_id,
-            max_streams=self._config.max_streams,
-            max_packets_in_flight=self._config.max_packets_in_flight,
-        )
+        quic = client_connection(self.identity, peer_id, self._config, host)
         conn = Connection(self, quic, remote, self._config)
         self._adopt(conn, [quic.host_cid])
         quic.connect(remote, now=trio.current_time())

@@ -39,8 +39,9 @@ from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 
+from ._config import EndpointConfig, quic_configuration
 from ._errors import TransportError
-from ._identity import PeerId, peer_id_of_certificate
+from ._identity import Identity, PeerId, peer_id_of_certificate
 
 Authorize = Callable[[PeerId], str | None]
 """Server policy: return ``None`` to admit a client, or the reason it is refused."""
@@ -329,3 +330,19 @@ class PeerQuicConnection(QuicConnection):
         buf.push_uint32(len(frame.data) | 0x80000000)
         buf.push_bytes(frame.data)
         return sender.highest_offset - before
+
+
+def client_connection(
+    identity: Identity, peer: PeerId, config: EndpointConfig, host: str
+) -> PeerQuicConnection:
+    """The sans-I/O connection a client dials ``peer`` at ``host`` with (both shells)."""
+    size = config.datagram_size_for(host)
+    return PeerQuicConnection(
+        configuration=quic_configuration(
+            identity, is_client=True, config=config, datagram_size=size
+        ),
+        path_datagram_size=size,
+        expected_peer=peer,
+        max_streams=config.max_streams,
+        max_packets_in_flight=config.max_packets_in_flight,
+    )
