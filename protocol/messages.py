@@ -605,8 +605,7 @@ _SCHEMAS: dict[type, tuple[tuple[str, Any, str], ...]] = {
     )
     for cls in MESSAGES.values()
 }
-"""Per message class: (field, check, the field's name in errors), in wire order. The names
-are made once here: a decode formats text only for a field that fails its check."""
+"""Per message class, in wire order: (field, check, the field's name in errors, made once)."""
 
 
 def _show(v: Any) -> str:
@@ -672,13 +671,7 @@ def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
         raise DecodeError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if type(raw) is not list or not 1 <= len(raw) <= MAX_BATCH:
         raise DecodeError(f"frame: expected an array of 1..{MAX_BATCH} messages, got {_show(raw)}")
-    out = []
-    for i, one in enumerate(raw):
-        try:
-            out.append(decode_message(one))
-        except DecodeError as exc:  # name the message only when it failed
-            raise DecodeError(f"message {i}{str(exc).removeprefix('message')}") from None
-    return out
+    return [decode_message(one, f"message {i}") for i, one in enumerate(raw)]
 
 
 def digest_bytes(hex_digest: str) -> bytes:
