@@ -28,8 +28,9 @@ class Server:
     """A trio endpoint in a thread: echoes every frame on its stream; on b"push" it also opens
     a stream of its own with one frame; on b"bye" it closes the connection."""
 
-    def __init__(self, authorized: set) -> None:
+    def __init__(self, authorized: set, host: str = "127.0.0.1") -> None:
         self.identity = Identity.generate()
+        self._host = host
         self.closed: queue.Queue[str] = queue.Queue()
         self._ready: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=trio.run, args=(self._main, authorized))
@@ -37,7 +38,7 @@ class Server:
         self.address, self._token, self._scope = self._ready.get(timeout=10)
 
     async def _main(self, authorized: set) -> None:
-        async with Endpoint.open(self.identity, authorized_peers=authorized) as ep:
+        async with Endpoint.open(self.identity, (self._host, 0), authorized_peers=authorized) as ep:
             with trio.CancelScope() as scope:
                 self._ready.put((ep.local_address, trio.lowlevel.current_trio_token(), scope))
                 await ep.serve(self._handle)
@@ -244,3 +245,34 @@ def test_finished_streams_are_freed_at_our_end(client: Identity) -> None:
 def test_an_unresolvable_host_is_a_transport_error(client: Identity) -> None:
     with pytest.raises(TransportError, match="cannot resolve 'no-such-host.invalid'"):
         dial(client, Identity.generate().peer_id, ("no-such-host.invalid", 4433))
+
+
+def _has_ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_ipv6_loopback(client: Identity) -> None:
+    server = Server({client.peer_id}, host="::1")
+    got = Received()
+    try:
+        conn = BlockingConnection.connect(
+            client,
+            server.identity.peer_id,
+            ("::1", server.address[1]),
+            on_frame=lambda sid, frame: got.frames.put((sid, frame)),
+            on_closed=got.closed.put,
+        )
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"over v6")
+        assert got.next() == (sid, b"over v6")
+        conn.close()
+    finally:
+        server.stop()
