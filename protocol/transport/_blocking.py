@@ -18,6 +18,7 @@ everything: buffered data is bounded by one partial frame (``max_frame_size``) p
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import socket
@@ -34,6 +35,8 @@ from ._endpoint import _size_buffers
 from ._errors import FrameTooLarge, TransportError
 from ._identity import Identity, PeerId
 from ._quic import PeerQuicConnection, client_connection
+
+log = logging.getLogger("burn_remote.transport")
 
 FrameHandler = Callable[[int, bytes | None], None]
 ClosedHandler = Callable[[TransportError], None]
@@ -149,6 +152,7 @@ class BlockingConnection:
             raise TransportError(f"cannot resolve {address[0]!r}")
         family, _, _, _, remote = infos[0]
         sock = socket.socket(family, socket.SOCK_DGRAM)
+        conn = None
         try:
             _size_buffers(sock, config.socket_buffer)
             sock.connect(remote)
@@ -158,8 +162,13 @@ class BlockingConnection:
                 quic.connect(remote, now=time.monotonic())
                 conn._transmit()
             conn._thread.start()
-        except BaseException:
+        except BaseException as exc:
             sock.close()
+            if conn is not None:  # its reader never started: close what it would have
+                os.close(conn._wake_r)
+                os.close(conn._wake_w)
+            if isinstance(exc, OSError):  # e.g. no route to that address
+                raise TransportError(f"connection to {address[0]}:{address[1]}: {exc}") from None
             raise
         if not conn._ready.wait(config.handshake_timeout):
             conn._shut(f"no handshake within {config.handshake_timeout:g} s")
@@ -357,7 +366,10 @@ class BlockingConnection:
                 deadline = self._deadline()
             while True:
                 for sid, frame in frames:
-                    self._on_frame(sid, frame)
+                    try:
+                        self._on_frame(sid, frame)
+                    except Exception:  # the handler's bug, not the connection's
+                        log.exception("frame handler failed on stream %d", sid)
                 if self._error is not None or self._stopping:
                     break
                 wait = deadline - time.monotonic()

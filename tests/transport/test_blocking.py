@@ -276,3 +276,32 @@ def test_ipv6_loopback(client: Identity) -> None:
         conn.close()
     finally:
         server.stop()
+
+
+def test_a_failing_frame_handler_does_not_end_the_connection(
+    client: Identity, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = Server({client.peer_id})
+    got = Received()
+
+    def handler(sid: int, frame: bytes | None) -> None:
+        if frame == b"boom":
+            raise RuntimeError("a bug in the handler")
+        got.frames.put((sid, frame))
+
+    try:
+        conn = BlockingConnection.connect(
+            client,
+            server.identity.peer_id,
+            ("127.0.0.1", server.address[1]),
+            on_frame=handler,
+            on_closed=got.closed.put,
+        )
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"boom")
+        conn.send_frame(sid, b"after")
+        assert got.next() == (sid, b"after")
+        assert "frame handler failed" in caplog.text and got.closed.empty()
+        conn.close()
+    finally:
+        server.stop()
