@@ -123,7 +123,7 @@ class Link:
             conn, up = self._conn, self._state == _UP
             self._state = _CLOSED
             if up:
-                self._try(conn.send_frame, self._control, self._seq.goodbye(), wait=False)
+                _control_frame(conn, self._control, self._seq.goodbye())
         if conn is not None:
             conn.close("client closing", flush_timeout=2.0)
         atexit.unregister(self._goodbye)
@@ -144,7 +144,7 @@ class Link:
     # --- sending (with self._lock held) -------------------------------------------------------
     def _send(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> None:
         """A lost connection is reported by its reader; what failed here is resent on resume."""
-        if self._try(self._conn.send_frame, self._control, frame, wait=False):
+        if _control_frame(self._conn, self._control, frame):
             for bulk_id, payload in bulk:
                 self._bulk_put((self._conn, bulk_id, payload))
 
@@ -157,23 +157,13 @@ class Link:
         """One stream per tensor: a ``Bulk`` header frame, the bytes, the end of the stream."""
         while (item := self._bulk.get()) is not None:
             conn, bulk_id, payload = item
-            sid = self._try(conn.open_stream)
-            if sid is not None:
-                header = m.encode(m.Bulk(bulk_id, len(payload)))
-                _ = (
-                    self._try(conn.send_frame, sid, header)
-                    and self._try(conn.send_frame, sid, payload)
-                    and self._try(conn.finish, sid)
-                )
-
-    @staticmethod
-    def _try(call: Any, *args: Any, **kwargs: Any) -> Any:
-        """``call``'s result, or None if the connection is gone (resume resends)."""
-        try:
-            out = call(*args, **kwargs)
-        except TransportError:
-            return None
-        return True if out is None else out
+            try:
+                sid = conn.open_stream()
+                conn.send_frame(sid, m.encode(m.Bulk(bulk_id, len(payload))))
+                conn.send_frame(sid, payload)
+                conn.finish(sid)
+            except TransportError:
+                pass  # the connection is gone: resume sends the batch and its bulk again
 
     # --- connecting ---------------------------------------------------------------------------
     def _spawn(self, target: Any, *args: Any) -> threading.Thread:
@@ -219,7 +209,7 @@ class Link:
                 assert self._token is not None
                 self._state = _RESUMING
                 resume = self._seq.resume_frame(self._token)
-                self._try(conn.send_frame, self._control, resume, wait=False)
+                _control_frame(conn, self._control, resume)
             else:
                 self._go_up([(frame, bulk) for _, frame, bulk in self._seq.unacked])
                 # A program that ends without close() still says goodbye: the server frees
@@ -318,10 +308,17 @@ def _welcome_token(frame: bytes) -> bytes | None:
     return next((w.resume_token for w in msgs if isinstance(w, m.Welcome)), None)
 
 
+def _control_frame(conn: BlockingConnection, control: int, frame: bytes) -> bool:
+    """Send on the control stream without waiting; False if the connection is gone (its
+    reader reports the loss, and resume sends the frame again)."""
+    try:
+        conn.send_frame(control, frame, wait=False)
+    except TransportError:
+        return False
+    return True
+
+
 def _describe(exc: BaseException) -> str:
-    """One line for an error that may be an exception group."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
     return str(exc) or type(exc).__name__
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import socket
 from contextlib import asynccontextmanager
 
 import pytest
@@ -39,3 +40,13 @@ async def serving(handler, *, server_config=None, client_config=None, **server_k
 @pytest.fixture
 def identities():
     return Identity.generate(), Identity.generate()
+
+
+def has_ipv6_loopback() -> bool:
+    """Whether this host can bind ::1 (some containers have no IPv6)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True

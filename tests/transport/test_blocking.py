@@ -21,6 +21,8 @@ from burn_remote.protocol.transport import (
     TransportError,
 )
 
+from .conftest import has_ipv6_loopback
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -247,18 +249,7 @@ def test_an_unresolvable_host_is_a_transport_error(client: Identity) -> None:
         dial(client, Identity.generate().peer_id, ("no-such-host.invalid", 4433))
 
 
-def _has_ipv6_loopback() -> bool:
-    import socket
-
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_ipv6_loopback(client: Identity) -> None:
     server = Server({client.peer_id}, host="::1")
     got = Received()

@@ -20,7 +20,7 @@ from burn_remote.protocol.transport import (
     TransportError,
 )
 
-from .conftest import serving, trio_test
+from .conftest import has_ipv6_loopback, serving, trio_test
 
 
 async def echo(conn):
@@ -180,16 +180,7 @@ async def test_graceful_close_reason_reaches_the_peer():
     assert "client is done" in reasons[0]
 
 
-def _has_ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            s.bind(("::1", 0))
-    except OSError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 @trio_test
 async def test_ipv6_loopback():
     server_id, client_id = Identity.generate(), Identity.generate()
