@@ -104,13 +104,15 @@ def client() -> Identity:
 
 
 @contextmanager
-def served(client: Identity) -> Iterator[tuple[Server, BlockingConnection, Received]]:
-    server = Server({client.peer_id})
+def served(
+    client: Identity, host: str = "127.0.0.1"
+) -> Iterator[tuple[Server, BlockingConnection, Received]]:
+    server = Server({client.peer_id}, host)
     got = Received()
     conn = BlockingConnection.connect(
         client,
         server.identity.peer_id,
-        ("127.0.0.1", server.address[1]),
+        (host, server.address[1]),
         on_frame=lambda sid, frame: got.frames.put((sid, frame)),
         on_closed=got.closed.put,
     )
@@ -251,22 +253,10 @@ def test_an_unresolvable_host_is_a_transport_error(client: Identity) -> None:
 
 @pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_ipv6_loopback(client: Identity) -> None:
-    server = Server({client.peer_id}, host="::1")
-    got = Received()
-    try:
-        conn = BlockingConnection.connect(
-            client,
-            server.identity.peer_id,
-            ("::1", server.address[1]),
-            on_frame=lambda sid, frame: got.frames.put((sid, frame)),
-            on_closed=got.closed.put,
-        )
+    with served(client, "::1") as (_, conn, got):
         sid = conn.open_stream()
         conn.send_frame(sid, b"over v6")
         assert got.next() == (sid, b"over v6")
-        conn.close()
-    finally:
-        server.stop()
 
 
 def test_a_failing_frame_handler_does_not_end_the_connection(
