@@ -114,8 +114,19 @@ class Jobs:
         return dest
 
     def list(self) -> list[dict[str, Any]]:
-        """Every job on the server, oldest first."""
-        return json.loads(self._call(m.JobList).info)
+        """Every job on the server, oldest first (read page by page)."""
+        jobs: list[dict[str, Any]] = []
+        after: int | None = 0
+        while after is not None:
+            page = self.page(after)
+            jobs.extend(page["jobs"])
+            after = page["next"]
+        return jobs
+
+    def page(self, after: int = 0, limit: int = 0) -> dict[str, Any]:
+        """One page of jobs with ids above ``after``: ``{"jobs": [...], "next": id}``;
+        ``next`` is None on the last page (``limit`` 0: the server's page size)."""
+        return json.loads(self._call(m.JobList, after, limit).info)
 
     def get(self, job_id: int) -> Job:
         return Job(self, json.loads(self._call(m.JobStatus, job_id).info))

@@ -58,6 +58,9 @@ class Plan:
     outputs: tuple[int, ...]
     liveness: list[tuple[int, int, int]] = field(default_factory=list)
     """(slot, first step, last step) of every slot; memory planning reads it."""
+    seconds: float | None = None
+    """Wall time of the last run (set by whoever runs it: the server judges from it whether
+    a replay may run on its network loop)."""
 
 
 def compile_graph(graph: Graph, backend: Backend) -> Plan:

@@ -311,6 +311,9 @@ class Bulk:
 
 
 # --- jobs (server/jobs; tags 40..49 are reserved for them) -----------------------------------
+JOB_PAGE = 100
+"""Most jobs one JobList reply holds (a job row with its spec is at most ~MAX_SPEC bytes of
+JSON, but specs are small in practice; the server also cuts a page at MAX_FRAME / 2 bytes)."""
 ARTIFACT_CHUNK = 1024 * 1024
 """Largest ``data`` of one ArtifactPut or ArtifactChunk (artifacts move in chunks inline)."""
 MAX_SPEC = 1024 * 1024
@@ -342,11 +345,17 @@ class JobInfo:
 
 @dataclass(frozen=True, slots=True)
 class JobList:
-    """List the server's jobs; answered by JobInfo."""
+    """One page of the server's jobs, oldest first; answered by JobInfo whose ``info`` is
+    ``{"jobs": [...], "next": ID or null}``: ask again with ``after = next`` for the next
+    page (null: that was the last). Pages keep every reply under the frame limit."""
 
     TAG: ClassVar[int] = 42
     request_id: int
     """Client-chosen id the reply repeats."""
+    after: int
+    """List jobs with ids above this (0: from the first)."""
+    limit: int
+    """Jobs wanted (0 or more than the server's page size: the page size, JOB_PAGE)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,6 +527,28 @@ MESSAGES: dict[int, type] = {
         *JOB_MESSAGES,
     )
 }
+
+CLIENT_REQUESTS: tuple[type, ...] = (
+    Upload,
+    RegisterGraph,
+    ExecuteGraph,
+    Read,
+    Drop,
+    Sync,
+    MemoryStats,
+    Resync,
+    Expose,
+    Fetch,
+    JobSubmit,
+    JobList,
+    JobStatus,
+    JobCancel,
+    JobWatch,
+    ArtifactPut,
+    ArtifactGet,
+)
+"""What a client may send on its control stream after Hello: the server's handler table has
+exactly one entry for each (``server/_handlers.py``; a test checks)."""
 
 
 # --- field checks (by annotation) ----------------------------------------------------------

@@ -28,8 +28,9 @@ from ..protocol.transport import (
     Identity,
     TransportError,
 )
+from ._replies import Place, SendBulk, StartFetch
 from ._resume import Parking, run_session
-from ._session import SendBulk, Session, StartFetch
+from ._session import Session
 from ._state import ServerState
 
 log = logging.getLogger("burn_remote.server")
@@ -122,6 +123,25 @@ async def _serve_fetch(state: ServerState, conn: Connection, s: FrameStream, fra
         await s.receive_frame()  # the fetcher closes once it has the bytes
 
 
+JOB_WORKERS = 64
+"""Job worker threads (``Place.JOBS``): long polls wait there, apart from the engine
+workers, so watchers never hold up engine work or the network loop."""
+
+_JOB_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("job_limiter")
+
+
+def _limiter(place: Place) -> trio.CapacityLimiter:
+    """Engine work shares trio's default thread limit; job work has its own."""
+    if place is Place.ENGINE:
+        return trio.to_thread.current_default_thread_limiter()
+    try:
+        return _JOB_LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(JOB_WORKERS)
+        _JOB_LIMITER.set(limiter)
+        return limiter
+
+
 class _SessionPump:
     """Feeds one session from its control and bulk streams and sends what it produces."""
 
@@ -150,14 +170,17 @@ class _SessionPump:
 
     async def _process(self, frame: bytes | None) -> None:
         session = self.session
-
         if frame is not None:
             session.feed_control(frame)
         while True:
-            if session.needs_worker():
-                outs = await trio.to_thread.run_sync(session.step)
+            place = session.next_place()
+            now = trio.current_time()
+            if place is Place.LOOP:
+                outs = session.step(now, place)
             else:
-                outs = session.step()
+                outs = await trio.to_thread.run_sync(
+                    session.step, now, place, limiter=_limiter(place)
+                )
             for out in outs:
                 if isinstance(out, bytes):
                     await self.control.send_frame(out)
@@ -165,14 +188,15 @@ class _SessionPump:
                     self.nursery.start_soon(self._send_bulk, out)
                 elif isinstance(out, StartFetch):
                     self.nursery.start_soon(self._fetch, out)
-            frame = None
-            if session.waiting is None or session.closed:
+            if session.closed or not session.queue:
                 return
+            if session.ready():
+                continue  # stopped where the next message must run elsewhere
             with trio.move_on_after(BULK_WAIT) as scope:
-                while not session._ready(session.waiting):
+                while not session.ready():
                     await self._arrived.wait()
                     self._arrived = trio.Event()
-            if scope.cancelled_caught and session.waiting[0] == "bulk":
+            if scope.cancelled_caught and session.waiting and session.waiting[0] == "bulk":
                 session.feed_bulk(session.waiting[1], None)  # never came: the Upload fails
 
     async def _send_bulk(self, out: SendBulk) -> None:

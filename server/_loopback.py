@@ -7,12 +7,14 @@ frames still go through encode and decode, so the counters are the real ones.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from burn_remote._remote import RemoteDevice, RemoteRuntime
 from burn_remote._remote_protocol import ClientProtocol
 
-from ._session import SendBulk, Session, StartFetch
+from ._replies import SendBulk, StartFetch
+from ._session import Session
 from ._state import ServerState
 
 
@@ -34,7 +36,7 @@ class LoopbackLink:
                 self.session.feed_control(batch.frame)
                 for bulk_id, payload in batch.bulk:
                     self.session.feed_bulk(bulk_id, payload)
-                for out in self.session.step():
+                for out in self.session.step(time.monotonic()):
                     if isinstance(out, bytes):
                         self.proto.receive_control(out)
                     elif isinstance(out, SendBulk):
@@ -45,7 +47,7 @@ class LoopbackLink:
                 self.cond.notify_all()
 
     def _resume(self) -> None:
-        for out in self.session.step():
+        for out in self.session.step(time.monotonic()):
             if isinstance(out, bytes):
                 self.proto.receive_control(out)
 

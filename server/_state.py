@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,10 @@ class ServerState:
         self.peak_bytes = 0
         self.extensions: dict[str, str] = installed_extensions()
         """Op extensions this server runs (entry points loaded by `serve`), name -> version."""
+        self.errors: dict[str, int] = {}
+        """Errors by kind since start (``count_error``)."""
+        self.jobs: Any = None
+        """The job service (``server/jobs``) when the server has a data directory."""
         self._ids = itertools.count(1)
         self._caps: dict[bytes, tuple[str, Any]] = {}
 
@@ -127,6 +132,19 @@ class ServerState:
             if plan is None:
                 plan = self.executor.register(digest, graph)
             return plan
+
+    def run(self, plan: Plan, inputs: list[Any], values: Any, donated: list[int]) -> list[Any]:
+        """Run a plan on the server's engine, timing it (``Plan.seconds``: whether its next
+        replay fits on the network loop)."""
+        start = time.perf_counter()
+        outs = self.executor.run(plan, inputs, values, donated)
+        plan.seconds = time.perf_counter() - start
+        return outs
+
+    def count_error(self, kind: str) -> None:
+        """An error worth an operator's attention (metrics count them by kind)."""
+        with self.lock:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
 
     # --- capabilities -----------------------------------------------------------------------
     def grant(self, peer_id: str, array: Any) -> bytes:

@@ -10,6 +10,7 @@ queued again and resume from their last checkpoint.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...protocol import messages as m
 from ._spec import SpecError, refs, validate
 from ._store import TERMINAL, JobStore, StoreError
 
@@ -135,6 +137,22 @@ class JobService:
 
     def list(self) -> list[dict[str, Any]]:
         return [_public(j) for j in self.store.jobs()]
+
+    def page(self, after: int = 0, limit: int = 0) -> dict[str, Any]:
+        """One JobList page: at most ``limit`` (or JOB_PAGE) jobs above ``after``, cut short
+        where the JSON would pass half a frame; ``next`` is where the next page starts."""
+        limit = min(limit or m.JOB_PAGE, m.JOB_PAGE)
+        rows = self.store.jobs_page(after, limit + 1)
+        jobs: list[dict[str, Any]] = []
+        size = 0
+        for row in rows[:limit]:
+            job = _public(row)
+            size += len(json.dumps(job))
+            if jobs and size > m.MAX_FRAME // 2:
+                break
+            jobs.append(job)
+        more = len(jobs) < len(rows)
+        return {"jobs": jobs, "next": jobs[-1]["id"] if more and jobs else None}
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         job = self.status(job_id)

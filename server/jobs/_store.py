@@ -160,6 +160,14 @@ class JobStore:
             rows = self.db.execute("SELECT * FROM jobs ORDER BY id").fetchall()
         return [_row(r) for r in rows]
 
+    def jobs_page(self, after: int, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` jobs with ids above ``after``, oldest first."""
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT * FROM jobs WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+            ).fetchall()
+        return [_row(r) for r in rows]
+
     def next_queued(self, device: str) -> dict[str, Any] | None:
         with self.lock:
             row = self.db.execute(

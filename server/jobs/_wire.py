@@ -1,9 +1,10 @@
-"""The job and artifact messages, handled inside a client's session (``server/_session.py``
-registers :data:`JOB_HANDLERS` beside its own handlers).
+"""The job and artifact messages: their handlers, listed in the server's handler table
+(``server/_handlers.py``) as :data:`JOB_HANDLERS`.
 
-Each handler answers with one reply, or raises an Error(JOB) whose text is for the user
-(a spec error names the key path). JobWatch is a long poll: it blocks this session's worker
-thread for at most ``WATCH_WAIT`` seconds, never the network loop or other sessions.
+Each handler returns one reply, or raises a Failure(JOB) whose text is for the user (a spec
+error names the key path). They run on a job worker thread (``Place.JOBS``), never on the
+network loop: they touch SQLite and files, and JobWatch is a long poll that waits up to
+``WATCH_WAIT`` seconds for an event.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ import json
 from typing import Any
 
 from ...protocol import messages as m
+from .._replies import Failure, Handler, Place, Reply
 from ._service import JobRefused, JobService
 from ._store import StoreError
 
 
 def _refuse(text: str) -> Exception:
-    from .._session import _Failure
-
-    return _Failure(m.JOB, text)
+    return Failure(m.JOB, text)
 
 
 def _service(session: Any) -> JobService:
@@ -29,45 +29,45 @@ def _service(session: Any) -> JobService:
     return service
 
 
-def _info(session: Any, request_id: int, call: Any, *args: Any) -> None:
+def _info(request_id: int, call: Any, *args: Any) -> Reply:
     try:
         result = call(*args)
     except (JobRefused, StoreError) as exc:
         raise _refuse(str(exc)) from None
-    session._replies.append(m.JobInfo(request_id, json.dumps(result).encode()))
+    return [m.JobInfo(request_id, json.dumps(result).encode())]
 
 
-def _submit(session: Any, msg: m.JobSubmit) -> None:
+def _submit(session: Any, msg: m.JobSubmit, now: float) -> Reply:
     if len(msg.spec) > m.MAX_SPEC:
         raise _refuse(f"spec: {len(msg.spec)} bytes exceed MAX_SPEC {m.MAX_SPEC}")
     try:
         spec = json.loads(msg.spec)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _refuse(f"spec: not valid JSON: {exc}") from None
-    _info(session, msg.request_id, _service(session).submit, spec)
+    return _info(msg.request_id, _service(session).submit, spec)
 
 
-def _list(session: Any, msg: m.JobList) -> None:
-    _info(session, msg.request_id, _service(session).list)
+def _list(session: Any, msg: m.JobList, now: float) -> Reply:
+    return _info(msg.request_id, _service(session).page, msg.after, msg.limit)
 
 
-def _status(session: Any, msg: m.JobStatus) -> None:
-    _info(session, msg.request_id, _service(session).status, msg.job_id)
+def _status(session: Any, msg: m.JobStatus, now: float) -> Reply:
+    return _info(msg.request_id, _service(session).status, msg.job_id)
 
 
-def _cancel(session: Any, msg: m.JobCancel) -> None:
-    _info(session, msg.request_id, _service(session).cancel, msg.job_id)
+def _cancel(session: Any, msg: m.JobCancel, now: float) -> Reply:
+    return _info(msg.request_id, _service(session).cancel, msg.job_id)
 
 
-def _watch(session: Any, msg: m.JobWatch) -> None:
+def _watch(session: Any, msg: m.JobWatch, now: float) -> Reply:
     try:
         events = _service(session).wait_events(msg.job_id, msg.after)
     except JobRefused as exc:
         raise _refuse(str(exc)) from None
-    session._replies.append(m.JobEvents(msg.request_id, msg.job_id, json.dumps(events).encode()))
+    return [m.JobEvents(msg.request_id, msg.job_id, json.dumps(events).encode())]
 
 
-def _put(session: Any, msg: m.ArtifactPut) -> None:
+def _put(session: Any, msg: m.ArtifactPut, now: float) -> Reply:
     if len(msg.data) > m.ARTIFACT_CHUNK:
         raise _refuse(f"artifact chunk of {len(msg.data)} bytes exceeds {m.ARTIFACT_CHUNK}")
     if len(msg.digest) != 32:
@@ -76,10 +76,10 @@ def _put(session: Any, msg: m.ArtifactPut) -> None:
         _service(session).store.receive_chunk(msg.digest.hex(), msg.offset, msg.total, msg.data)
     except StoreError as exc:
         raise _refuse(str(exc)) from None
-    session._replies.append(m.Ack(msg.request_id))
+    return [m.Ack(msg.request_id)]
 
 
-def _get(session: Any, msg: m.ArtifactGet) -> None:
+def _get(session: Any, msg: m.ArtifactGet, now: float) -> Reply:
     sha = msg.digest.hex()
     try:
         total, data = _service(session).store.read_chunk(
@@ -87,17 +87,17 @@ def _get(session: Any, msg: m.ArtifactGet) -> None:
         )
     except StoreError as exc:
         raise _refuse(str(exc)) from None
-    session._replies.append(m.ArtifactChunk(msg.request_id, msg.digest, msg.offset, total, data))
+    return [m.ArtifactChunk(msg.request_id, msg.digest, msg.offset, total, data)]
 
 
-JOB_HANDLERS: dict[type, Any] = {
-    m.JobSubmit: _submit,
-    m.JobList: _list,
-    m.JobStatus: _status,
-    m.JobCancel: _cancel,
-    m.JobWatch: _watch,
-    m.ArtifactPut: _put,
-    m.ArtifactGet: _get,
+JOB_HANDLERS: dict[type, Handler] = {
+    m.JobSubmit: Handler(_submit, Place.JOBS),
+    m.JobList: Handler(_list, Place.JOBS),
+    m.JobStatus: Handler(_status, Place.JOBS),
+    m.JobCancel: Handler(_cancel, Place.JOBS),
+    m.JobWatch: Handler(_watch, Place.JOBS),
+    m.ArtifactPut: Handler(_put, Place.JOBS),
+    m.ArtifactGet: Handler(_get, Place.JOBS),
 }
 
 __all__ = ["JOB_HANDLERS"]

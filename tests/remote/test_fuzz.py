@@ -55,7 +55,7 @@ def _mutate(frame: bytes, rng: random.Random) -> bytes:
 def _fresh_session() -> Session:
     s = Session(ServerState("cpu"), "fuzz")
     s.feed_control(m.encode(m.Hello(m.PROTOCOL_VERSION, b"")))
-    s.step()
+    s.step(0.0)
     return s
 
 
@@ -64,7 +64,7 @@ def _check_alive(s: Session) -> None:
     if s.waiting is not None:  # a (mutated) bulk upload waits for its bytes: send too few
         s.feed_bulk(s.waiting[1], b"")
     s.feed_control(m.encode(m.Sync(99)))
-    assert m.decode(s.step()[-1])[-1] == m.Ack(99)
+    assert m.decode(s.step(0.0)[-1])[-1] == m.Ack(99)
     s.close()
 
 
@@ -73,7 +73,7 @@ def _check_alive(s: Session) -> None:
 def test_generated_frames_never_crash_the_session(value: object) -> None:
     s = _fresh_session()
     s.feed_control(msgpack.packb(value, use_bin_type=True))
-    for out in s.step():
+    for out in s.step(0.0):
         assert isinstance(out, bytes)
         for msg in m.decode(out):
             assert isinstance(msg, m.Error | m.Data | m.Ack | m.MemoryStats)
@@ -86,7 +86,7 @@ def test_mutated_frames_never_crash_the_session(seed: int, which: int) -> None:
     s = _fresh_session()
     s.feed_control(m.encode(m.Upload(1, "float32", (2,), b"\0" * 8, 0)))
     s.feed_control(_mutate(_VALID[which], random.Random(seed)))
-    for out in s.step():
+    for out in s.step(0.0):
         assert isinstance(out, bytes)
         m.decode(out)
     _check_alive(s)

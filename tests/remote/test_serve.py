@@ -64,7 +64,7 @@ def test_two_clients_are_isolated(server: Server, tmp_path: Path) -> None:
 
 
 def test_a_long_step_runs_off_the_network_loop(server: Server, tmp_path: Path) -> None:
-    """Small timed steps may run on the loop (see Session.needs_worker); a long one must not
+    """Small timed steps may run on the loop (see Handler.inline); a long one must not
     hold up another session's reads."""
     slow = RemoteDevice(server.target)
     quick = RemoteDevice(server.target, key=tmp_path / "quick-key")

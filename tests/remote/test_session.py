@@ -94,14 +94,14 @@ def test_malformed_frames_get_errors() -> None:
     state = ServerState("cpu")
     s = Session(state)
     s.feed_control(m.encode(m.Hello(m.PROTOCOL_VERSION, b"")))
-    assert isinstance(m.decode(s.step()[0])[0], m.Welcome)
+    assert isinstance(m.decode(s.step(0.0)[0])[0], m.Welcome)
     for frame in [b"", b"\xc1", m.encode(m.Sync(1))[:-1], b"\x91\x92\x63\x00"]:
         s.feed_control(frame)
-        (reply,) = s.step()
+        (reply,) = s.step(0.0)
         (err,) = m.decode(reply)
         assert isinstance(err, m.Error) and err.code == m.MALFORMED
     s.feed_control(m.encode(m.Sync(5)))
-    assert m.decode(s.step()[0]) == [m.Ack(5)]
+    assert m.decode(s.step(0.0)[0]) == [m.Ack(5)]
 
 
 def test_targets_and_address_book(tmp_path) -> None:  # type: ignore[no-untyped-def]

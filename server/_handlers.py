@@ -1,0 +1,209 @@
+"""The server's one handler table: every client message -> the function that answers it and
+where it runs (see :class:`~._replies.Place`).
+
+A new client message is one entry here; ``tests/remote/test_handlers.py`` checks that every
+client message has exactly one and that no handler placed on the loop waits. Session
+handlers are below; the job and artifact handlers live in ``jobs/_wire.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..engine.executor import ExecutionError
+from ..protocol import dtypes
+from ..protocol import messages as m
+from ..protocol.graph import GraphError
+from ._replies import Failure, Handler, Place, Reply, SendBulk, StartFetch, Wait
+from ._state import LimitExceeded
+from .jobs._wire import JOB_HANDLERS
+
+MAX_REFUSED_GRAPHS = 64
+"""Refused digests a session remembers (a client retrying more is refused again)."""
+
+
+def upload(s: Any, msg: m.Upload, now: float) -> Reply:
+    data = msg.data
+    if msg.bulk_id:
+        if msg.bulk_id not in s.bulk_in:
+            return Wait("bulk", msg.bulk_id)
+        data = s.bulk_in.pop(msg.bulk_id)
+        if data is None:
+            raise Failure(m.MALFORMED, f"bulk {msg.bulk_id} of an Upload never arrived")
+    s.put(msg.tensor_id, s.array(msg.dtype, msg.shape, data))
+    return None
+
+
+def register(s: Any, msg: m.RegisterGraph, now: float) -> Reply:
+    digest = msg.digest.hex()
+    limit = s.state.limits.max_graphs
+    if digest not in s.graphs and len(s.graphs) >= limit:
+        _refuse(
+            s, digest, m.LIMIT, f"session registered {len(s.graphs)} graphs (max_graphs {limit})"
+        )
+    try:
+        s.state.register(digest, msg.graph)
+    except GraphError as exc:
+        _refuse(s, digest, m.BAD_GRAPH, f"graph refused: {exc}", exc.node)
+    s.refused.pop(digest, None)
+    s.graphs.add(digest)
+    return None
+
+
+def _refuse(s: Any, digest: str, code: int, message: str, node: int | None = None) -> None:
+    """Fail this registration and every execution of ``digest`` until it registers: the
+    client would otherwise take the missing plan for an eviction and re-register forever."""
+    if len(s.refused) >= MAX_REFUSED_GRAPHS:
+        s.refused.clear()
+    s.refused[digest] = (code, message, -1 if node is None else node)
+    raise Failure(*s.refused[digest])
+
+
+def execute(s: Any, msg: m.ExecuteGraph, now: float) -> Reply:
+    refused = s.refused.get(msg.digest.hex())
+    if refused is not None:  # not evicted but refused: re-registering would not help
+        s.drop(msg.drops)
+        raise Failure(*refused)
+    plan = s.state.plan(msg.digest.hex())
+    if plan is None:  # the client resends this message (drops included) after Resync
+        s.stalled = True
+        raise Failure(m.UNKNOWN_GRAPH, f"unknown graph {msg.digest.hex()}")
+    try:
+        _run(s, plan, msg)
+    finally:
+        s.drop(msg.drops)
+    return None
+
+
+def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
+    graph = plan.graph
+    if (
+        len(msg.input_ids) != plan.n_inputs
+        or len(msg.values) != len(plan.value_slots)
+        or len(msg.output_ids) != len(plan.outputs)
+    ):
+        raise Failure(
+            m.MALFORMED,
+            f"graph takes {plan.n_inputs} inputs, {len(plan.value_slots)} values and "
+            f"{len(plan.outputs)} outputs; got {len(msg.input_ids)}, {len(msg.values)} "
+            f"and {len(msg.output_ids)}",
+        )
+    inputs = []
+    for k, (tid, (shape, dt)) in enumerate(zip(msg.input_ids, graph.inputs)):
+        a = s.get(tid)
+        if tuple(a.shape) != shape or a.dtype != dtypes.to_numpy(dt):
+            raise Failure(
+                m.MISSING_TENSOR,
+                f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
+                f"{dt}{list(shape)}",
+            )
+        inputs.append(a)
+    # Inputs the client drops with this very message (an optimizer's old weights) are
+    # donated: they leave the store now and the graph frees them at their last use.
+    dropping = set(msg.drops)
+    donated = [k for k, tid in enumerate(msg.input_ids) if tid in dropping]
+    s.drop(tuple(msg.input_ids[k] for k in donated))
+    try:
+        outs = s.state.run(plan, inputs, msg.values, donated)
+    except ExecutionError as exc:
+        raise Failure(m.EXECUTION, str(exc), exc.node) from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Failure(m.MALFORMED, f"bad bindings: {exc}") from None
+    try:
+        s.put_many(zip(msg.output_ids, outs))
+    except LimitExceeded:
+        s.drop(msg.output_ids)  # no stale tensor under an id the client now expects
+        raise
+
+
+def read(s: Any, msg: m.Read, now: float) -> Reply:
+    host = np.ascontiguousarray(s.state.backend.to_numpy(s.get(msg.tensor_id)))
+    payload = host.tobytes()
+    name = dtypes.from_numpy(host.dtype)
+    if len(payload) > m.BULK_THRESHOLD:
+        bulk_id = s.next_bulk_id()
+        return [m.Data(msg.request_id, name, host.shape, b"", bulk_id), SendBulk(bulk_id, payload)]
+    return [m.Data(msg.request_id, name, host.shape, payload, 0)]
+
+
+def drop(s: Any, msg: m.Drop, now: float) -> Reply:
+    s.drop(msg.tensor_ids)
+    return None
+
+
+def sync(s: Any, msg: m.Sync, now: float) -> Reply:
+    return [m.Ack(msg.request_id)]
+
+
+def memory(s: Any, msg: m.MemoryStats, now: float) -> Reply:
+    st = s.state
+    return [
+        m.MemoryStats(
+            msg.request_id,
+            len(s.store),
+            s.nbytes,
+            st.tensors,
+            st.bytes,
+            len(st.sessions),
+            s.peak,
+            st.peak_bytes,
+        )
+    ]
+
+
+def resync(s: Any, msg: m.Resync, now: float) -> Reply:
+    s.stalled = False
+    return None
+
+
+def expose(s: Any, msg: m.Expose, now: float) -> Reply:
+    return [m.Token(msg.request_id, s.state.grant(msg.peer_id, s.get(msg.tensor_id)))]
+
+
+def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
+    tid = msg.tensor_id
+    if tid not in s.fetched:
+        return Wait("fetch", tid, StartFetch(tid, msg.source_peer, msg.source_address, msg.token))
+    result = s.fetched.pop(tid)
+    if isinstance(result, str):
+        raise Failure(m.CAPABILITY, f"fetch from {msg.source_peer[:12]}... failed: {result}")
+    dtype, shape, data = result
+    s.put(tid, s.array(dtype, shape, data))
+    return None
+
+
+def _inline_upload(s: Any, msg: m.Upload) -> float | None:
+    """A small inline upload is a copy of at most BULK_THRESHOLD bytes."""
+    return 0.0 if not msg.bulk_id else None
+
+
+def _inline_execute(s: Any, msg: m.ExecuteGraph) -> float | None:
+    """The plan's last run time (plans are shared, so any session's run counts)."""
+    plan = s.state.plan(msg.digest.hex())
+    return None if plan is None else plan.seconds
+
+
+def _inline_read(s: Any, msg: m.Read) -> float | None:
+    """Reading a small tensor is a copy of at most BULK_THRESHOLD bytes."""
+    a = s.store.get(msg.tensor_id)
+    return 0.0 if a is None or int(getattr(a, "nbytes", 0)) <= m.BULK_THRESHOLD else None
+
+
+HANDLERS: dict[type, Handler] = {
+    m.Upload: Handler(upload, Place.ENGINE, _inline_upload),
+    m.RegisterGraph: Handler(register, Place.ENGINE),
+    m.ExecuteGraph: Handler(execute, Place.ENGINE, _inline_execute),
+    m.Read: Handler(read, Place.ENGINE, _inline_read),
+    m.Drop: Handler(drop, Place.LOOP),
+    m.Sync: Handler(sync, Place.LOOP),
+    m.MemoryStats: Handler(memory, Place.LOOP),
+    m.Resync: Handler(resync, Place.LOOP),
+    m.Expose: Handler(expose, Place.LOOP),
+    m.Fetch: Handler(fetch, Place.ENGINE),
+    **JOB_HANDLERS,
+}
+"""Every client request after Hello (Hello itself opens the session: ``Session._hello``)."""
+
+__all__ = ["HANDLERS", "MAX_REFUSED_GRAPHS"]
