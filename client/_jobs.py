@@ -24,10 +24,29 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 _REF_PREFIXES = ("sha256:", "server:", "job:")
 _FILE_KEYS = (
     ("model", "weights"),
+    ("model", "hf_config"),
     ("model", "adapter"),
     ("model", "adapter_config"),
     ("data", "path"),
 )
+
+
+def _expand_pretrained(spec: dict[str, Any]) -> None:
+    """model.weights naming a local save_pretrained directory: its weights and config.json
+    travel as two files, and the directory's path is what the adapter names as its base."""
+    model = spec.get("model")
+    weights = model.get("weights") if isinstance(model, dict) else None
+    if not isinstance(weights, str) or weights.startswith(_REF_PREFIXES):
+        return
+    directory = Path(weights)
+    if not directory.is_dir():
+        return
+    for name in ("model.safetensors", "config.json"):
+        if not (directory / name).is_file():
+            raise JobError(f"model.weights: {directory} has no {name} (a save_pretrained dir)")
+    model["weights"] = str(directory / "model.safetensors")
+    model.setdefault("hf_config", str(directory / "config.json"))
+    model.setdefault("name_or_path", str(directory.resolve()))
 
 
 class JobError(RuntimeError):
@@ -65,6 +84,7 @@ class Jobs:
             except tomllib.TOMLDecodeError as exc:
                 raise JobError(f"spec: not valid TOML: {exc}") from None
         spec = json.loads(json.dumps(spec, default=str))  # a deep copy with paths as strings
+        _expand_pretrained(spec)
         for section, key in _FILE_KEYS:
             value = spec.get(section, {}).get(key) if isinstance(spec.get(section), dict) else None
             if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):

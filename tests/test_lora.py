@@ -110,8 +110,8 @@ def test_adapter_save_load_roundtrip_peft_layout(tmp_path):
     want = model(ids).numpy()
     model.save_adapter(tmp_path, base_model_name_or_path="tiny-gpt")
     tensors = nn.load_safetensors(tmp_path / "adapter_model.safetensors")
-    assert tensors["base_model.model.h.0.attn.c_attn.lora_A.weight"].shape == (2, 64)
-    assert tensors["base_model.model.h.1.mlp.c_proj.lora_B.weight"].shape == (64, 2)
+    assert tensors["base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"].shape == (2, 64)
+    assert tensors["base_model.model.transformer.h.1.mlp.c_proj.lora_B.weight"].shape == (64, 2)
     assert len(tensors) == 2 * 2 * 3  # layers x (A, B) x (c_attn, attn.c_proj, mlp.c_proj)
     doc = json.loads((tmp_path / "adapter_config.json").read_text())
     assert doc["peft_type"] == "LORA" and doc["bias"] == "none"

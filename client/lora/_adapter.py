@@ -2,7 +2,10 @@
 
 Keys are `base_model.model.<module path>.lora_A.weight` ([r, in]) and `.lora_B.weight`
 ([out, r]), the layout `peft.PeftModel.from_pretrained` reads; the config carries the fields
-PEFT needs to rebuild the LoRA layers.
+PEFT needs to rebuild the LoRA layers. The module path is the one of the Hugging Face class the
+base came from: `GPT2LMHeadModel` nests GPT-2 under `transformer.`, so its adapters read
+`base_model.model.transformer.h.0...`; PEFT silently ignores keys that do not fit its model (the
+adapter then does nothing), so the class matters.
 """
 
 from __future__ import annotations
@@ -19,28 +22,52 @@ from ._model import apply_lora, lora_layers
 PREFIX = "base_model.model."
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"
+HF_GPT2_LIBRARY = "transformers.models.gpt2.modeling_gpt2"
+"""Where the GPT-2 classes live: `AutoPeftModel*` imports the base class from there."""
 
 
-def adapter_state(model: Module) -> dict[str, Any]:
+def key_prefix(model: Module, hf_class: str | None = None) -> str:
+    """`base_model.model.` plus where the Hugging Face class `hf_class` (default: the one
+    the model was loaded from, if any) keeps our module tree."""
+    cls = hf_class or getattr(model, "hf_class", None)
+    if cls is None:
+        return PREFIX
+    from ..nn._hf import CLASSES
+
+    if cls not in CLASSES:
+        raise ValueError(f"save_adapter: hf_class {cls!r} is not one of {sorted(CLASSES)}")
+    return PREFIX + CLASSES[cls]
+
+
+def adapter_state(model: Module, hf_class: str | None = None) -> dict[str, Any]:
+    prefix = key_prefix(model, hf_class)
     out = {}
     for path, layer in lora_layers(model):
-        out[f"{PREFIX}{path}.lora_A.weight"] = layer.lora_A.weight.numpy()
-        out[f"{PREFIX}{path}.lora_B.weight"] = layer.lora_B.weight.numpy()
+        out[f"{prefix}{path}.lora_A.weight"] = layer.lora_A.weight.numpy()
+        out[f"{prefix}{path}.lora_B.weight"] = layer.lora_B.weight.numpy()
     return out
 
 
-def save_adapter(model: Module, directory: str | Path, **config_fields: Any) -> None:
-    """Write the adapter; `config_fields` override or add adapter_config.json entries."""
+def save_adapter(
+    model: Module, directory: str | Path, hf_class: str | None = None, **config_fields: Any
+) -> None:
+    """Write the adapter; `config_fields` override or add adapter_config.json entries.
+
+    Args:
+        hf_class: key the adapter for this Hugging Face class ("GPT2LMHeadModel" or the bare
+            "GPT2Model"); default the class the model was loaded from (GPT: GPT2LMHeadModel).
+    """
     config: LoraConfig | None = getattr(model, "lora_config", None)
     if config is None:
         raise ValueError("save_adapter: this model has no LoRA adapters (apply_lora first)")
+    name_or_path = config.base_model_name_or_path or getattr(model, "name_or_path", None)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_arrays(adapter_state(model), directory / WEIGHTS, {"format": "pt"})
+    save_arrays(adapter_state(model, hf_class), directory / WEIGHTS, {"format": "pt"})
     doc = {
         "peft_type": "LORA",
         "task_type": config.task_type,
-        "base_model_name_or_path": config.base_model_name_or_path,
+        "base_model_name_or_path": name_or_path,
         "r": config.r,
         "lora_alpha": config.alpha,
         "lora_dropout": config.dropout,
@@ -53,6 +80,9 @@ def save_adapter(model: Module, directory: str | Path, **config_fields: Any) -> 
         "modules_to_save": None,
         "revision": None,
     }
+    cls = hf_class or getattr(model, "hf_class", None)
+    if config.task_type is None and cls is not None:  # what PEFT writes for task_type None
+        doc["auto_mapping"] = {"base_model_class": cls, "parent_library": HF_GPT2_LIBRARY}
     doc.update(config_fields)
     (directory / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
@@ -69,7 +99,7 @@ def read_config(directory: str | Path) -> LoraConfig:
         dropout=float(doc.get("lora_dropout", 0.0)),
         target_modules=doc["target_modules"],
         use_rslora=bool(doc.get("use_rslora", False)),
-        task_type=doc.get("task_type") or "CAUSAL_LM",
+        task_type=doc.get("task_type"),
         base_model_name_or_path=doc.get("base_model_name_or_path"),
     )
 
@@ -79,9 +109,11 @@ def load_adapter(model: Module, directory: str | Path) -> None:
     config = read_config(directory)
     if not lora_layers(model):
         apply_lora(model, config)
+    prefix = key_prefix(model)
     state = {}
     for key, arr in load_arrays(Path(directory) / WEIGHTS).items():
-        key = key.removeprefix(PREFIX).replace(".default.", ".")
+        # keyed for either Hugging Face class: both load
+        key = key.removeprefix(prefix).removeprefix(PREFIX).replace(".default.", ".")
         state[key] = arr
     own = {f"{p}.lora_{ab}.weight" for p, _ in lora_layers(model) for ab in "AB"}
     missing, unexpected = own - state.keys(), state.keys() - own

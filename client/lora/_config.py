@@ -21,8 +21,11 @@ class LoraConfig:
     target_modules: Any = ("q_proj", "v_proj")
     use_rslora: bool = False
     quantize: str | None = None
-    task_type: str = "CAUSAL_LM"
+    task_type: str | None = None
+    """As PEFT's default (None): the adapter loads onto any model, `PeftModel` or a task
+    class; set "CAUSAL_LM" for `PeftModelForCausalLM`."""
     base_model_name_or_path: str | None = None
+    """Default: the directory the model was loaded from (`GPT.from_pretrained`)."""
 
     def __post_init__(self) -> None:
         if self.r <= 0:

@@ -10,6 +10,7 @@ from ._attention import (
     scaled_dot_product_attention,
 )
 from ._gpt import GPT, GPTConfig
+from ._hf import HFConfigError
 from ._init import seed
 from ._layers import (
     GELU,
@@ -37,6 +38,7 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GPTConfig",
+    "HFConfigError",
     "LayerNorm",
     "Linear",
     "MaxPool2d",

@@ -119,15 +119,21 @@ class MLP(Module):
     """d -> 4d -> GELU (tanh form, as GPT-2) -> d."""
 
     def __init__(
-        self, d_model: int, dropout: float = 0.0, bias: bool = True, device: Device | None = None
+        self,
+        d_model: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        device: Device | None = None,
+        approximate: str = "tanh",
     ) -> None:
         dev = device or Device.cpu()
+        self.approximate = approximate
         self.c_fc = Linear(d_model, 4 * d_model, bias, device=dev)
         self.c_proj = Linear(4 * d_model, d_model, bias, device=dev)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), "tanh")))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), self.approximate)))
 
 
 class TransformerBlock(Module):
@@ -142,12 +148,13 @@ class TransformerBlock(Module):
         bias: bool = True,
         eps: float = 1e-5,
         device: Device | None = None,
+        approximate: str = "tanh",
     ) -> None:
         dev = device or Device.cpu()
         self.ln_1 = LayerNorm(d_model, eps, bias, device=dev)
         self.attn = CausalSelfAttention(d_model, n_head, context, dropout, bias, device=dev)
         self.ln_2 = LayerNorm(d_model, eps, bias, device=dev)
-        self.mlp = MLP(d_model, dropout, bias, device=dev)
+        self.mlp = MLP(d_model, dropout, bias, device=dev, approximate=approximate)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))

@@ -30,12 +30,29 @@ class GPTConfig:
     context: int = 64
     dropout: float = 0.0
     eps: float = 1e-5
+    activation: str = "gelu_new"
+    """config.json's activation_function: gelu_new / gelu_pytorch_tanh (tanh form) or gelu."""
 
 
 class GPT(Module):
-    """Decoder-only transformer; `forward(ids (B, T) int64) -> logits (B, T, vocab)`."""
+    """Decoder-only transformer; `forward(ids (B, T) int64) -> logits (B, T, vocab)`.
+
+    `hf_class` is the Hugging Face class its checkpoints and adapters are keyed for
+    (GPT2LMHeadModel, or the bare GPT2Model); `name_or_path` is what adapters record as
+    `base_model_name_or_path` (the directory `from_pretrained` read).
+    """
+
+    hf_class: str = "GPT2LMHeadModel"
+    name_or_path: str | None = None
+    hf_config: dict | None = None
 
     def __init__(self, config: GPTConfig, device: Device | None = None) -> None:
+        from ._hf import ACTIVATIONS
+
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"GPTConfig: activation {config.activation!r} is not one of {sorted(ACTIVATIONS)}"
+            )
         dev = device or Device.cpu()
         c = config
         self.config = c
@@ -43,7 +60,16 @@ class GPT(Module):
         self.wpe = Embedding(c.context, c.d_model, std=0.01, device=dev)
         self.drop = Dropout(c.dropout)
         self.h = ModuleList(
-            TransformerBlock(c.d_model, c.n_head, c.context, c.dropout, True, c.eps, device=dev)
+            TransformerBlock(
+                c.d_model,
+                c.n_head,
+                c.context,
+                c.dropout,
+                True,
+                c.eps,
+                device=dev,
+                approximate=ACTIVATIONS[c.activation],
+            )
             for _ in range(c.n_layer)
         )
         self.ln_f = LayerNorm(c.d_model, c.eps, device=dev)
@@ -94,12 +120,58 @@ class GPT(Module):
     def from_gpt2(
         cls, path: str | Path, n_head: int | None = None, device: Device | None = None
     ) -> GPT:
-        """Build a model sized from the checkpoint's shapes, then load it."""
-        from ._gpt2 import config_from_file
+        """Build a model from a GPT-2 checkpoint file (or a `save_pretrained` directory).
 
+        Hyperparameters come from the `config.json` beside the file, else from our own
+        metadata, else from `n_head`; a file that tells none of them is refused rather than
+        guessed (a wrong head count gives wrong logits without an error).
+        """
+        from ._gpt2 import config_from_file
+        from ._hf import CONFIG
+
+        path = Path(path)
+        if path.is_dir():
+            return cls.from_pretrained(path, device=device)
+        if n_head is None and (path.parent / CONFIG).is_file():
+            return cls.from_pretrained(path.parent, device=device, weights=path)
         model = cls(config_from_file(path, n_head), device)
         model.load_gpt2(path)
         return model
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        device: Device | None = None,
+        hf_class: str | None = None,
+        weights: str | Path | None = None,
+    ) -> GPT:
+        """Load a Hugging Face GPT-2 directory (`save_pretrained`): every hyperparameter from
+        its config.json, the weights from model.safetensors (or its shards). Like
+        transformers, the model comes back in eval mode (dropout off); `train()` turns it on.
+
+        Args:
+            hf_class: the class adapters are keyed for; default the config's `architectures`.
+            weights: a safetensors file to read instead of the directory's own.
+        Raises:
+            HFConfigError: the config asks for something this GPT does not implement.
+        """
+        from . import _hf
+        from ._serialize import load_arrays
+
+        directory = Path(directory)
+        doc = _hf.read_config(directory)
+        state = load_arrays(weights) if weights is not None else _hf.load_weights(directory)
+        model = _hf.build(cls, doc, state, device, hf_class, directory / _hf.CONFIG)
+        model.name_or_path = str(directory.resolve())
+        return model
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """config.json + model.safetensors that `from_pretrained` here and the model's
+        Hugging Face class (`hf_class`) both load; LoRA adapters are left out."""
+        from ._hf import save_pretrained
+
+        save_pretrained(self, directory)
 
     def config_dict(self) -> dict[str, float | int]:
         return asdict(self.config)

@@ -51,16 +51,21 @@ def _normalise(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def load_gpt2(model: Any, path: str | Path) -> None:
     """Load a GPT-2 file into `model` (same sizes); LoRA adapters, if any, are kept."""
-    state = _normalise(load_arrays(path))
+    load_state(model, load_arrays(path), path)
+
+
+def load_state(model: Any, raw: dict[str, np.ndarray], where: Any) -> None:
+    state = _normalise(raw)
     own = {n for n, _ in model.named_tensors() if ".lora_" not in n}
     missing = own - state.keys()
     if missing:
-        raise KeyError(f"load_gpt2: {path} lacks {sorted(missing)}")
+        raise KeyError(f"load_gpt2: {where} lacks {sorted(missing)}")
     model.load_state_dict(state, strict=False)
 
 
 def config_from_file(path: str | Path, n_head: int | None = None) -> Any:
-    """Sizes from the shapes; heads from our metadata, else `n_head`, else GPT-2's 64-wide."""
+    """Sizes from the shapes; heads and the rest from our metadata, else `n_head`. A file
+    that names no head count is refused: guessing one gives wrong logits silently."""
     from ._gpt import GPTConfig
 
     state = _normalise(load_arrays(path))
@@ -68,7 +73,12 @@ def config_from_file(path: str | Path, n_head: int | None = None) -> Any:
     vocab, d_model = state["wte.weight"].shape
     n_layer = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("h."))
     if n_head is None:
-        n_head = int(meta["n_head"]) if "n_head" in meta else max(d_model // 64, 1)
+        if "n_head" not in meta:
+            raise ValueError(
+                f"{path}: the file does not say how many attention heads the model has; "
+                "load its save_pretrained directory (config.json) or pass n_head="
+            )
+        n_head = int(meta["n_head"])
     return GPTConfig(
         n_layer=n_layer,
         n_head=n_head,
@@ -76,4 +86,5 @@ def config_from_file(path: str | Path, n_head: int | None = None) -> Any:
         vocab=vocab,
         context=state["wpe.weight"].shape[0],
         eps=float(meta.get("eps", 1e-5)),
+        activation=meta.get("activation", "gelu_new"),
     )

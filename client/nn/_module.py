@@ -179,10 +179,13 @@ class Module:
 
         unmerge(self)
 
-    def save_adapter(self, directory: str | Path, **config_fields: Any) -> None:
+    def save_adapter(
+        self, directory: str | Path, hf_class: str | None = None, **config_fields: Any
+    ) -> None:
+        """PEFT's layout, keyed for `hf_class` (default: the class the model came from)."""
         from ..lora import save_adapter
 
-        save_adapter(self, directory, **config_fields)
+        save_adapter(self, directory, hf_class, **config_fields)
 
     def load_adapter(self, directory: str | Path) -> None:
         from ..lora import load_adapter

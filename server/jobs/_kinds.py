@@ -61,7 +61,9 @@ def run_training(ctx: Any) -> dict[str, Path]:
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     if spec["kind"] == "lora_finetune":
-        model.save_adapter(out, base_model_name_or_path=spec["model"]["weights"])
+        # the base's name as the client knows it (a directory AutoPeftModel can load); an
+        # artifact digest would mean nothing outside this server
+        model.save_adapter(out)
         return {p.name: p for p in sorted(out.iterdir())}
     model.eval()
     path = out / "model.safetensors"

@@ -7,6 +7,7 @@ from ``nn.seed(seed)``, and batches from a NumPy generator whose state the check
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,17 @@ def build_model(spec: dict[str, Any], dev: Device, resolve: Any) -> nn.Module:
     m = spec["model"]
     weights = resolve(m["weights"], "model.weights") if m["weights"] else None
     if m["arch"] == "gpt":
+        from burn_remote.nn import _hf
         from burn_remote.nn._gpt2 import config_from_file
 
+        if m["hf_config"]:  # every hyperparameter from the config.json
+            doc = json.loads(resolve(m["hf_config"], "model.hf_config").read_text())
+            state = nn.load_safetensors(weights)
+            model = _hf.build(
+                nn.GPT, doc, state, dev, None, "model.hf_config", dropout=m["dropout"]
+            )
+            model.name_or_path = m["name_or_path"]
+            return model
         if weights is not None:
             config = config_from_file(weights, m["n_head"])
         else:
@@ -41,6 +51,7 @@ def build_model(spec: dict[str, Any], dev: Device, resolve: Any) -> nn.Module:
         model: nn.Module = nn.GPT(dataclasses.replace(config, dropout=m["dropout"]), device=dev)
         if weights is not None:
             model.load_gpt2(weights)
+        model.name_or_path = m["name_or_path"]
         return model
     layers = []
     for i, layer in enumerate(m["layers"]):
@@ -87,6 +98,7 @@ def lora_config(spec: dict[str, Any]) -> lora.LoraConfig:
         target_modules=c["target_modules"],
         use_rslora=c["use_rslora"],
         quantize=c["quantize"],
+        task_type=c["task_type"],
     )
 
 

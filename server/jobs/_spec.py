@@ -7,6 +7,8 @@ A spec is a dict (or TOML text, parsed with tomllib) such as::
     steps = 100
     [model]
     weights = "sha256:<hex>"          # or "server:/allowed/dir/model.safetensors"
+    hf_config = "sha256:<hex>"        # optional: the config.json of a save_pretrained dir
+    name_or_path = "/home/me/gpt2"    # optional: what the adapter names as its base
     [data]
     path = "sha256:<hex>"
     [lora]
@@ -209,6 +211,8 @@ MODEL = table(
     {
         "arch": (one_of("gpt", "sequential"), "gpt"),
         "weights": (opt(ref), None),
+        "hf_config": (opt(ref), None),
+        "name_or_path": (opt(string), None),
         "n_head": (opt(pos_int), None),
         "dropout": (fraction, 0.0),
         "config": (opt(GPT_CONFIG), None),
@@ -234,6 +238,7 @@ LORA = table(
         "target_modules": (str_or_list, lambda: ["c_attn", "c_proj", "c_fc"]),
         "use_rslora": (boolean, False),
         "quantize": (opt(one_of("nf4")), None),
+        "task_type": (opt(string), None),
     }
 )
 
@@ -328,6 +333,8 @@ def _cross_check(spec: dict[str, Any]) -> None:
         raise SpecError('model.layers: only for model.arch "sequential"')
     if spec["kind"] in ("lora_finetune", "onnx_export") and model["weights"] is None:
         raise SpecError(f"model.weights: required key is missing (a {spec['kind']} job)")
+    if model["hf_config"] and (model["arch"] != "gpt" or not model["weights"]):
+        raise SpecError('model.hf_config: a GPT-2 config.json, with model.weights (arch "gpt")')
     if model["adapter_config"] and not model["adapter"]:
         raise SpecError("model.adapter_config: needs model.adapter")
     if model["adapter"] and not model["adapter"].startswith("job:") and not model["adapter_config"]:
@@ -343,7 +350,8 @@ def _cross_check(spec: dict[str, Any]) -> None:
 def refs(spec: dict[str, Any]) -> list[tuple[str, str]]:
     """(key path, reference) of every input a validated spec names."""
     out = []
-    for section, keys in (("model", ("weights", "adapter", "adapter_config")), ("data", ("path",))):
+    model_keys = ("weights", "hf_config", "adapter", "adapter_config")
+    for section, keys in (("model", model_keys), ("data", ("path",))):
         for key in keys:
             value = spec.get(section, {}).get(key)
             if value:
