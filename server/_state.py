@@ -18,7 +18,7 @@ from ..engine.executor import PLAN_CACHE_SIZE, Executor, Plan
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.extensions import check_graph_extensions, installed_extensions
-from ..protocol.graph import MAX_GRAPH_NODES, GraphError, decode, validate
+from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, decode, validate
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class ServerState:
         self, device: str = "cpu", limits: Limits | None = None, peer_id: str = ""
     ) -> None:
         self.limits = limits or Limits()
+        self.device = device
         self.backend: Backend = get_backend(device)
         self.executor = Executor(self.backend, self.limits.plan_cache)
         self.peer_id = peer_id
@@ -96,19 +97,20 @@ class ServerState:
         with self.lock:
             self.sessions.pop(sid, None)
 
-    def account(self, tensors: int, nbytes: int, session_bytes: int) -> None:
-        """Charge (or, negative, refund) memory; raises LimitExceeded past a quota."""
+    def account(self, tensors: int, nbytes: int, owner_bytes: int, owner: str = "session") -> None:
+        """Charge (or, negative, refund) memory of one owner (a session, or ``job <id>``)
+        that holds ``owner_bytes`` now; raises LimitExceeded past a quota."""
         with self.lock:
             if nbytes > 0:
-                if session_bytes + nbytes > self.limits.session_memory:
+                if owner_bytes + nbytes > self.limits.session_memory:
                     raise LimitExceeded(
-                        f"session memory quota exceeded: {session_bytes} + {nbytes} bytes > "
-                        f"{self.limits.session_memory}"
+                        f"{owner} memory quota exceeded: {owner_bytes} + {nbytes} bytes > "
+                        f"{self.limits.session_memory} (--session-memory)"
                     )
                 if self.bytes + nbytes > self.limits.memory_limit:
                     raise LimitExceeded(
-                        f"server memory limit exceeded: {self.bytes} + {nbytes} bytes > "
-                        f"{self.limits.memory_limit}"
+                        f"server memory limit exceeded by {owner}: {self.bytes} + {nbytes} "
+                        f"bytes > {self.limits.memory_limit} (--memory-limit)"
                     )
             self.tensors += tensors
             self.bytes += nbytes
@@ -145,6 +147,11 @@ class ServerState:
         """An error worth an operator's attention (metrics count them by kind)."""
         with self.lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def compile(self, digest: str, graph: Graph) -> Plan:
+        """The cached plan of an already validated graph (a job's own recording)."""
+        with self.lock:
+            return self.executor.plan(digest) or self.executor.register(digest, graph)
 
     # --- capabilities -----------------------------------------------------------------------
     def grant(self, peer_id: str, array: Any) -> bytes:

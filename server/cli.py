@@ -77,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.data_dir:  # the job store lives in the data directory (server/jobs)
             from burn_remote.server.jobs import JobService
 
-            state.jobs = JobService(args.data_dir, args.device, args.job_path)
+            state.jobs = JobService(args.data_dir, state, args.job_path)
     except (KeyFileError, ValueError, RuntimeError, OSError) as exc:
         print(f"burn-remote serve: {exc}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """JobService: the job store plus one runner thread for the server's device.
 
 Jobs queue per device and run one at a time, in submission order, on a local ``Device``
-parsed from the server's device string (so nn/optim/lora work as in user code). The runner
+whose runtime is the server's own engine (``_runtime.JobRuntime``: the sessions' backend,
+plan cache, memory ledger and limits), so nn/optim/lora work as in user code. The runner
 writes progress events to the store and wakes long-polling watchers; a running job checks
 for cancellation and shutdown between steps. At start, jobs a crash left ``running`` are
 queued again and resume from their last checkpoint.
@@ -10,9 +11,11 @@ queued again and resume from their last checkpoint.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -20,10 +23,29 @@ from pathlib import Path
 from typing import Any
 
 from ...protocol import messages as m
+from .._state import ServerState
 from ._spec import SpecError, refs, validate
 from ._store import TERMINAL, JobStore, StoreError
 
 log = logging.getLogger("burn_remote.server.jobs")
+
+RETRY_MIN, RETRY_MAX = 0.5, 30.0
+"""Seconds the runner pauses after a storage error, doubling up to the maximum."""
+
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+"""OS errors that are the disk's, not the job's: the job is retried, not failed."""
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """A full, read-only or failing disk (OSError) or SQLite store ("database or disk is
+    full", "disk I/O error")."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc)
+        return "full" in text or "disk I/O" in text or "readonly" in text
+    if isinstance(exc, StoreError) and isinstance(exc.__context__, OSError):
+        return is_storage_error(exc.__context__)
+    return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
+
 
 WATCH_WAIT = 2.0
 """Seconds a JobWatch long poll waits for a new event before answering with none."""
@@ -102,18 +124,29 @@ class JobService:
     """The jobs of one server: submit, list, cancel, watch; runs them on ``device``."""
 
     def __init__(
-        self, data_dir: str | Path, device: str = "cpu", job_paths: list[str] | None = None
+        self,
+        data_dir: str | Path,
+        engine: ServerState | str = "cpu",
+        job_paths: list[str] | None = None,
     ) -> None:
+        """``engine``: the server's state (jobs share its engine), or a device string for a
+        job service of its own (tests, tools)."""
+        self.state = engine if isinstance(engine, ServerState) else ServerState(engine)
         self.store = JobStore(data_dir)
-        self.device = device
+        self.device = self.state.device
         self.job_paths = [Path(p).resolve() for p in job_paths or []]
         self.changed = threading.Condition()
         self._cancel: set[int] = set()
         self._stopping = threading.Event()
-        resumed = self.store.requeue_interrupted(device)
+        self._stalled = False
+        self.running: Any = None
+        """The running job's runtime (its memory), or None."""
+        self.storage_error: str | None = None
+        """The storage error the runner is waiting out, or None (health and status)."""
+        resumed = self.store.requeue_interrupted(self.device)
         if resumed:
             log.info("jobs %s were interrupted; queued again to resume", resumed)
-        self._thread = threading.Thread(target=self._loop, name=f"jobs-{device}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"jobs-{self.device}", daemon=True)
         self._thread.start()
 
     # --- requests ---------------------------------------------------------------------------
@@ -125,7 +158,16 @@ class JobService:
         except SpecError as exc:
             raise JobRefused(str(exc)) from None
         total = spec.get("steps", 1)
-        job_id = self.store.add_job(spec, self.device, total)
+        try:
+            job_id = self.store.add_job(spec, self.device, total)
+        except (sqlite3.Error, OSError) as exc:
+            raise JobRefused(
+                f"the server's job store cannot be written ({exc}); nothing was queued: "
+                "try again once the server has disk space"
+            ) from None
+        log.info(
+            "job %d queued (%s)", job_id, spec["kind"], extra={"event": "job_queued", "job": job_id}
+        )
         self._wake()
         return self.status(job_id)
 
@@ -216,25 +258,62 @@ class JobService:
             self.changed.notify_all()
 
     def _loop(self) -> None:
+        """Run queued jobs until closed. A storage error (full disk, failing store) never
+        ends this thread: the job goes back to the queue and the runner retries, pausing
+        longer each time, until the store can be written again."""
+        pause = RETRY_MIN
         while not self._stopping.is_set():
-            job = self.store.next_queued(self.device)
-            if job is None:
-                with self.changed:
-                    self.changed.wait(0.5)
+            try:
+                if self._stalled:  # a job was left running by a storage error: queue it
+                    self.store.requeue_interrupted(self.device)
+                    self._stalled = False
+                job = self.store.next_queued(self.device)
+                if job is None:
+                    with self.changed:
+                        self.changed.wait(0.5)
+                    continue
+                self._run(job)
+                pause = RETRY_MIN
+            except Exception as exc:
+                self._stalled = True
+                self.storage_error = f"{type(exc).__name__}: {exc}"
+                self.state.count_error("job_storage")
+                log.error(
+                    "job runner: cannot write the job store (%s); retrying in %.0f s",
+                    self.storage_error,
+                    pause,
+                    extra={"event": "job_storage_error", "retry_s": pause},
+                )
+                self._stopping.wait(pause)
+                pause = min(pause * 2, RETRY_MAX)
                 continue
-            self._run(job)
+            self.storage_error = None
 
     def _run(self, job: dict[str, Any]) -> None:
+        from ._runtime import JobRuntime
+
+        job_id = job["id"]
+        self.store.update(job_id, state="running", started=time.time())
+        self._event(job_id, {"state": "running", "step": job["step"], "total": job["total"]})
+        runtime = JobRuntime(self.state, f"job {job_id}")
+        self.running = runtime
+        try:
+            self._attempt(job, runtime)
+        finally:
+            self.running = None
+
+    def _attempt(self, job: dict[str, Any], runtime: Any) -> None:
         from burn_remote import Device
 
         from ._kinds import KINDS
 
         job_id = job["id"]
-        self.store.update(job_id, state="running", started=time.time())
-        self._event(job_id, {"state": "running", "step": job["step"], "total": job["total"]})
         try:
-            ctx = JobContext(self, job, Device.parse(self.device))
-            files = KINDS[job["kind"]](ctx)
+            try:
+                ctx = JobContext(self, job, Device(self.device, runtime))
+                files = KINDS[job["kind"]](ctx)
+            finally:
+                runtime.release()  # before the job's end is told: its memory is free then
             outputs = {name: self.store.put_artifact_file(p) for name, p in files.items()}
         except _Stop as stop:
             if stop.cancel:
@@ -246,7 +325,9 @@ class JobService:
                 self._event(job_id, {"state": "queued", "interrupted": True})
             return
         except Exception as exc:
-            log.exception("job %d failed", job_id)
+            if is_storage_error(exc):  # not the job's fault: it runs again when space returns
+                raise
+            log.exception("job %d failed", job_id, extra={"event": "job_failed", "job": job_id})
             error = f"{type(exc).__name__}: {exc}"
             self.store.update(job_id, state="failed", error=error, finished=time.time())
             self._event(job_id, {"state": "failed", "error": error})

@@ -145,7 +145,7 @@ class JobStore:
                 (spec["kind"], device, "queued", json.dumps(spec), time.time(), total),
             )
             job_id = int(cur.lastrowid or 0)
-        self.add_event(job_id, {"state": "queued"})
+            _insert_event(db, job_id, {"state": "queued"})  # one transaction: both or neither
         return job_id
 
     def job(self, job_id: int) -> dict[str, Any]:
@@ -202,12 +202,7 @@ class JobStore:
     # --- events -----------------------------------------------------------------------------
     def add_event(self, job_id: int, event: dict[str, Any]) -> int:
         with self._tx() as db:
-            seq = db.execute(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?", (job_id,)
-            ).fetchone()[0]
-            event = {"seq": seq, "job_id": job_id, "time": time.time(), **event}
-            db.execute("INSERT INTO events VALUES (?, ?, ?)", (job_id, seq, json.dumps(event)))
-        return int(seq)
+            return _insert_event(db, job_id, event)
 
     def events(self, job_id: int, after: int, limit: int = 1000) -> list[dict[str, Any]]:
         with self.lock:
@@ -315,6 +310,15 @@ class JobStore:
                 f"{actual[:16]}..."
             )
         return path
+
+
+def _insert_event(db: sqlite3.Connection, job_id: int, event: dict[str, Any]) -> int:
+    seq = db.execute(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE job_id = ?", (job_id,)
+    ).fetchone()[0]
+    event = {"seq": seq, "job_id": job_id, "time": time.time(), **event}
+    db.execute("INSERT INTO events VALUES (?, ?, ?)", (job_id, seq, json.dumps(event)))
+    return int(seq)
 
 
 def _sha256_file(path: Path) -> str:
