@@ -36,11 +36,14 @@ def no_grad() -> Iterator[None]:
 class GradNode:
     """The tape entry of one op: its inputs (kept alive until backward) and its outputs."""
 
-    __slots__ = ("op", "inputs", "attrs", "outputs", "where")
+    __slots__ = ("op", "inputs", "versions", "attrs", "outputs", "where")
 
     def __init__(self, op: OpDef, inputs: tuple, attrs: dict, outputs: list, where: Any) -> None:
         self.op = op
         self.inputs = inputs
+        self.versions = tuple([t._version for t in inputs])
+        """The inputs' versions when recorded: an in-place update since then means the
+        gradient would use the new value, so backward refuses (torch's version counter)."""
         self.attrs = attrs
         self.outputs = [weakref.ref(o) for o in outputs]
         self.where = where
@@ -68,7 +71,7 @@ def _topo(root: Any) -> list[GradNode]:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        for t in node.inputs:
+        for t in node.inputs or ():
             if t._node is not None and id(t._node) not in seen:
                 stack.append((t._node, False))
     return order
@@ -99,8 +102,16 @@ def backward(root: Any, grad: Any = None) -> None:
                 continue
             if node.inputs is None:
                 raise RuntimeError(
-                    "backward(): this graph was already differentiated (its tape is freed)"
+                    "backward(): trying to backward through the graph a second time (its "
+                    "tape was freed by the first backward; recompute the forward)"
                 )
+            for t, v in zip(node.inputs, node.versions):
+                if t._version != v:
+                    raise RuntimeError(
+                        f"backward(): a tensor the gradient of {node.op.name!r} (recorded at "
+                        f"{fmt_location(node.where)}) needs was modified by an in-place "
+                        "operation after it was used"
+                    )
             if node.op.grad is NOT_DIFFERENTIABLE:
                 raise RuntimeError(
                     f"backward(): op {node.op.name!r} (recorded at {fmt_location(node.where)}) "
@@ -126,7 +137,6 @@ def backward(root: Any, grad: Any = None) -> None:
                     slot[inp._out] = gi if slot[inp._out] is None else slot[inp._out] + gi
     for node in order:  # free the tape: activations die unless the user holds them
         node.inputs = None
-    root._node = None
 
 
 def _accumulate(leaf: Any, g: Any) -> None:

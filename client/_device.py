@@ -116,13 +116,34 @@ def _memory_hook(spec: str, memory_limit: int | None) -> Any:
     return GraphMemory(DeviceMemory(spec, HostPageAllocator(), limit=memory_limit))
 
 
+_PYTHON_DATA = (list, tuple, bool, int, float)
+
+
+def _from_torch(data: Any) -> np.ndarray:
+    """A torch tensor's values with its dtype (bfloat16 through ml_dtypes: NumPy has none)."""
+    t = data.detach().cpu()
+    if str(t.dtype) == "torch.bfloat16":
+        import sys
+
+        import ml_dtypes
+
+        torch = sys.modules["torch"]
+        return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.resolve_conj().resolve_neg().numpy()
+
+
 def _as_array(data: Any, dtype: Any) -> np.ndarray:
+    """Arrays keep their dtype (NumPy, torch, anything with `__array__`); Python numbers and
+    lists get torch's defaults: float32 for floats, int64 for ints."""
+    if type(data).__module__.partition(".")[0] == "torch" and hasattr(data, "detach"):
+        data = _from_torch(data)
     if dtype is not None:
         return np.asarray(data, dtype=dtypes.to_numpy(dtypes.normalize(dtype)))
-    if isinstance(data, np.ndarray | np.generic):
+    if isinstance(data, np.ndarray | np.generic) or not isinstance(data, _PYTHON_DATA):
         arr = np.asarray(data)
-        dtypes.from_numpy(arr.dtype)  # refuses unsupported dtypes with a clear message
-        return arr
+        if arr.dtype != object:
+            dtypes.from_numpy(arr.dtype)  # refuses unsupported dtypes with a clear message
+            return arr
     arr = np.asarray(data)
     if arr.dtype.kind == "f":
         return arr.astype(np.float32)
@@ -175,6 +196,17 @@ class Device:
 
     def __repr__(self) -> str:
         return f"Device({self.spec!r})"
+
+    # A device is a place, not a value: copies of models and tensors stay on it.
+    def __copy__(self) -> Device:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Device:
+        return self
+
+    def __reduce__(self) -> tuple:
+        """Pickled by name: unpickling finds (or opens) the same local device."""
+        return (Device.parse, (self.spec,))
 
     # --- tensors --------------------------------------------------------------------------
     def tensor(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:

@@ -210,6 +210,12 @@ class RemoteDevice(Device):
     def __repr__(self) -> str:
         return f"RemoteDevice('{self.peer_id}@{self.address[0]}:{self.address[1]}')"
 
+    def __reduce__(self) -> tuple:
+        raise TypeError(
+            f"cannot pickle a tensor or device on {self!r}: its values live on the server "
+            "and a pickle cannot hold its session; pickle `t.numpy()` (or save a state_dict)"
+        )
+
     def flush(self) -> None:
         """Send what is recorded as one message now (a step boundary) and return at once."""
         super().flush()

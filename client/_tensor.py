@@ -17,9 +17,14 @@ def make_tensor(dev: Any, tensor_id: int, shape: tuple[int, ...], dtype: str) ->
     t.requires_grad = False
     t._node = None
     t._out = 0
+    t._version = 0
     t.grad = None
     dev._rec.retain(tensor_id)
     return t
+
+
+def _unpickle(dev: Any, array: np.ndarray, requires_grad: bool) -> Tensor:
+    return dev.tensor(array, requires_grad=requires_grad)
 
 
 class Tensor:
@@ -37,6 +42,7 @@ class Tensor:
         "requires_grad",
         "_node",
         "_out",
+        "_version",
         "grad",
         "__weakref__",
     )
@@ -77,6 +83,24 @@ class Tensor:
         return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self._dev}{grad})"
 
     __hash__ = object.__hash__
+
+    # --- copying and pickling -----------------------------------------------------------
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """A copy on the same device (a device is never copied). Values behind an id never
+        change, so the copy shares the id; an update to either rebinds only that one."""
+        import copy
+
+        out = make_tensor(self._dev, self._id, self.shape, self.dtype)
+        memo[id(self)] = out
+        out.requires_grad = self.requires_grad
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        return out
+
+    def __reduce__(self) -> tuple:
+        """Pickles the values and the device's name only (a remote device refuses)."""
+        self._dev.__reduce__()  # raises for devices that cannot be named in a pickle
+        return (_unpickle, (self._dev, self.numpy(), self.requires_grad))
 
     # --- reading (sync points) ----------------------------------------------------------
     def numpy(self) -> np.ndarray:
@@ -120,7 +144,8 @@ class Tensor:
 
     def _assign(self, other: Tensor) -> None:
         """Become `other` (its id, even its device); how optimizers and `Module.to` update a
-        parameter in place, so every holder of this object sees the new value."""
+        parameter in place, so every holder of this object sees the new value. Bumps the
+        version, so a recorded backward that saved this tensor refuses to run (as torch)."""
         if other.shape != self.shape:
             raise ValueError(f"cannot assign shape {other.shape} to a tensor of shape {self.shape}")
         other._dev._rec.retain(other._id)
@@ -132,6 +157,47 @@ class Tensor:
             None,
             0,
         )
+        self._version += 1
+
+    def _inplace(self, name: str, other: Any) -> Tensor:
+        """`x op= y`: the result rebinds this same object (so a parameter updated as
+        `p -= lr * p.grad` under no_grad really changes). Refused where torch refuses, or
+        where the tape would silently see the new value."""
+        if _autograd.enabled() and (
+            self.requires_grad or (isinstance(other, Tensor) and other.requires_grad)
+        ):
+            what = "a leaf tensor that requires grad" if self._node is None else "this tensor"
+            raise RuntimeError(
+                f"in-place {name} on {what} while gradients are recorded; update parameters "
+                "under `with no_grad():`, or write `x = x + y` to keep the op on the tape"
+            )
+        out = self._bin(name, other)
+        if out.shape != self.shape:
+            raise RuntimeError(
+                f"in-place {name}: the result has shape {out.shape}, which does not fit this "
+                f"tensor's shape {self.shape}"
+            )
+        if out.dtype != self.dtype:
+            if _kind(out.dtype) > _kind(self.dtype):  # float into int, as torch refuses
+                raise RuntimeError(
+                    f"in-place {name}: result type {out.dtype} can't be cast to this tensor's "
+                    f"dtype {self.dtype}"
+                )
+            out = out.cast(self.dtype)
+        self._assign(out)
+        return self
+
+    def __iadd__(self, o: Any) -> Tensor:
+        return self._inplace("add", o)
+
+    def __isub__(self, o: Any) -> Tensor:
+        return self._inplace("sub", o)
+
+    def __imul__(self, o: Any) -> Tensor:
+        return self._inplace("mul", o)
+
+    def __itruediv__(self, o: Any) -> Tensor:
+        return self._inplace("div", o)
 
     # --- devices and dtypes -------------------------------------------------------------
     def to(self, target: Any) -> Tensor:
@@ -346,6 +412,11 @@ class Tensor:
 
     def flip(self, axis: Any) -> Tensor:
         return _ops.call("flip", self, axes=(axis,) if isinstance(axis, int) else tuple(axis))
+
+
+def _kind(name: str) -> int:
+    """0 bool, 1 integer, 2 floating: an in-place result may not move up a kind."""
+    return 2 if dtypes.is_float(name) else 1 if dtypes.is_int(name) else 0
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
