@@ -54,6 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
     from burn_remote.server._daemon import ServeOptions, run
     from burn_remote.server._state import Limits, ServerState
+    from burn_remote.server.jobs import StoreError
 
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     host, _, port = args.listen.rpartition(":")
@@ -78,7 +79,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             from burn_remote.server.jobs import JobService
 
             state.jobs = JobService(args.data_dir, state, args.job_path)
-    except (KeyFileError, ValueError, RuntimeError, OSError) as exc:
+    except (KeyFileError, ValueError, RuntimeError, OSError, StoreError) as exc:
         print(f"burn-remote serve: {exc}", file=sys.stderr)
         return 1
     if not args.allow_any and args.authorized_peers is None:

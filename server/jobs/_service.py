@@ -10,7 +10,6 @@ queued again and resume from their last checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
@@ -24,6 +23,7 @@ from typing import Any
 
 from ...protocol import messages as m
 from .._state import ServerState
+from ._checkpoint import choose, prune, seal
 from ._spec import SpecError, refs, validate
 from ._store import TERMINAL, JobStore, StoreError
 
@@ -73,8 +73,17 @@ class JobContext:
         self.work = service.store.root / "work" / str(self.id)
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
-        ck = job["checkpoint"]
-        self.checkpoint: Path | None = Path(ck) if ck and Path(ck).exists() else None
+        self.checkpoints = service.store.root / "checkpoints" / str(self.id)
+        choice = choose(self.checkpoints)
+        self.checkpoint: Path | None = choice.path
+        """The newest checkpoint that passed its checksum (None: start from step 0)."""
+        for line in choice.skipped:  # said out loud: the job falls back, never silently
+            log.warning("job %d: %s", self.id, line, extra={"event": "checkpoint_damaged"})
+            self.log(line)
+        if choice.skipped:
+            self.log(
+                f"falling back to {choice.path.name}" if choice.path else "starting from step 0"
+            )
         self._t0, self._s0, self._last = time.monotonic(), 0, 0.0
 
     def resolve(self, ref: str, key: str) -> Any:
@@ -108,15 +117,14 @@ class JobContext:
         self.service._event(self.id, event)
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
-        """Write a new checkpoint atomically, record it, then drop the older ones."""
-        folder = self.service.store.root / "checkpoints" / str(self.id)
+        """Write a new checkpoint atomically, seal it with its checksum, record it, then drop
+        all but the last KEEP."""
+        folder = self.checkpoints
         path = folder / f"step-{step:09d}.safetensors"
         write(path)
+        path = seal(path)
         self.service.store.update(self.id, checkpoint=str(path), checkpoint_step=step)
-        for old in folder.glob("step-*.safetensors"):
-            if old != path:
-                with contextlib.suppress(OSError):
-                    old.unlink()
+        prune(folder)
         self.service._event(self.id, {"state": "running", "checkpoint": step})
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+DB_NAME = "jobs.sqlite3"
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -97,14 +98,65 @@ class JobStore:
         for sub in ("artifacts", "uploads", "checkpoints", "work"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.lock = threading.RLock()
-        self.db = sqlite3.connect(
-            self.root / "jobs.sqlite3", check_same_thread=False, isolation_level=None
+        self.path = self.root / DB_NAME
+        self.backup_path = self.root / f"{DB_NAME}.bak"
+        existed = self.path.exists()
+        if existed and self.path.stat().st_size == 0:
+            self._refuse("is empty (0 bytes)")
+        self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA busy_timeout=10000")
+            if existed:
+                check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+                if check != "ok":
+                    self._refuse(f"failed SQLite's integrity check ({check})")
+                if not self._has_tables():
+                    self._refuse("holds no job tables (not a burn-remote job store)")
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            self._refuse(f"cannot be read as an SQLite database ({exc})")
+        except StoreError:
+            self.db.close()
+            raise
+        self.backup()
+
+    def _refuse(self, why: str) -> None:
+        """One line: what is wrong, and how to get the jobs back (never a silent new store)."""
+        if self.backup_path.exists():
+            fix = (
+                f"restore the backup written at the last good start: "
+                f"cp {self.backup_path} {self.path}"
+            )
+        else:
+            fix = f"no backup at {self.backup_path}; restore {self.path} from your own backup"
+        raise StoreError(
+            f"job store {self.path} {why}; refusing to start rather than lose its jobs: {fix} "
+            f"(or move it away to start an empty store)"
         )
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("PRAGMA busy_timeout=10000")
-        self._migrate()
+
+    def _has_tables(self) -> bool:
+        names = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master")}
+        return {"migrations", "jobs", "events", "artifacts"} <= names
+
+    def backup(self) -> None:
+        """Copy the store to ``jobs.sqlite3.bak`` (SQLite's online backup: a consistent
+        snapshot); done at every start, after the integrity check passed."""
+        tmp = self.backup_path.with_name(self.backup_path.name + ".tmp")
+        try:
+            with self.lock:
+                dest = sqlite3.connect(tmp)
+                try:
+                    self.db.backup(dest)
+                finally:
+                    dest.close()
+            os.replace(tmp, self.backup_path)
+        except (sqlite3.Error, OSError):  # a full disk must not stop the server: no backup
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def _migrate(self) -> None:
         with self._tx() as db:
