@@ -6,6 +6,7 @@ honest. Transport, server and GPU stacks load only when a device needs them.
 
 from . import functional, lora, nn, optim
 from ._autograd import no_grad
+from ._compile import CaptureError, compile
 from ._device import Device
 from ._extension import Extension, ExtensionOp
 from ._jobs import ChecksumError, Job, JobError, Jobs
@@ -19,7 +20,9 @@ int8, uint8, int32, int64 = "int8", "uint8", "int32", "int64"
 bool_ = "bool"
 
 __all__ = [
+    "CaptureError",
     "ChecksumError",
+    "compile",
     "Device",
     "Extension",
     "ExtensionOp",

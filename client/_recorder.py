@@ -18,6 +18,23 @@ from burn_remote.protocol.graph import Graph, GraphNode
 MAX_PENDING_OPS = 10_000
 """Past this many recorded ops the device flushes on its own, bounding client memory."""
 
+CAPTURING: list[Recorder] = []
+"""Recorders capturing a compiled function's step right now (see `_compile`): an op recorded
+on any other device meanwhile would run once, not on every replay, so it is refused."""
+
+_epoch = [0]
+
+
+def structure_changed() -> None:
+    """Python state that shapes recorded graphs changed (train/eval mode, a tensor's
+    requires_grad): compiled functions capture again instead of replaying a stale graph."""
+    _epoch[0] += 1
+
+
+def epoch() -> int:
+    return _epoch[0]
+
+
 _PKG_ROOTS = tuple(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d + os.sep
     for d in ("client", "protocol", "engine", "server")
@@ -71,6 +88,7 @@ class Capture:
 
     __slots__ = (
         "donated",
+        "prov",
         "key",
         "digest",
         "nodes",
@@ -93,6 +111,8 @@ class Capture:
         self.donated: list[int] = []
         """Positions of inputs no Tensor holds any more (an optimizer's old parameters): the
         runtime may free them inside the graph. Not part of the hash."""
+        self.prov: tuple | None = None
+        """(ops, wheres) per node, built once: a compiled function's replays share it."""
 
     @property
     def graph(self) -> Graph:
@@ -109,6 +129,13 @@ class Capture:
 
     def where(self, node_index: int) -> tuple[str, int] | None:
         return self.nodes[node_index].where if 0 <= node_index < len(self.nodes) else None
+
+    def provenance(self) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+        """Each node's op and recording line, for errors that come back later (remote)."""
+        if self.prov is None:
+            nodes = self.nodes
+            self.prov = (tuple([n.op for n in nodes]), tuple([n.where for n in nodes]))
+        return self.prov
 
 
 _DIGESTS: dict[tuple, tuple[str, Graph]] = {}
@@ -129,6 +156,8 @@ class Recorder:
         self.dead: list[int] = []
         self._ids = itertools.count(1)
         self._held = False
+        self.log: Any = None
+        """The `_compile` capture log while a compiled function records its step, else None."""
 
     def new_id(self) -> int:
         return next(self._ids)
@@ -151,6 +180,8 @@ class Recorder:
         # still referenced are kept as outputs.
         if len(self.pending) >= MAX_PENDING_OPS and not self._held:
             self.flush()
+        if CAPTURING and self.log is None:
+            raise CAPTURING[0].log.foreign_device(self)
         self.pending.append(node)
 
     @contextlib.contextmanager
@@ -172,8 +203,12 @@ class Recorder:
             self._held = False
 
     def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
+        if CAPTURING and self.log is None:
+            raise CAPTURING[0].log.foreign_device(self)
         self.runtime.upload(tensor_id, array)
         self.specs[tensor_id] = spec
+        if self.log is not None:
+            self.log.uploaded(tensor_id, array)
 
     def capture(self) -> Capture | None:
         """Turn the pending ops into a graph with relative ids and bindings."""
@@ -255,25 +290,32 @@ class Recorder:
 
     def flush(self) -> None:
         """Run everything pending; raise OpFailed naming the op and line if a kernel fails."""
-        if self._held and self.pending:
-            raise OpFailed(
-                "a tensor value was read while recording without running (held); "
-                "graphs traced this way cannot depend on tensor data"
-            )
+        if self._held:
+            if self.log is not None:
+                raise self.log.sync_error()
+            if self.pending:
+                raise OpFailed(
+                    "a tensor value was read while recording without running (held); "
+                    "graphs traced this way cannot depend on tensor data"
+                )
         capture = self.capture()
         if capture is not None:
-            try:
-                self.runtime.execute(capture)
-                self._forget_donated(capture)
-            except OpFailed as exc:
-                for o in capture.output_ids:
-                    self.failed[o] = str(exc)
-                raise
-            finally:
-                self._drop_dead()
-            self.specs.update(zip(capture.output_ids, capture.output_specs))
+            self.submit(capture)
         else:
             self._drop_dead()
+
+    def submit(self, capture: Capture) -> None:
+        """Run a capture (recorded now, or a compiled function's replay) and keep its outputs."""
+        try:
+            self.runtime.execute(capture)
+            self._forget_donated(capture)
+        except OpFailed as exc:
+            for o in capture.output_ids:
+                self.failed[o] = str(exc)
+            raise
+        finally:
+            self._drop_dead()
+        self.specs.update(zip(capture.output_ids, capture.output_specs))
 
     def _forget_donated(self, capture: Capture) -> None:
         """The runtime dropped the graph's donated inputs itself: no separate drop for them."""

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import threading
 import tomllib
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,12 @@ from ._tensor import Tensor, make_tensor
 
 WAIT_TIMEOUT = float(os.environ.get("BURN_REMOTE_WAIT_TIMEOUT", "300"))
 """Seconds a read waits for its reply before raising (a dead server must not hang forever)."""
+STEPS_PER_PACKET = 8
+"""Compiled steps queued while the server is busy before they leave together (one packet and
+one Sync for all of them: sending costs the user's thread far more than queueing)."""
+MAX_STEPS_AHEAD = 32
+"""Compiled steps the client may run ahead of the last one the server acknowledged; past
+this a step waits (back-pressure, so neither side queues without bound)."""
 
 
 class RemoteError(ConnectionError):
@@ -38,6 +45,11 @@ class RemoteRuntime:
         self.cond = threading.Condition()
         self.proto = ClientProtocol()
         self.link = link_factory(self.proto, self.cond)
+        self._syncs: deque[tuple[int, int]] = deque()
+        """(request id, steps it covers) of each Sync a compiled step queued, oldest first."""
+        self._steps = 0
+        self._synced = 0
+        self._acked = 0
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
@@ -54,6 +66,35 @@ class RemoteRuntime:
             send = self.proto.should_send()
         if send:
             self.link.kick()
+
+    def step_done(self) -> None:
+        """A compiled step was queued: send now if the server is idle, else every
+        STEPS_PER_PACKET steps; wait while more than MAX_STEPS_AHEAD are unacknowledged.
+        A failed step is not raised here: its error comes with the next read or sync."""
+        wait_for = None
+        with self.cond:
+            self._check()
+            proto, syncs = self.proto, self._syncs
+            self._steps += 1
+            while syncs and syncs[0][0] in proto.results:
+                rid, self._acked = syncs.popleft()
+                proto.results.pop(rid)
+            send = not syncs or self._steps - self._synced >= STEPS_PER_PACKET
+            if send:
+                syncs.append((proto.request(m.Sync), self._steps))
+                self._synced = self._steps
+            if self._steps - self._acked > MAX_STEPS_AHEAD:
+                wait_for = syncs[0][0]
+        if send:
+            self.link.kick()
+        if wait_for is not None:
+            with self.cond:
+                proto = self.proto
+                if not self.cond.wait_for(
+                    lambda: wait_for in proto.results or proto.fatal is not None, WAIT_TIMEOUT
+                ):
+                    raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
+                self._check()
 
     def drop(self, ids: Sequence[int]) -> None:
         with self.cond:

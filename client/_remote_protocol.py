@@ -131,13 +131,8 @@ class ClientProtocol:
         else:
             self.counters.replays += 1
         rid = self._next_rid()
-        nodes = capture.nodes
-        self.in_flight[rid] = _InFlight(
-            capture.digest,
-            capture.graph,
-            tuple([n.op for n in nodes]),
-            tuple([n.where for n in nodes]),
-        )
+        ops, wheres = capture.provenance()
+        self.in_flight[rid] = _InFlight(capture.digest, capture.graph, ops, wheres)
         # Donated inputs (no Tensor holds them) go in this message's drops: the server frees
         # them inside the graph instead of one step later.
         donated = tuple(capture.input_ids[k] for k in getattr(capture, "donated", ()))

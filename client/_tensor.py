@@ -132,6 +132,8 @@ class Tensor:
     def requires_grad_(self, flag: bool = True) -> Tensor:
         if flag and not dtypes.is_float(self.dtype):
             raise TypeError(f"only floating-point tensors can require gradients, not {self.dtype}")
+        if flag != self.requires_grad:
+            _recorder.structure_changed()  # compiled steps capture again
         self.requires_grad = flag
         return self
 
@@ -440,4 +442,4 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-from . import _autograd, _indexing, _ops  # noqa: E402  (circular: these import Tensor)
+from . import _autograd, _indexing, _ops, _recorder  # noqa: E402  (circular: these import Tensor)

@@ -25,8 +25,15 @@ def seed(value: int) -> None:
 
 
 def next_key(dev: Any) -> Any:
-    """A fresh random key on `dev`, as a binding (its value is not part of the graph hash)."""
-    return dev.scalar(next(_keys), "int64")
+    """A fresh random key on `dev`, as a binding (its value is not part of the graph hash);
+    a compiled step draws the next key on every replay, as the body would."""
+    from .._compile import binding
+
+    return binding(dev, _draw, "int64")
+
+
+def _draw() -> int:
+    return next(_keys)
 
 
 def kaiming_uniform(shape: tuple[int, ...], fan_in: int, a: float = math.sqrt(5)) -> np.ndarray:

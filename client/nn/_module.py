@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._device import Device
+from .._recorder import structure_changed
 from .._tensor import Tensor
 
 
@@ -120,8 +121,12 @@ class Module:
         return Device.cpu()
 
     def train(self, mode: bool = True) -> Module:
+        changed = False
         for _, m in self.named_modules():
+            changed = changed or m.training != mode
             m.training = mode
+        if changed:  # compiled steps capture again (dropout on or off)
+            structure_changed()
         return self
 
     def eval(self) -> Module:

@@ -1,17 +1,20 @@
 """The optimizer base: parameter groups, freezing, and per-step bindings.
 
 Each step records one fused update op per trainable parameter. Numbers that change from step
-to step (the scheduled learning rate, bias corrections) are `dev.scalar` bindings shared by a
-group's parameters, so step 1000 replays the graph that step 2 registered.
+to step (the scheduled learning rate, bias corrections) are bindings shared by a group's
+parameters, so step 1000 replays the graph that step 2 registered. Each binding carries the
+function that computes it from the step counter, and the counter's increment is a replay
+effect, so a step captured by `br.compile` computes the same numbers on every replay.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._autograd import no_grad
+from .._compile import binding, on_replay
 from .._tensor import Tensor
 from ._groups import Named, ParamGroup, _set_trainable, named_params
 from ._schedule import Schedule
@@ -101,24 +104,32 @@ class Optimizer:
             st = self.state[id(p)] = {n: p.device.zeros(p.shape, p.dtype) for n in names}
         return [st[n] for n in names]
 
-    def _binding(self, group: Group, p: Tensor, name: str, value: float) -> Tensor:
-        """One 0-d binding per (group, device, name) per step, shared by the group."""
+    def _binding(self, group: Group, p: Tensor, name: str, value: Callable[[], float]) -> Tensor:
+        """One 0-d binding per (group, device, name) per step, shared by the group. `value`
+        computes it from the step counter, now and on every replay of a compiled step."""
         per_dev = group.bindings.setdefault(p.device, {})
         t = per_dev.get(name)
         if t is None:
-            t = per_dev[name] = p.device.scalar(value, "float64")
+            t = per_dev[name] = binding(p.device, value, "float64")
         return t
 
     def step(self) -> None:
         with no_grad():
             for group in self.groups:
                 group.bindings.clear()
-                lr = self.lr_of(group)
                 for _, p in group.params:
                     if p.requires_grad and p.grad is not None:
-                        self._update(p, p.grad, group, lr)
+                        self._update(p, p.grad, group)
                 group.bindings.clear()
         self.steps += 1
+        on_replay(self._advance)
 
-    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+    def _advance(self) -> None:
+        self.steps += 1
+
+    def _lr(self, group: Group, p: Tensor) -> Tensor:
+        """The group's scheduled learning rate as a binding."""
+        return self._binding(group, p, "lr", lambda: self.lr_of(group))
+
+    def _update(self, p: Tensor, g: Tensor, group: Group) -> None:
         raise NotImplementedError

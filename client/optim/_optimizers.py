@@ -40,7 +40,7 @@ class SGD(Optimizer):
             weight_decay=weight_decay,
         )
 
-    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+    def _update(self, p: Tensor, g: Tensor, group: Group) -> None:
         s = group.settings
         (buf,) = self._state(p, "momentum")
         new_p, new_buf = call(
@@ -48,7 +48,7 @@ class SGD(Optimizer):
             p,
             g,
             buf,
-            self._binding(group, p, "lr", lr),
+            self._lr(group, p),
             momentum=s["momentum"],
             dampening=s["dampening"],
             nesterov=s["nesterov"],
@@ -77,10 +77,9 @@ class Adam(Optimizer):
             params, groups, schedule, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay
         )
 
-    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+    def _update(self, p: Tensor, g: Tensor, group: Group) -> None:
         s = group.settings
         b1, b2 = s["betas"]
-        t = self.steps + 1
         m, v = self._state(p, "m", "v")
         new_p, new_m, new_v = call(
             "adam_update",
@@ -88,9 +87,9 @@ class Adam(Optimizer):
             g,
             m,
             v,
-            self._binding(group, p, "lr", lr),
-            self._binding(group, p, "bc1", 1 - b1**t),
-            self._binding(group, p, "bc2", 1 - b2**t),
+            self._lr(group, p),
+            self._binding(group, p, "bc1", lambda: 1 - b1 ** (self.steps + 1)),
+            self._binding(group, p, "bc2", lambda: 1 - b2 ** (self.steps + 1)),
             beta1=b1,
             beta2=b2,
             eps=s["eps"],

@@ -1,0 +1,817 @@
+"""Step capture: `compile(fn)` records a step once, then replays it by binding new arguments.
+
+Recording stays the way a graph is made (a device's pending ops, `_recorder`); capture sits
+above it, as tinygrad's TinyJit and jax.jit do. A compiled function's first calls run its body
+while recording; once two recordings in a row agree (same graph, same state, same constant
+values), later calls check a guard and replay: argument tensors are bound to the graph's
+inputs, state (parameters, gradients, optimizer moments) is read from and written back to the
+same Tensor objects, outputs come back as lazy tensors, and the body does not run.
+
+What changes from call to call without being a tensor reaches the graph as a *binding with a
+source*: `binding(dev, fn, dtype)` records `fn()` now and calls `fn` again on every replay
+(learning-rate schedules, Adam's bias corrections, dropout keys), and `on_replay(fn)` re-runs
+a host-side effect (an optimizer's step counter), all in recording order, so step N replayed
+equals step N recorded bit for bit. Python ints and floats passed as arguments become 0-d
+tensors whose values are bindings (changing them never re-captures).
+
+A recording finds the state by looking at every live Tensor of the device before and after
+the body ran: an object whose id was a graph input is state read, one whose id is now a graph
+output is state written (an optimizer's `_assign`), a tensor's `.grad` that held an input or
+holds an output is a gradient slot. Anything that would make a replay differ from running the
+body fails loudly with the user's line: reading a tensor (item, numpy, a branch on a value),
+ops on another device, data uploaded inside that changes, constants that change.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import hashlib
+import logging
+import sys
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _autograd
+from ._recorder import CAPTURING, Capture, epoch, fmt_location, user_location
+from ._tensor import Tensor, make_tensor
+
+log = logging.getLogger("burn_remote.compile")
+
+MAX_CAPTURES = 8
+"""Captures kept per compiled function (one per argument signature), least recent evicted."""
+MAX_RECORDINGS = 4
+"""Recordings of one signature that may disagree before the function is declared uncapturable."""
+
+_ARG, _OBJ, _GRAD, _CONST = 0, 1, 2, 3
+"""Where a graph input comes from: an argument, a state tensor, a `.grad` slot, a constant."""
+_SINK_RET, _SINK_OBJ, _SINK_GRAD, _SINK_ARG = 0, 1, 2, 3
+"""Where a graph output goes: the result, a state tensor, a `.grad` slot, an argument."""
+
+
+class CaptureError(RuntimeError):
+    """A compiled function did something a replay could not repeat; names the user's line."""
+
+
+class _Miss(Exception):
+    """A replay's guard failed; the message says why (logged at debug level)."""
+
+
+# --- bindings with sources (used by optimizers, dropout, and scalar arguments) ---------------
+def binding(dev: Any, source: Callable[[], Any], dtype: str) -> Tensor:
+    """`dev.scalar(source(), dtype)`, and on every replay of a compiled function `source()`
+    again, so the value follows Python state (a schedule, a counter) without re-recording."""
+    t = dev.scalar(source(), dtype)
+    log_ = dev._rec.log
+    if log_ is not None:
+        log_.actions.append((t._id, source))
+    return t
+
+
+def on_replay(effect: Callable[[], Any]) -> None:
+    """Run `effect()` on every replay of the step being captured now (no-op otherwise), in
+    recording order with the binding sources: how an optimizer advances its step counter."""
+    if CAPTURING:
+        CAPTURING[0].log.actions.append((-1, effect))
+
+
+def capturing() -> bool:
+    """Whether a compiled function is recording its step right now."""
+    return bool(CAPTURING)
+
+
+# --- argument and result trees ------------------------------------------------------------------
+_LEAF = "*"
+
+
+def _flatten(obj: Any, leaves: list, path: str) -> Any:
+    """A hashable structure of `obj` with tensors and Python numbers taken out as leaves;
+    bools, None and strings stay in the structure (a change re-captures)."""
+    t = type(obj)
+    if t is Tensor or t is float or t is int:
+        leaves.append(obj)
+        return _LEAF
+    if obj is None or t is bool or t is str:
+        return ("=", obj)
+    if t is tuple or t is list:
+        return (t, tuple([_flatten(x, leaves, f"{path}[{i}]") for i, x in enumerate(obj)]))
+    if t is dict:
+        keys = tuple(obj)
+        return (dict, keys, tuple([_flatten(obj[k], leaves, f"{path}[{k!r}]") for k in keys]))
+    if isinstance(obj, np.generic) and obj.ndim == 0 and obj.dtype.kind in "fiu":
+        return _flatten(obj.item(), leaves, path)
+    if isinstance(obj, bool | int | float):  # subclasses (IntEnum...): by value
+        return _flatten(
+            bool(obj)
+            if isinstance(obj, bool)
+            else obj.__index__()
+            if isinstance(obj, int)
+            else float(obj),
+            leaves,
+            path,
+        )
+    hint = "; upload it with dev.tensor() first" if isinstance(obj, np.ndarray) else ""
+    raise CaptureError(
+        f"{path} is a {type(obj).__name__}: a compiled function takes tensors, Python "
+        f"numbers (bound per call), bools, strings and None (fixed per capture), and lists, "
+        f"tuples and dicts of them{hint}"
+    )
+
+
+def _unflatten(spec: Any, leaves: list, at: list[int]) -> Any:
+    if spec == _LEAF:
+        at[0] += 1
+        return leaves[at[0] - 1]
+    kind = spec[0]
+    if kind == "=":
+        return spec[1]
+    if kind is dict:
+        return {k: _unflatten(s, leaves, at) for k, s in zip(spec[1], spec[2])}
+    return kind([_unflatten(s, leaves, at) for s in spec[1]])
+
+
+def _describe_leaf(leaf: Any, dev: Any, first: dict[int, int], pos: int) -> Any:
+    if type(leaf) is Tensor:
+        if leaf._dev is not dev:
+            raise CaptureError(
+                f"argument leaf {pos} is on {leaf._dev}, another argument on {dev}: a compiled "
+                "function runs on one device"
+            )
+        return (leaf.shape, leaf.dtype, first.setdefault(leaf._id, pos))
+    return type(leaf)
+
+
+# --- the log a recording keeps ------------------------------------------------------------------
+class _Log:
+    """What the body did besides recording ops: binding sources, host effects, uploads."""
+
+    __slots__ = ("compiled", "actions", "uploads", "rec")
+
+    def __init__(self, compiled: Compiled, rec: Any) -> None:
+        self.compiled = compiled
+        self.rec = rec
+        self.actions: list[tuple[int, Callable[[], Any]]] = []
+        self.uploads: dict[int, bytes] = {}
+
+    def uploaded(self, tensor_id: int, array: Any) -> None:
+        data = np.ascontiguousarray(array)
+        self.uploads[tensor_id] = (
+            hashlib.sha256(data.tobytes()).digest() + str((data.shape, data.dtype)).encode()
+        )
+
+    def sync_error(self) -> CaptureError:
+        what = _sync_kind()
+        return CaptureError(
+            f"{what} at {fmt_location(user_location())} inside compiled function "
+            f"{self.compiled.name}: a captured step cannot depend on tensor values (the "
+            "body does not run on replays). Return the tensor and read it outside."
+        )
+
+    def foreign_device(self, rec: Any) -> CaptureError:
+        return CaptureError(
+            f"an op on another device at {fmt_location(user_location())} inside compiled "
+            f"function {self.compiled.name}: a compiled function captures one device's "
+            "graph; move tensors with .to() outside it"
+        )
+
+
+def _sync_kind() -> str:
+    """Name the read that happened, from the package frames on the stack (errors only)."""
+    names: set[str] = set()
+    f = sys._getframe(2)
+    while f is not None:
+        names.add(f.f_code.co_name)
+        f = f.f_back
+    if "__bool__" in names:
+        return "a Python branch on a tensor value (if/while/and/or/not on a tensor)"
+    if names & {"__str__", "__format__", "__repr__"}:
+        return "printing a tensor's value"
+    if names & {"item", "__float__", "__int__", "__index__"}:
+        return "item() on a tensor"
+    if names & {"numpy", "tolist", "__array__"}:
+        return "numpy() on a tensor"
+    if names & {"memory_stats", "session_stats"}:
+        return "memory_stats()"
+    if names & {"sync", "flush"}:
+        return "dev.sync()/flush()"
+    return "reading a tensor's value"
+
+
+# --- one recording, analysed ---------------------------------------------------------------------
+class _Replay:
+    """Everything a replay needs: the graph, where each input comes from and each output
+    goes, the bindings and their sources, how to rebuild the result."""
+
+    __slots__ = (
+        "template",
+        "inputs",
+        "values",
+        "actions",
+        "arg_values",
+        "outputs",
+        "result_spec",
+        "result_leaves",
+        "consts",
+        "signature",
+        "rec",
+        "dev",
+    )
+
+    def release(self) -> None:
+        """Give back the constants this capture kept alive (uploads inside the body)."""
+        for i in self.consts:
+            self.rec.release(i)
+        self.consts = []
+
+    def run(self, flat: list) -> Any:
+        rec = self.rec
+        specs = rec.specs
+        ids = []
+        for kind, x, spec in self.inputs:
+            if kind == _OBJ:
+                i = x._id
+                if specs.get(i) != spec:
+                    raise _Miss(_state_changed(x, spec, specs.get(i)))
+            elif kind == _ARG:
+                i = flat[x]._id
+            elif kind == _GRAD:
+                g = x.grad
+                if g is None:
+                    raise _Miss(
+                        f"the .grad of a {x.shape} {x.dtype} tensor was read when captured and is None now"
+                    )
+                i = g._id
+                if specs.get(i) != spec:
+                    raise _Miss(_state_changed(g, spec, specs.get(i)))
+            else:
+                i = x
+            ids.append(i)
+        values = self.values[:]
+        for slot, source in self.actions:
+            v = source()
+            if slot >= 0:
+                values[slot] = v
+        for slot, pos in self.arg_values:
+            values[slot] = flat[pos]
+        tmpl = self.template
+        new_id = rec.new_id
+        out_ids = [new_id() for _ in self.outputs]
+        cap = Capture(
+            tmpl.key,
+            tmpl.digest,
+            tmpl.nodes,
+            ids,
+            values,
+            out_ids,
+            tmpl.output_specs,
+            tmpl._graph,
+        )
+        cap.prov = tmpl.prov
+        dev = self.dev
+        returned: list[Any] = [None] * len(self.result_leaves)
+        retain, release = rec.retain, rec.release
+        for o, (shape, dtype, sinks) in zip(out_ids, self.outputs):
+            for kind, x in sinks:
+                if kind == _SINK_RET:
+                    returned[x] = make_tensor(dev, o, shape, dtype)
+                elif kind == _SINK_OBJ:
+                    retain(o)
+                    release(x._id)
+                    x._id = o
+                elif kind == _SINK_GRAD:
+                    x.grad = make_tensor(dev, o, shape, dtype)
+                else:  # an argument the body assigned to
+                    t = flat[x]
+                    retain(o)
+                    release(t._id)
+                    t._id = o
+        refs = rec.refs
+        cap.donated = [k for k, i in enumerate(ids) if i not in refs]
+        rec.submit(cap)
+        for k, (kind, x) in enumerate(self.result_leaves):
+            if kind == "in":
+                shape, dtype = tmpl.key[0][x]
+                returned[k] = make_tensor(dev, ids[x], shape, dtype)
+            elif kind == "fixed":
+                returned[k] = x
+        if self.result_spec == _LEAF:
+            return returned[0]
+        return _unflatten(self.result_spec, returned, [0])
+
+
+def _state_changed(t: Tensor, spec: Any, now: Any) -> str:
+    if now is None:
+        return f"a state tensor of shape {spec[0]} ({spec[1]}) the capture read no longer exists on the device"
+    return f"a state tensor the capture read changed from {spec[1]}{list(spec[0])} to {now[1]}{list(now[0])}"
+
+
+def _live_tensors(dev: Any) -> list[Tensor]:
+    """Every Tensor object alive on `dev` (one pass over the collector's objects; recording
+    only, never on a replay)."""
+    return [o for o in gc.get_objects() if type(o) is Tensor and o._dev is dev]
+
+
+class Compiled:
+    """A step function with captures; see `compile`."""
+
+    def __init__(
+        self, fn: Callable[..., Any], device: Any = None, max_captures: int = MAX_CAPTURES
+    ) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.device = device
+        self.max_captures = max_captures
+        code = getattr(fn, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        self.name = f"{getattr(fn, '__qualname__', repr(fn))}{where}"
+        self._entries: OrderedDict[Any, _Entry] = OrderedDict()
+        self.recordings = 0
+        """Calls that ran the body (recorded); the rest replayed."""
+        self.replays = 0
+        self.retraces: list[str] = []
+        """Why each capture after the first was made (also logged at debug level)."""
+
+    def __repr__(self) -> str:
+        return f"compile({self.name})"
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        return functools.partial(self.__call__, obj)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "recordings": self.recordings,
+            "replays": self.replays,
+            "captures": sum(1 for e in self._entries.values() if e.replay is not None),
+        }
+
+    def reset(self) -> None:
+        """Forget every capture: the next calls record again (after changing Python state
+        that the graph depends on, such as an optimizer's hyper-parameters)."""
+        for e in self._entries.values():
+            e.clear()
+        self._entries.clear()
+
+    # --- calls --------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat: list[Any] = []
+        spec = _flatten((args, kwargs) if kwargs else args, flat, "argument")
+        dev = self.device
+        for leaf in flat:
+            if type(leaf) is Tensor:
+                dev = leaf._dev if dev is None else dev
+                break
+        if dev is None:
+            raise CaptureError(
+                f"compiled function {self.name} got no tensor argument: pass one, or give the "
+                "device with compile(fn, device=dev)"
+            )
+        first: dict[int, int] = {}
+        key = (
+            spec,
+            tuple([_describe_leaf(x, dev, first, p) for p, x in enumerate(flat)]),
+            _autograd.enabled(),
+            id(dev),
+        )
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._new_entry(key)
+        elif entry.replay is not None:
+            if entry.epoch == epoch():
+                self._entries.move_to_end(key)
+                try:
+                    out = entry.replay.run(flat)
+                except _Miss as miss:
+                    self._retrace(str(miss))
+                    entry.clear()
+                else:
+                    self.replays += 1
+                    _step_done(dev)
+                    return out
+            else:
+                self._retrace(
+                    "a module's train/eval mode or a tensor's requires_grad changed since the "
+                    "capture"
+                )
+                entry.clear()
+        return self._record(entry, dev, flat, spec, bool(kwargs))
+
+    def _new_entry(self, key: Any) -> _Entry:
+        if self._entries:
+            self._retrace(_explain(next(reversed(self._entries)), key))
+        entry = self._entries[key] = _Entry()
+        while len(self._entries) > self.max_captures:
+            _, old = self._entries.popitem(last=False)
+            old.clear()
+            log.debug("%s: evicted its least recently used capture", self.name)
+        return entry
+
+    def _retrace(self, why: str) -> None:
+        if len(self.retraces) < 100:
+            self.retraces.append(why)
+        log.debug("capturing %s again: %s", self.name, why)
+
+    def _record(self, entry: _Entry, dev: Any, flat: list, spec: Any, has_kw: bool) -> Any:
+        rec = dev._rec
+        rec.flush()  # what ran before the call is not part of the step
+        self.recordings += 1
+        replay, result = _record(self, rec, dev, flat, spec, has_kw)
+        _step_done(dev)
+        entry.epoch = epoch()
+        if replay is None:
+            return result
+        last = entry.recordings[-1] if entry.recordings else None
+        if last is not None and last.signature == replay.signature:
+            entry.clear()
+            entry.replay = replay
+            return result
+        entry.clear()
+        entry.recordings = [replay]
+        entry.attempts += 1
+        if entry.attempts > MAX_RECORDINGS:
+            entry.clear()
+            raise CaptureError(
+                f"compiled function {self.name} recorded a different step on each of "
+                f"{MAX_RECORDINGS} calls with the same argument shapes ({_difference(last, replay)}): "
+                "its graph depends on Python state that changes between calls; pass such "
+                "values as arguments"
+            )
+        if last is not None:
+            log.debug(
+                "%s: recording differs from the previous one (%s)",
+                self.name,
+                _difference(last, replay),
+            )
+        return result
+
+
+class _Entry:
+    __slots__ = ("recordings", "replay", "epoch", "attempts")
+
+    def __init__(self) -> None:
+        self.recordings: list[_Replay] = []
+        self.replay: _Replay | None = None
+        self.epoch = -1
+        self.attempts = 0
+
+    def clear(self) -> None:
+        for r in self.recordings:
+            r.release()
+        if self.replay is not None:
+            self.replay.release()
+        self.recordings, self.replay = [], None
+
+
+def _step_done(dev: Any) -> None:
+    step_done = getattr(dev._rec.runtime, "step_done", None)
+    if step_done is not None:
+        step_done()
+
+
+def _explain(old: Any, new: Any) -> str:
+    """Why a call missed every capture: the first difference from the most recent one."""
+    if old[0] != new[0]:
+        return "the arguments' structure (or a bool, string or None among them) changed"
+    for pos, (a, b) in enumerate(zip(old[1], new[1])):
+        if a != b:
+            if isinstance(a, tuple) and isinstance(b, tuple):
+                if a[0] != b[0]:
+                    return f"argument leaf {pos}: shape {b[0]}, captured with {a[0]}"
+                if a[1] != b[1]:
+                    return f"argument leaf {pos}: dtype {b[1]}, captured with {a[1]}"
+                return (
+                    f"argument leaf {pos} is now the same tensor as another argument (or no longer)"
+                )
+            return f"argument leaf {pos}: {getattr(b, '__name__', b)}, captured with {getattr(a, '__name__', a)}"
+    if old[2] != new[2]:
+        return "called with gradients " + ("enabled" if new[2] else "disabled (no_grad)")
+    return "another device"
+
+
+def _difference(a: _Replay | None, b: _Replay) -> str:
+    if a is None:
+        return "first recording"
+    sa, sb = a.signature, b.signature
+    if sa[0] != sb[0]:
+        na, nb = a.template.nodes, b.template.nodes
+        for k, (x, y) in enumerate(zip(sa[0][1], sb[0][1])):
+            if x != y:
+                return f"op {nb[k].op} recorded at {fmt_location(nb[k].where)} differs"
+        if sa[0][0] != sb[0][0]:
+            return "the state the step reads differs"
+        return f"{len(na)} ops then, {len(nb)} now"
+    labels = (
+        "graph",
+        "inputs",
+        "outputs",
+        "a constant value",
+        "uploaded data",
+        "bindings",
+        "scalar arguments",
+        "result",
+    )
+    for label, x, y in zip(labels, sa, sb):
+        if x != y:
+            if label == "a constant value":
+                return "a value recorded with dev.scalar() inside the function changed: make it an argument"
+            if label == "uploaded data":
+                return "data uploaded inside the function changed: pass it as an argument"
+            return f"its {label} differ"
+    return "no difference found"
+
+
+_WEAK_CLASH = {
+    "float32": {"float16", "bfloat16", "float64"},
+    "int64": {"int8", "uint8", "int32"},
+}
+
+
+def _record(
+    compiled: Compiled, rec: Any, dev: Any, flat: list, spec: Any, has_kw: bool
+) -> tuple[_Replay | None, Any]:
+    """Run the body once while recording; return its analysed capture and its result."""
+    if CAPTURING:
+        raise CaptureError(
+            f"compiled function {compiled.name} called inside another compiled function: "
+            "compile the outer one only"
+        )
+    live0 = _live_tensors(dev)
+    start: dict[int, list[Any]] = {}
+    grad_start: dict[int, Any] = {}
+    for o in live0:
+        start.setdefault(o._id, []).append(weakref.ref(o))
+        g = o.grad
+        if g is not None and g._dev is dev:
+            grad_start.setdefault(g._id, weakref.ref(o))
+    del live0
+    arg_ids: dict[int, int] = {}
+    call_leaves = list(flat)
+    for pos, leaf in enumerate(flat):
+        if type(leaf) is Tensor:
+            arg_ids.setdefault(leaf._id, pos)
+    scalar_ids: dict[int, int] = {}
+    journal = _Log(compiled, rec)
+    rec.log, rec._held = journal, True
+    CAPTURING.append(rec)
+    try:
+        for pos, leaf in enumerate(flat):
+            if type(leaf) is not Tensor:
+                t = dev.scalar(leaf, "float32" if type(leaf) is float else "int64")
+                scalar_ids[t._id] = pos
+                call_leaves[pos] = t
+        tree = _unflatten(spec, call_leaves, [0])
+        del call_leaves
+        args, kwargs = tree if has_kw else (tree, {})
+        del tree
+        result = compiled.fn(*args, **kwargs)
+        del args, kwargs
+    finally:
+        rec.log, rec._held = None, False
+        CAPTURING.remove(rec)
+    res_leaves: list[Any] = []
+    res_spec = _flatten_result(compiled, result, res_leaves)
+    capture = rec.capture()
+    if capture is None:
+        return None, result
+    consts = [i for i in capture.input_ids if i in journal.uploads]
+    for i in consts:
+        rec.retain(i)
+    if consts:
+        refs = rec.refs
+        capture.donated = [k for k, i in enumerate(capture.input_ids) if i not in refs]
+    rec.submit(capture)
+    replay = _Replay()
+    replay.rec, replay.dev = rec, dev
+    replay.consts = consts
+    replay.template = capture
+    try:
+        _analyse(
+            compiled,
+            replay,
+            rec,
+            dev,
+            capture,
+            flat,
+            journal,
+            start,
+            grad_start,
+            arg_ids,
+            scalar_ids,
+            result,
+            res_leaves,
+            res_spec,
+        )
+    except BaseException:
+        replay.release()
+        raise
+    capture.provenance()
+    return replay, result
+
+
+def _flatten_result(compiled: Compiled, result: Any, leaves: list) -> Any:
+    try:
+        spec = _flatten(result, leaves, "the result")
+    except CaptureError as exc:
+        raise CaptureError(f"compiled function {compiled.name}: {exc}") from None
+    for leaf in leaves:
+        if type(leaf) is not Tensor:
+            raise CaptureError(
+                f"compiled function {compiled.name} returns a Python {type(leaf).__name__}: it "
+                "would be the captured value on every replay; return tensors (or None)"
+            )
+        if leaf._node is not None and leaf._node.inputs is not None:  # a tape not yet freed
+            raise CaptureError(
+                f"compiled function {compiled.name} returns a tensor still on the autograd tape "
+                "(its backward would have to run outside the step): call backward() inside, or "
+                "return .detach()"
+            )
+    return spec
+
+
+def _analyse(
+    compiled,
+    replay,
+    rec,
+    dev,
+    capture,
+    flat,
+    journal,
+    start,
+    grad_start,
+    arg_ids,
+    scalar_ids,
+    result,
+    res_leaves,
+    res_spec,
+) -> None:
+    in_pos = {i: k for k, i in enumerate(capture.input_ids)}
+    out_pos = {o: j for j, o in enumerate(capture.output_ids)}
+    # --- inputs
+    inputs = []
+    for k, i in enumerate(capture.input_ids):
+        spec_i = tuple(capture.key[0][k])
+        if i in arg_ids:
+            inputs.append((_ARG, arg_ids[i], spec_i))
+            continue
+        if i in journal.uploads:
+            inputs.append((_CONST, i, spec_i))
+            continue
+        ref = grad_start.get(i)
+        p = ref() if ref is not None else None
+        if p is not None:
+            inputs.append((_GRAD, p, spec_i))
+            continue
+        cands = [o for r in start.get(i, ()) if (o := r()) is not None]
+        carrier = next((o for o in cands if o._id in out_pos), None)
+        if carrier is None:
+            carrier = next((o for o in cands if o._id == i), None)
+        if carrier is None:
+            raise CaptureError(
+                f"compiled function {compiled.name}: input {k} of the step ({spec_i[1]}"
+                f"{list(spec_i[0])}, first read at {_first_use(capture, k)}) is held by no "
+                "tensor that outlives the call, so a replay could not find its next value; "
+                "keep state in tensors updated in place (optimizers, _assign) or pass it as "
+                "an argument"
+            )
+        inputs.append((_OBJ, carrier, spec_i))
+    replay.inputs = inputs
+    # --- outputs
+    sinks: list[list[tuple[int, Any]]] = [[] for _ in capture.output_ids]
+    result_leaves: list[tuple[str, Any]] = []
+    result_objs = set()
+    for n, leaf in enumerate(res_leaves):
+        result_objs.add(id(leaf))
+        if leaf._id in out_pos:
+            sinks[out_pos[leaf._id]].append((_SINK_RET, n))
+            result_leaves.append(("out", None))
+        elif leaf._id in in_pos:
+            result_leaves.append(("in", in_pos[leaf._id]))
+        else:
+            result_leaves.append(("fixed", leaf))
+    arg_objs = {}
+    for pos, leaf in enumerate(flat):
+        if type(leaf) is Tensor:
+            arg_objs[id(leaf)] = pos
+    grad_objs = set()
+    live = _live_tensors(dev)
+    for o in live:
+        g = o.grad
+        if g is not None and g._id in out_pos and g._dev is dev:
+            sinks[out_pos[g._id]].append((_SINK_GRAD, o))
+            grad_objs.add(id(g))
+    for o in live:
+        oid = id(o)
+        if o._id not in out_pos or oid in result_objs or oid in grad_objs:
+            continue
+        if oid in arg_objs:
+            sinks[out_pos[o._id]].append((_SINK_ARG, arg_objs[oid]))
+        else:
+            sinks[out_pos[o._id]].append((_SINK_OBJ, o))
+    del live
+    replay.outputs = [(tuple(s[0]), s[1], tuple(sk)) for s, sk in zip(capture.output_specs, sinks)]
+    replay.result_leaves = result_leaves
+    replay.result_spec = res_spec
+    # --- bindings
+    slot_of: dict[int, int] = {}
+    for n in capture.nodes:
+        if n.op == "value":
+            slot_of[n.outputs[0]] = len(slot_of)
+    replay.values = list(capture.values)
+    replay.actions = [(slot_of.get(tid, -1), fn) for tid, fn in journal.actions]
+    replay.arg_values = [(slot_of[tid], pos) for tid, pos in scalar_ids.items() if tid in slot_of]
+    bound = {s for s, _ in replay.actions if s >= 0} | {s for s, _ in replay.arg_values}
+    sourceless = tuple((s, replay.values[s]) for s in range(len(replay.values)) if s not in bound)
+    _check_weak_scalars(compiled, capture, scalar_ids)
+    # --- what must agree between two recordings for the capture to be trusted
+    replay.signature = (
+        capture.key,
+        tuple((k, id(x) if k in (_OBJ, _GRAD) else x if k == _ARG else 0) for k, x, _ in inputs),
+        tuple(
+            tuple(
+                (kind, id(x) if kind == _SINK_GRAD else x if kind != _SINK_OBJ else None)
+                for kind, x in sk
+            )
+            for _, _, sk in replay.outputs
+        ),
+        sourceless,
+        tuple(journal.uploads[i] for i in replay.consts),
+        tuple(s for s, _ in replay.actions),
+        tuple(replay.arg_values),
+        (res_spec, tuple(kind if kind != "in" else x for kind, x in result_leaves)),
+    )
+
+
+def _first_use(capture: Capture, k: int) -> str:
+    for n, (_, ins, _, _) in zip(capture.nodes, capture.key[1]):
+        if k in ins:
+            return fmt_location(n.where)
+    return "<unknown>"
+
+
+def _check_weak_scalars(compiled: Compiled, capture: Capture, scalar_ids: dict[int, int]) -> None:
+    """A Python number argument arrives as a float32/int64 0-d tensor. Next to a tensor of
+    another width of the same kind it would widen the result, where the number itself would
+    have adopted the tensor's dtype: refuse rather than compute something else."""
+    if not scalar_ids:
+        return
+    dtype_of: dict[int, str] = {}
+    for i, s in zip(capture.input_ids, capture.key[0]):
+        dtype_of[i] = s[1]
+    for n in capture.nodes:
+        for o, s in zip(n.outputs, n.specs):
+            dtype_of[o] = s[1]
+    for n in capture.nodes:
+        weak = [i for i in n.inputs if i in scalar_ids]
+        if not weak:
+            continue
+        for w in weak:
+            clash = _WEAK_CLASH.get(dtype_of[w], set())
+            for i in n.inputs:
+                if i not in scalar_ids and dtype_of.get(i) in clash:
+                    raise CaptureError(
+                        f"compiled function {compiled.name}: scalar argument {scalar_ids[w]} "
+                        f"arrives as a 0-d {dtype_of[w]} tensor and meets a {dtype_of[i]} tensor "
+                        f"in {n.op} at {fmt_location(n.where)}, which would change the result's "
+                        f"dtype; pass dev.scalar(value, {dtype_of[i]!r}) instead"
+                    )
+
+
+def compile(
+    fn: Callable[..., Any] | None = None,
+    *,
+    device: Any = None,
+    max_captures: int = MAX_CAPTURES,
+) -> Any:
+    """Capture a step function once and replay it on later calls (`@br.compile` or
+    `br.compile(fn)`).
+
+    The first calls run `fn` and record its graph; once two recordings agree, a call checks
+    its guard (argument structure, shapes, dtypes and device; bools/strings/None by value; the
+    shapes of the state the capture read; train/eval mode and requires_grad flags) and
+    replays without running the body. A guard miss captures again (up to `max_captures`
+    signatures are kept); `logging.getLogger("burn_remote.compile")` says why at DEBUG level,
+    and `.retraces` keeps the reasons.
+
+    Args:
+        fn: the step. It takes tensors, Python numbers (bound per call: they arrive as 0-d
+            float32/int64 tensors), bools, strings and None (fixed per capture), and lists,
+            tuples and dicts of them. It returns tensors (detached on replays), or None.
+        device: the device when no argument is a tensor.
+        max_captures: signatures kept per function.
+
+    Raises:
+        CaptureError: the body read a tensor value (item, numpy, printing, a Python branch on
+            a tensor), recorded on another device, took or returned something that cannot be
+            bound, or recorded a different graph on every call.
+    """
+    if fn is None:
+        return lambda f: Compiled(f, device, max_captures)
+    return Compiled(fn, device, max_captures)
+
+
+__all__ = ["CaptureError", "Compiled", "binding", "capturing", "compile", "on_replay"]

@@ -1,0 +1,278 @@
+"""br.compile: a captured step replays bit for bit what the plain step computes, re-captures
+on a guard miss, refuses what it cannot replay with the user's line, and holds its memory."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import pathlib
+import re
+import tracemalloc
+
+import burn_remote as br
+import numpy as np
+import pytest
+from burn_remote import functional as F
+from burn_remote import nn, optim
+from capture_models import MODELS, gpt_lora, train
+
+DEV = br.Device.cpu()
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() - {"__stats__"} == b.keys() - {"__stats__"}
+    for name in a:
+        if name != "__stats__":
+            assert np.array_equal(a[name], b[name]), name
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_captured_training_equals_plain_training_bitwise(kind):
+    plain = train(DEV, MODELS[kind], 100, compiled=False)
+    captured = train(DEV, MODELS[kind], 100, compiled=True)
+    stats = captured["__stats__"]
+    assert stats["replays"] >= 95 and stats["captures"] == 1, stats
+    _same(plain, captured)
+    first = train(DEV, MODELS[kind], 1, compiled=False)  # training moved the weights at all
+    assert any(not np.array_equal(first[k], plain[k]) for k in plain)
+
+
+def test_qlora_step_captures_and_matches():
+    build = lambda dev: gpt_lora(dev, quantize="nf4")  # noqa: E731
+    _same(train(DEV, build, 30, compiled=False), train(DEV, build, 30, compiled=True))
+
+
+def _mlp():
+    nn.seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = optim.Adam(net.parameters(), lr=1e-2)
+
+    def step(x, y):
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return net, opt, step
+
+
+def _batch(n, seed):
+    rng = np.random.default_rng(seed)
+    return DEV.tensor(rng.standard_normal((n, 8)).astype(np.float32)), DEV.tensor(
+        rng.integers(0, 3, n)
+    )
+
+
+def test_guard_miss_on_a_new_batch_shape_recaptures_and_stays_correct(caplog):
+    sizes = [8, 8, 8, 8, 5, 8, 5, 5, 5, 8, 5, 8]
+    net_a, _, plain = _mlp()
+    for i, n in enumerate(sizes):
+        plain(*_batch(n, i))
+        DEV.flush()
+    net_b, _, step = _mlp()
+    compiled = br.compile(step)
+    with caplog.at_level(logging.DEBUG, logger="burn_remote.compile"):
+        for i, n in enumerate(sizes):
+            loss = compiled(*_batch(n, i))
+    assert loss.shape == ()
+    assert compiled.stats()["captures"] == 2 and compiled.stats()["replays"] >= 4
+    assert any("shape (5, 8), captured with (8, 8)" in r.getMessage() for r in caplog.records)
+    assert "shape (5, 8)" in compiled.retraces[0]
+    for a, b in zip(net_a.parameters(), net_b.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_python_numbers_are_bindings_not_retraces():
+    w = DEV.tensor(np.ones(4, np.float32))
+
+    @br.compile
+    def scaled(x, a, k):
+        return x * a + k
+
+    x = DEV.tensor(np.arange(4, dtype=np.float32))
+    for i in range(8):
+        out = scaled(x, 0.5 * i, i)
+        np.testing.assert_array_equal(out.numpy(), np.arange(4) * np.float32(0.5 * i) + i)
+    assert scaled.stats() == {"recordings": 2, "replays": 6, "captures": 1}
+    assert w.numpy().sum() == 4
+
+
+def test_bools_and_strings_are_part_of_the_guard():
+    @br.compile
+    def act(x, kind, neg):
+        y = x.relu() if kind == "relu" else x.tanh()
+        return -y if neg else y
+
+    x = DEV.tensor(np.array([-1.0, 2.0], np.float32))
+    for _ in range(4):
+        np.testing.assert_allclose(act(x, "relu", False).numpy(), [0, 2])
+        np.testing.assert_allclose(act(x, "tanh", True).numpy(), -np.tanh([-1.0, 2.0]), 1e-6)
+    assert act.stats()["captures"] == 2
+
+
+def test_state_replaced_outside_is_read_on_the_next_replay():
+    net, opt, step = _mlp()
+    compiled = br.compile(step)
+    for i in range(5):
+        compiled(*_batch(8, i))
+    w = net[0].weight
+    w._assign(DEV.tensor(np.zeros(w.shape, np.float32)))  # load_state_dict does this
+    compiled(*_batch(8, 9))
+    assert compiled.stats()["replays"] == 3
+    # the replay read the zeros: the update moved them by about lr at most
+    assert np.abs(w.numpy()).max() <= 0.011
+
+
+def test_train_eval_switch_recaptures():
+    nn.seed(0)
+    drop = nn.Dropout(0.5)
+
+    @br.compile
+    def f(x):
+        return drop(x) * 1.0
+
+    x = DEV.tensor(np.ones((4, 64), np.float32))
+    for _ in range(4):
+        masked = f(x).numpy()
+    assert (masked == 0).any()
+    drop.eval()
+    for _ in range(4):
+        assert np.array_equal(f(x).numpy(), np.ones((4, 64)))
+    drop.train()
+    draws = [f(x).numpy() for _ in range(4)]
+    assert not np.array_equal(draws[-1], draws[-2])  # a fresh key per replayed call
+
+
+def _raises(fn, *args, pattern):
+    with pytest.raises(br.CaptureError, match=pattern) as info:
+        fn(*args)
+    return str(info.value)
+
+
+def test_reading_a_value_inside_fails_with_the_line():
+    x = DEV.tensor(np.ones(3, np.float32))
+
+    @br.compile
+    def with_item(x):
+        y = (x * 2).sum()
+        print(y.item())  # the offending line
+        return y
+
+    @br.compile
+    def with_numpy(x):
+        return DEV.tensor(x.numpy() * 2)
+
+    @br.compile
+    def with_branch(x):
+        y = x.sum()
+        if y > 0:
+            return y
+        return -y
+
+    @br.compile
+    def with_sync(x):
+        y = x + 1
+        DEV.sync()
+        return y
+
+    msg = _raises(with_item, x, pattern=r"item\(\) on a tensor at .*test_compile.py:\d+")
+    line = int(re.search(r"test_compile.py:(\d+)", msg).group(1))
+    src = pathlib.Path(__file__).read_text().splitlines()[line - 1]
+    assert "the offending line" in src
+    _raises(with_numpy, x, pattern=r"numpy\(\) on a tensor")
+    _raises(with_branch, x, pattern=r"Python branch on a tensor value")
+    _raises(with_sync, x, pattern=r"sync")
+    assert (x + 1).numpy().tolist() == [2, 2, 2]  # the device still works after the errors
+
+
+def test_unsupported_arguments_and_results_are_refused():
+    x = DEV.tensor(np.ones(3, np.float32))
+    f = br.compile(lambda a: a * 2)
+    _raises(f, np.ones(3), pattern=r"argument\[0\] is a ndarray.*dev.tensor")
+    _raises(f, object(), pattern=r"argument\[0\] is a object")
+    g = br.compile(lambda a: (a * 2, 3.5))
+    _raises(g, x, pattern=r"returns a Python float")
+    nn.seed(0)
+    lin = nn.Linear(3, 2)
+    h = br.compile(lambda a: lin(a))
+    _raises(h, x, pattern=r"still on the autograd tape")
+    k = br.compile(lambda: 1)
+    _raises(k, pattern=r"got no tensor argument")
+
+
+def test_changing_python_state_inside_is_refused():
+    box = {"n": 0}
+    x = DEV.tensor(np.ones(3, np.float32))
+
+    @br.compile
+    def drifting(x):
+        box["n"] += 1
+        return x * DEV.scalar(box["n"])
+
+    msg = _raises(lambda: [drifting(x) for _ in range(6)], pattern=r"recorded a different step")
+    assert "dev.scalar" in msg
+
+    @br.compile
+    def uploads(x):
+        box["n"] += 1
+        return x + DEV.tensor(np.full(3, box["n"], np.float32))
+
+    _raises(lambda: [uploads(x) for _ in range(6)], pattern="data uploaded inside")
+
+
+def test_constant_uploads_inside_are_kept():
+    x = DEV.tensor(np.ones(3, np.float32))
+
+    @br.compile
+    def f(x):
+        return x[[2, 0]] + DEV.tensor(np.array([10.0, 20.0], np.float32))
+
+    for _ in range(5):
+        assert f(x).numpy().tolist() == [11.0, 21.0]
+    assert f.stats()["replays"] == 3
+
+
+def test_ops_on_another_device_are_refused():
+    x = DEV.tensor(np.ones(3, np.float32))
+    other = br.Device.parse("cpu")  # the same device: allowed
+    assert br.compile(lambda a: a + other.ones((3,)))(x).numpy().tolist() == [2, 2, 2]
+    from burn_remote._device import LocalRuntime
+
+    fake = br.Device("cpu-shadow", LocalRuntime("cpu"))
+
+    @br.compile
+    def f(a):
+        return a + 1, fake.ones((3,))
+
+    _raises(f, x, pattern=r"another device")
+
+
+def test_weak_scalar_clash_is_refused():
+    x = DEV.tensor(np.ones(3, np.float64))
+    f = br.compile(lambda a, s: a * s)
+    _raises(f, x, 0.1, pattern=r"meets a float64 tensor")
+
+
+def test_replays_keep_client_memory_flat():
+    net, _, step = _mlp()
+    compiled = br.compile(step)
+    x, y = _batch(8, 0)
+    for _ in range(50):
+        loss = compiled(x, y)
+    gc.collect()
+    tensors = len(DEV._rec.refs)
+    tracemalloc.start()
+    for _ in range(500):
+        loss = compiled(x, y)
+    gc.collect()
+    base, _ = tracemalloc.get_traced_memory()
+    for _ in range(10_000):
+        loss = compiled(x, y)
+    gc.collect()
+    now, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert now - base < 64 * 1024, now - base
+    assert len(DEV._rec.refs) == tensors
+    assert len(DEV._rec.specs) <= tensors + 4
+    assert np.isfinite(loss.item())
