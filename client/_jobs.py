@@ -217,14 +217,53 @@ class Job:
         return info
 
     def fetch(self, directory: str | Path) -> dict[str, Path]:
-        """Download the outputs (checksums verified) into ``directory``; name -> path."""
+        """Download the outputs (checksums verified) into ``directory``; name -> path.
+
+        Raises:
+            JobError: the server named an output that is not a plain file name (a path
+                separator, ``..``, an absolute path); nothing is written then.
+        """
         info = self.status()
         if info["state"] != "succeeded":
             raise JobError(f"job {self.id} is {info['state']}; only succeeded jobs have outputs")
-        return {
-            name: self.jobs.download(sha, Path(directory) / name)
-            for name, sha in info["outputs"].items()
-        }
+        outputs = info["outputs"]
+        if not isinstance(outputs, dict):
+            raise JobError(f"job {self.id}: the server sent outputs that are not a mapping")
+        dest = Path(directory)
+        paths = {name: output_path(dest, name) for name in outputs}  # all checked first
+        return {name: self.jobs.download(sha, paths[name]) for name, sha in outputs.items()}
 
 
-__all__ = ["ChecksumError", "Job", "JobError", "Jobs"]
+MAX_OUTPUT_NAME = 255
+"""Longest output file name accepted from a server (a common file-system limit)."""
+
+
+def output_path(directory: Path, name: object) -> Path:
+    """``directory / name`` for an output name a server sent, after checking that the name is
+    one plain file name: a malicious or compromised server must not write elsewhere.
+
+    Raises:
+        JobError: naming what is wrong with the name.
+    """
+    bad = None
+    if not isinstance(name, str) or not name:
+        bad = "is not a non-empty string"
+    elif len(name) > MAX_OUTPUT_NAME:
+        bad = f"is longer than {MAX_OUTPUT_NAME} characters"
+    elif name in (".", ".."):
+        bad = "is a directory reference"
+    elif "/" in name or "\\" in name or os.sep in name or (os.altsep and os.altsep in name):
+        bad = "contains a path separator"
+    elif "\0" in name or any(ord(c) < 32 for c in name):
+        bad = "contains a control character"
+    elif Path(name).is_absolute() or Path(name).drive:
+        bad = "is an absolute path"
+    if bad is not None:
+        raise JobError(f"the server named a job output {name!r}, which {bad}; nothing written")
+    path = directory / name
+    if path.resolve().parent != directory.resolve():  # belt and braces (symlinked names)
+        raise JobError(f"the job output {name!r} would be written outside {directory}")
+    return path
+
+
+__all__ = ["ChecksumError", "Job", "JobError", "Jobs", "output_path"]

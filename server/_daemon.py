@@ -21,6 +21,7 @@ import trio
 
 from ..protocol import messages as m
 from ..protocol.transport import (
+    AuthorizedPeers,
     Connection,
     Endpoint,
     EndpointConfig,
@@ -62,6 +63,10 @@ class ServeOptions:
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
     """Serve until cancelled (SIGINT/SIGTERM in ``run``)."""
+    policy = opts.authorized_peers
+    if not isinstance(policy, AuthorizedPeers):
+        policy = AuthorizedPeers(policy, allow_any=opts.allow_any)
+    opts.state.authorized = policy  # jobs and artifacts ask it for the peer's role
     config = EndpointConfig(
         max_frame_size=opts.state.limits.max_frame,
         idle_timeout=opts.idle_timeout,
@@ -72,8 +77,7 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
             opts.identity,
             bind=opts.bind,
             config=config,
-            authorized_peers=opts.authorized_peers,
-            allow_any=opts.allow_any,
+            authorized_peers=policy,
         ) as ep,
         trio.open_nursery() as nursery,
     ):

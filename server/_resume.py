@@ -17,7 +17,9 @@ Bulk streams are not sequenced: a bulk transfer cut mid-way is not resumed.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 from collections import deque
 from typing import Any
 
@@ -28,6 +30,9 @@ from ..protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
 from ..protocol.transport import TransportError
 
 log = logging.getLogger("burn_remote.server")
+
+RESUME_TOKEN_BYTES = 16
+"""Random bytes of a resume token (128 bits): unguessable, and bound to the peer id too."""
 
 REPLAY_MAX_BYTES = 64 * 1024 * 1024
 """Unacknowledged reply bytes kept per session for resending after a reconnect."""
@@ -132,8 +137,9 @@ class Parking:
 
     async def claim(self, token: bytes, peer: str) -> tuple[Any, SequencedControl] | None:
         """Take over a parked session of ``peer``; waits briefly for a connection that died
-        but is not yet noticed as dead on this side."""
-        live = [(s, c) for s, c in self._live.items() if _token(s) == token]
+        but is not yet noticed as dead on this side. Only a session of the same peer with
+        the same token is touched: a wrong token (or another peer's) changes nothing."""
+        live = [(s, c) for s, c in self._live.items() if _owns(s, token, peer)]
         for session, old in live:
             await old.close("session resumed on a new connection", flush_timeout=0.5)
             with trio.move_on_after(10):
@@ -141,7 +147,7 @@ class Parking:
                     await trio.sleep(0.05)
         self.sweep()
         entry = self._parked.get(token)
-        if entry is None or entry[2] != peer:
+        if entry is None or not _owns(entry[0], token, peer):
             return None
         del self._parked[token]
         return entry[0], entry[1]
@@ -160,9 +166,19 @@ class Parking:
             self.sweep()
 
 
+def new_resume_token() -> bytes:
+    """A fresh session's resume token: random, never derived from the session id."""
+    return secrets.token_bytes(RESUME_TOKEN_BYTES)
+
+
 def _token(session: Any) -> bytes:
-    """The resume token a session's Welcome carried (its id; the peer is checked too)."""
-    return session.id.to_bytes(8, "big")
+    """The resume token a session's Welcome carried."""
+    return session.resume_token
+
+
+def _owns(session: Any, token: bytes, peer: str) -> bool:
+    """Whether ``peer`` presenting ``token`` may take ``session`` over (constant time)."""
+    return session.peer_id == peer and hmac.compare_digest(_token(session), token)
 
 
 def _resume_token(msgs: list[Any]) -> bytes | None:

@@ -21,6 +21,7 @@ from ..protocol import dtypes
 from ..protocol import messages as m
 from ._handlers import HANDLERS
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
+from ._resume import new_resume_token
 from ._state import LimitExceeded, ServerState
 
 log = logging.getLogger("burn_remote.server")
@@ -51,6 +52,8 @@ class Session:
         self.state = state
         self.peer_id = peer_id
         self.id = 0
+        self.resume_token = new_resume_token()
+        """Random token of the Welcome; with the peer id, the only key to resume this session."""
         self.store: dict[int, Any] = {}
         self.nbytes = 0
         self.peak = 0
@@ -209,7 +212,7 @@ class Session:
             m.Welcome(
                 m.PROTOCOL_VERSION,
                 self.id,
-                self.id.to_bytes(8, "big"),
+                self.resume_token,
                 self.state.peer_id,
                 self.state.limits.as_welcome(),
                 dict(self.state.extensions),

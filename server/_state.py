@@ -78,8 +78,15 @@ class ServerState:
         """Errors by kind since start (``count_error``)."""
         self.jobs: Any = None
         """The job service (``server/jobs``) when the server has a data directory."""
+        self.authorized: Any = None
+        """The admission policy (an ``AuthorizedPeers``; set by ``serve``): peer roles."""
         self._ids = itertools.count(1)
         self._caps: dict[bytes, tuple[str, Any]] = {}
+
+    def is_admin(self, peer_id: str) -> bool:
+        """Whether the authorised-peers file gives ``peer_id`` the ``admin`` role."""
+        policy = self.authorized
+        return policy is not None and policy.role(peer_id) == "admin"
 
     # --- sessions ---------------------------------------------------------------------------
     def open_session(self, session: Any) -> int:

@@ -87,7 +87,7 @@ class Endpoint:
         bind: tuple[str, int] = ("127.0.0.1", 0),
         *,
         config: EndpointConfig | None = None,
-        authorized_peers: Iterable[PeerId] | str | os.PathLike[str] | None = None,
+        authorized_peers: AuthorizedPeers | Iterable[PeerId] | str | os.PathLike[str] | None = None,
         allow_any: bool = False,
     ) -> AsyncIterator[Endpoint]:
         """Bind a UDP socket and run the endpoint until the block exits.
@@ -97,12 +97,16 @@ class Endpoint:
             bind: local (host, port); port 0 picks a free one.
             config: sizes, windows and timeouts (defaults suit bulk tensors).
             authorized_peers: peer ids (or an ``authorized_peers`` file, re-read when it
-                changes) that :meth:`serve` admits. ``None`` admits nobody.
+                changes, or a ready :class:`AuthorizedPeers`) that :meth:`serve` admits.
+                ``None`` admits nobody.
             allow_any: admit every client with a valid certificate (open mode); required
                 explicitly so that a missing list never means "everyone".
         """
         config = config or EndpointConfig()
-        authorized = AuthorizedPeers(authorized_peers, allow_any=allow_any)
+        if isinstance(authorized_peers, AuthorizedPeers):
+            authorized = authorized_peers
+        else:
+            authorized = AuthorizedPeers(authorized_peers, allow_any=allow_any)
         family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:

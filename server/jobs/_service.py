@@ -158,16 +158,22 @@ class JobService:
         self._thread.start()
 
     # --- requests ---------------------------------------------------------------------------
-    def submit(self, spec: dict[str, Any] | str) -> dict[str, Any]:
+    # ``owner`` is the asking peer's id: a peer sees and touches only its own jobs and
+    # artifacts, an ``admin`` every peer's, an in-process caller (owner None) everything.
+    # Another peer's job is answered exactly like a job that does not exist.
+
+    def submit(
+        self, spec: dict[str, Any] | str, owner: str | None = None, admin: bool = False
+    ) -> dict[str, Any]:
         try:
             spec = validate(spec)
             for key, ref in refs(spec):
-                self.resolve(ref, key, check_only=True)
+                self.resolve(ref, key, check_only=True, owner=owner, admin=admin)
         except SpecError as exc:
             raise JobRefused(str(exc)) from None
         total = spec.get("steps", 1)
         try:
-            job_id = self.store.add_job(spec, self.device, total)
+            job_id = self.store.add_job(spec, self.device, total, owner or "")
         except (sqlite3.Error, OSError) as exc:
             raise JobRefused(
                 f"the server's job store cannot be written ({exc}); nothing was queued: "
@@ -179,20 +185,29 @@ class JobService:
         self._wake()
         return self.status(job_id)
 
-    def status(self, job_id: int) -> dict[str, Any]:
+    def _job(self, job_id: int, owner: str | None, admin: bool) -> dict[str, Any]:
+        if not 0 < job_id < 2**63:  # SQLite's integers end there
+            raise JobRefused(f"job {job_id}: no such job")
         try:
-            return _public(self.store.job(job_id))
+            job = self.store.job(job_id)
         except StoreError as exc:
             raise JobRefused(str(exc)) from None
+        if owner is not None and not admin and job["owner"] != owner:
+            raise JobRefused(f"job {job_id}: no such job")
+        return job
 
-    def list(self) -> list[dict[str, Any]]:
-        return [_public(j) for j in self.store.jobs()]
+    def status(self, job_id: int, owner: str | None = None, admin: bool = False) -> dict[str, Any]:
+        return _public(self._job(job_id, owner, admin))
 
-    def page(self, after: int = 0, limit: int = 0) -> dict[str, Any]:
+    def page(
+        self, after: int = 0, limit: int = 0, owner: str | None = None, admin: bool = False
+    ) -> dict[str, Any]:
         """One JobList page: at most ``limit`` (or JOB_PAGE) jobs above ``after``, cut short
-        where the JSON would pass half a frame; ``next`` is where the next page starts."""
+        where the JSON would pass half a frame; ``next`` is where the next page starts. Only
+        the asking peer's jobs (an admin's or in-process caller's: every job)."""
         limit = min(limit or m.JOB_PAGE, m.JOB_PAGE)
-        rows = self.store.jobs_page(after, limit + 1)
+        mine = None if owner is None or admin else owner
+        rows = self.store.jobs_page(after, limit + 1, mine)
         jobs: list[dict[str, Any]] = []
         size = 0
         for row in rows[:limit]:
@@ -204,8 +219,13 @@ class JobService:
         more = len(jobs) < len(rows)
         return {"jobs": jobs, "next": jobs[-1]["id"] if more and jobs else None}
 
-    def cancel(self, job_id: int) -> dict[str, Any]:
-        job = self.status(job_id)
+    def list(self, owner: str | None = None, admin: bool = False) -> list[dict[str, Any]]:
+        """The asking peer's jobs (an admin's or in-process caller's: every job)."""
+        mine = None if owner is None or admin else owner
+        return [_public(j) for j in self.store.jobs(mine)]
+
+    def cancel(self, job_id: int, owner: str | None = None, admin: bool = False) -> dict[str, Any]:
+        job = self.status(job_id, owner, admin)
         if job["state"] == "queued":
             self.store.update(job_id, state="cancelled", finished=time.time())
             self._event(job_id, {"state": "cancelled"})
@@ -214,9 +234,16 @@ class JobService:
             self._cancel.add(job_id)
         return self.status(job_id)
 
-    def wait_events(self, job_id: int, after: int, timeout: float = WATCH_WAIT) -> list[Any]:
+    def wait_events(
+        self,
+        job_id: int,
+        after: int,
+        timeout: float = WATCH_WAIT,
+        owner: str | None = None,
+        admin: bool = False,
+    ) -> list[Any]:
         """Events numbered above ``after``; waits up to ``timeout`` for the first one."""
-        self.status(job_id)
+        self.status(job_id, owner, admin)
         deadline = time.monotonic() + timeout
         with self.changed:
             while True:
@@ -226,24 +253,42 @@ class JobService:
                     return events
                 self.changed.wait(left)
 
-    def resolve(self, ref: str, key: str, check_only: bool = False) -> Any:
-        """A reference to a local path (``job:<id>``: that job's outputs as name -> path)."""
+    def can_read_artifact(self, sha: str, owner: str | None, admin: bool = False) -> bool:
+        return owner is None or admin or self.store.owns_artifact(sha, owner)
+
+    def resolve(
+        self,
+        ref: str,
+        key: str,
+        check_only: bool = False,
+        owner: str | None = None,
+        admin: bool = False,
+    ) -> Any:
+        """A reference to a local path (``job:<id>``: that job's outputs as name -> path).
+        With ``owner``, only what that peer may use (see above) resolves."""
         kind, _, rest = ref.partition(":")
         try:
             if kind == "sha256":
+                if not self.can_read_artifact(rest, owner, admin):
+                    raise SpecError(f"{key}: no artifact {rest[:16]}... (upload it first)")
                 if check_only:
                     if not self.store.has_artifact(rest):
                         raise SpecError(f"{key}: no artifact {rest[:16]}... (upload it first)")
                     return None
                 return self.store.verified_path(rest)
             if kind == "server":
+                if "\0" in rest:
+                    raise SpecError(f"{key}: a path cannot contain a NUL byte")
                 path = Path(rest).resolve()
                 if not any(path.is_relative_to(d) for d in self.job_paths):
                     raise SpecError(f"{key}: {rest} is not under a --job-path directory")
                 if not path.is_file():
                     raise SpecError(f"{key}: {rest} is not a file")
                 return path
-            job = self.store.job(int(rest))
+            try:
+                job = self._job(int(rest), owner, admin)
+            except JobRefused as exc:
+                raise SpecError(f"{key}: {exc}") from None
             if job["state"] != "succeeded":
                 raise SpecError(f"{key}: job {rest} has not succeeded (it is {job['state']})")
             files = {n: self.store.verified_path(sha) for n, sha in job["outputs"].items()}
@@ -322,7 +367,8 @@ class JobService:
                 files = KINDS[job["kind"]](ctx)
             finally:
                 runtime.release()  # before the job's end is told: its memory is free then
-            outputs = {name: self.store.put_artifact_file(p) for name, p in files.items()}
+            owner = job.get("owner") or ""
+            outputs = {name: self.store.put_artifact_file(p, owner) for name, p in files.items()}
         except _Stop as stop:
             if stop.cancel:
                 self._cancel.discard(job_id)

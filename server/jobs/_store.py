@@ -57,6 +57,15 @@ MIGRATIONS: tuple[str, ...] = (
         created REAL NOT NULL
     );
     """,
+    """
+    ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+    CREATE INDEX jobs_owner ON jobs (owner, id);
+    CREATE TABLE artifact_owners (
+        sha256 TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        PRIMARY KEY (sha256, owner)
+    );
+    """,
 )
 """Schema versions 1..N; append, never edit, so older data directories upgrade in place."""
 
@@ -190,11 +199,13 @@ class JobStore:
             self.db.close()
 
     # --- jobs -------------------------------------------------------------------------------
-    def add_job(self, spec: dict[str, Any], device: str, total: int) -> int:
+    def add_job(self, spec: dict[str, Any], device: str, total: int, owner: str = "") -> int:
+        """Queue a job owned by peer ``owner`` (only it, and admins, see the job)."""
         with self._tx() as db:
             cur = db.execute(
-                "INSERT INTO jobs (kind, device, state, spec, created, total) VALUES (?,?,?,?,?,?)",
-                (spec["kind"], device, "queued", json.dumps(spec), time.time(), total),
+                "INSERT INTO jobs (kind, device, state, spec, created, total, owner) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (spec["kind"], device, "queued", json.dumps(spec), time.time(), total, owner),
             )
             job_id = int(cur.lastrowid or 0)
             _insert_event(db, job_id, {"state": "queued"})  # one transaction: both or neither
@@ -207,17 +218,30 @@ class JobStore:
             raise StoreError(f"job {job_id}: no such job")
         return _row(row)
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self, owner: str | None = None) -> list[dict[str, Any]]:
+        """Every job, oldest first; with ``owner``, only that peer's."""
         with self.lock:
-            rows = self.db.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+            if owner is None:
+                rows = self.db.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+            else:
+                rows = self.db.execute(
+                    "SELECT * FROM jobs WHERE owner = ? ORDER BY id", (owner,)
+                ).fetchall()
         return [_row(r) for r in rows]
 
-    def jobs_page(self, after: int, limit: int) -> list[dict[str, Any]]:
-        """Up to ``limit`` jobs with ids above ``after``, oldest first."""
+    def jobs_page(self, after: int, limit: int, owner: str | None = None) -> list[dict[str, Any]]:
+        """Up to ``limit`` jobs with ids above ``after``, oldest first (with ``owner``, only
+        that peer's)."""
         with self.lock:
-            rows = self.db.execute(
-                "SELECT * FROM jobs WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
-            ).fetchall()
+            if owner is None:
+                rows = self.db.execute(
+                    "SELECT * FROM jobs WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+                ).fetchall()
+            else:
+                rows = self.db.execute(
+                    "SELECT * FROM jobs WHERE owner = ? AND id > ? ORDER BY id LIMIT ?",
+                    (owner, after, min(limit, 2**62)),
+                ).fetchall()
         return [_row(r) for r in rows]
 
     def next_queued(self, device: str) -> dict[str, Any] | None:
@@ -280,24 +304,48 @@ class JobStore:
             raise StoreError(f"artifact {sha[:16]}...: no such artifact")
         return int(row[0])
 
-    def put_artifact(self, data: bytes) -> str:
-        """Store bytes (a job output); returns their sha256."""
+    def owns_artifact(self, sha: str, owner: str) -> bool:
+        """Whether peer ``owner`` uploaded ``sha`` or a job of its produced it."""
+        with self.lock:
+            row = self.db.execute(
+                "SELECT 1 FROM artifact_owners WHERE sha256 = ? AND owner = ?", (sha, owner)
+            ).fetchone()
+        return row is not None and self.artifact_path(sha).exists()
+
+    def own_artifact(self, sha: str, owner: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO artifact_owners VALUES (?, ?)", (sha, owner))
+
+    def put_artifact(self, data: bytes, owner: str | None = None) -> str:
+        """Store bytes (a job output) owned by ``owner``; returns their sha256."""
         sha = hashlib.sha256(data).hexdigest()
         if not self.has_artifact(sha):
             write_atomic(self.artifact_path(sha), data)
             self._record(sha, len(data))
+        if owner is not None:
+            self.own_artifact(sha, owner)
         return sha
 
-    def put_artifact_file(self, path: Path) -> str:
-        return self.put_artifact(path.read_bytes())
+    def put_artifact_file(self, path: Path, owner: str | None = None) -> str:
+        return self.put_artifact(path.read_bytes(), owner)
 
-    def receive_chunk(self, sha: str, offset: int, total: int, data: bytes) -> bool:
-        """Append an uploaded chunk; on the last one check the sha256 and store the artifact.
-        Returns True once the artifact is stored. A bad offset or checksum raises StoreError
-        and discards the partial upload; a full disk raises StoreError too."""
-        if self.has_artifact(sha):
+    def upload_path(self, sha: str, owner: str) -> Path:
+        """Where ``owner``'s half-received upload of ``sha`` grows: one file per peer, so no
+        peer can append to, restart or complete another's upload."""
+        return self.root / "uploads" / f"{owner or 'local'}-{sha}.part"
+
+    def receive_chunk(
+        self, sha: str, offset: int, total: int, data: bytes, owner: str = ""
+    ) -> bool:
+        """Append an uploaded chunk; on the last one check the sha256 and store the artifact,
+        owned by ``owner``. Returns True once the artifact is stored. A bad offset or checksum
+        raises StoreError and discards the partial upload; a full disk raises StoreError too.
+
+        Content already stored under another owner is not shared on the strength of its
+        hash: the peer uploads every byte and the checksum is verified before it owns it."""
+        if self.owns_artifact(sha, owner):
             return offset + len(data) >= total
-        part = self.root / "uploads" / f"{sha}.part"
+        part = self.upload_path(sha, owner)
         try:
             have = part.stat().st_size if part.exists() else 0
             if offset == 0 and have:
@@ -321,10 +369,14 @@ class JobStore:
                     f"the uploaded bytes hash to {actual[:16]}..."
                 )
             dest = self.artifact_path(sha)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(part, dest)
-            fsync_dir(dest.parent)
-            self._record(sha, total)
+            if self.has_artifact(sha):  # the same bytes, proven by this peer: share the file
+                part.unlink()
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(part, dest)
+                fsync_dir(dest.parent)
+                self._record(sha, total)
+            self.own_artifact(sha, owner)
             return True
         except StoreError:
             with contextlib.suppress(OSError):

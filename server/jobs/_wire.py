@@ -29,9 +29,14 @@ def _service(session: Any) -> JobService:
     return service
 
 
-def _info(request_id: int, call: Any, *args: Any) -> Reply:
+def _me(session: Any) -> dict[str, Any]:
+    """Who asks: the session's peer and whether the authorised-peers file makes it admin."""
+    return {"owner": session.peer_id, "admin": session.state.is_admin(session.peer_id)}
+
+
+def _info(session: Any, request_id: int, call: Any, *args: Any) -> Reply:
     try:
-        result = call(*args)
+        result = call(*args, **_me(session))
     except (JobRefused, StoreError) as exc:
         raise _refuse(str(exc)) from None
     return [m.JobInfo(request_id, json.dumps(result).encode())]
@@ -44,24 +49,26 @@ def _submit(session: Any, msg: m.JobSubmit, now: float) -> Reply:
         spec = json.loads(msg.spec)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _refuse(f"spec: not valid JSON: {exc}") from None
-    return _info(msg.request_id, _service(session).submit, spec)
+    except RecursionError:
+        raise _refuse("spec: nested too deeply") from None
+    return _info(session, msg.request_id, _service(session).submit, spec)
 
 
 def _list(session: Any, msg: m.JobList, now: float) -> Reply:
-    return _info(msg.request_id, _service(session).page, msg.after, msg.limit)
+    return _info(session, msg.request_id, _service(session).page, msg.after, msg.limit)
 
 
 def _status(session: Any, msg: m.JobStatus, now: float) -> Reply:
-    return _info(msg.request_id, _service(session).status, msg.job_id)
+    return _info(session, msg.request_id, _service(session).status, msg.job_id)
 
 
 def _cancel(session: Any, msg: m.JobCancel, now: float) -> Reply:
-    return _info(msg.request_id, _service(session).cancel, msg.job_id)
+    return _info(session, msg.request_id, _service(session).cancel, msg.job_id)
 
 
 def _watch(session: Any, msg: m.JobWatch, now: float) -> Reply:
     try:
-        events = _service(session).wait_events(msg.job_id, msg.after)
+        events = _service(session).wait_events(msg.job_id, msg.after, **_me(session))
     except JobRefused as exc:
         raise _refuse(str(exc)) from None
     return [m.JobEvents(msg.request_id, msg.job_id, json.dumps(events).encode())]
@@ -73,7 +80,9 @@ def _put(session: Any, msg: m.ArtifactPut, now: float) -> Reply:
     if len(msg.digest) != 32:
         raise _refuse("artifact digest must be 32 bytes (sha256)")
     try:
-        _service(session).store.receive_chunk(msg.digest.hex(), msg.offset, msg.total, msg.data)
+        _service(session).store.receive_chunk(
+            msg.digest.hex(), msg.offset, msg.total, msg.data, session.peer_id
+        )
     except StoreError as exc:
         raise _refuse(str(exc)) from None
     return [m.Ack(msg.request_id)]
@@ -81,10 +90,13 @@ def _put(session: Any, msg: m.ArtifactPut, now: float) -> Reply:
 
 def _get(session: Any, msg: m.ArtifactGet, now: float) -> Reply:
     sha = msg.digest.hex()
+    service = _service(session)
+    if not service.can_read_artifact(sha, **_me(session)):  # as if it did not exist
+        raise _refuse(f"artifact {sha[:16]}...: no such artifact")
+    if msg.offset >= 2**63:
+        raise _refuse(f"artifact {sha[:16]}...: offset {msg.offset} is past any file")
     try:
-        total, data = _service(session).store.read_chunk(
-            sha, msg.offset, min(msg.length, m.ARTIFACT_CHUNK)
-        )
+        total, data = service.store.read_chunk(sha, msg.offset, min(msg.length, m.ARTIFACT_CHUNK))
     except StoreError as exc:
         raise _refuse(str(exc)) from None
     return [m.ArtifactChunk(msg.request_id, msg.digest, msg.offset, total, data)]

@@ -12,7 +12,7 @@ import pytest
 from burn_remote import ChecksumError, JobError, RemoteDevice
 from burn_remote.protocol import messages as m
 from burn_remote.server.jobs import JobStore, SpecError, StoreError, validate
-from burn_remote.server.jobs._store import write_atomic
+from burn_remote.server.jobs._store import MIGRATIONS, write_atomic
 
 from tests.jobs.models import lora_spec
 
@@ -74,14 +74,14 @@ def test_toml_specs_and_defaults():
 
 def test_store_schema_is_versioned_and_in_wal_mode(tmp_path):
     store = JobStore(tmp_path)
-    assert store.schema_version == 1
+    assert store.schema_version == len(MIGRATIONS)
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     job = store.add_job(validate(lora_spec(REF, REF)), "cpu", 30)
     store.close()
     again = JobStore(tmp_path)  # reopening applies nothing twice
-    assert again.job(job)["state"] == "queued" and again.schema_version == 1
+    assert again.job(job)["state"] == "queued" and again.schema_version == len(MIGRATIONS)
     rows = sqlite3.connect(tmp_path / "jobs.sqlite3").execute("SELECT * FROM migrations")
-    assert [r[0] for r in rows] == [1]
+    assert [r[0] for r in rows] == list(range(1, len(MIGRATIONS) + 1))
 
 
 def test_failed_writes_keep_what_was_accepted(tmp_path, monkeypatch):
