@@ -97,7 +97,7 @@ def test_loop_handlers_never_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert not [r for r in replies if isinstance(r, m.Error)], replies
 
         # The instrument sees a wait: a job poll waits for events, and the loop refuses it.
-        job = state.jobs.store.add_job({"kind": "train"}, "no-such-device", 1)  # never runs
+        job = state.jobs.store.add_job({"kind": "train"}, "no-such-device", 1, session.peer_id)
         session.feed_control(m.encode(m.JobWatch(905, job, 1)))
         assert session.step(2.0, Place.LOOP) == [] and session.queue
         assert session.next_place() is Place.JOBS
