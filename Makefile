@@ -5,14 +5,16 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OPENCL := $(VENV)/.opencl
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The CUDA extra (CuPy + NVRTC + CUDA headers) installs on any machine: without a GPU the
+# offline CUDA checks compile every generated kernel with NVRTC, and the CUDA tests skip.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,cuda]'
 	touch $(STAMP)
 
 # PoCL + PyOpenCL so the OpenCL backend runs its tests on the CPU (CI runs as root on Debian).
@@ -34,6 +36,21 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ops.py
+
+# On a machine with an NVIDIA GPU: the offline checks, then the CUDA suite on cuda:0 (ops,
+# gradients, training, serve + client, a LoRA job, linalg/signal), then bench/gpu.py's table.
+# Without a GPU it runs the offline checks, says that it needs one and exits non-zero.
+gpu-check: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_cuda_offline.py tests/test_cuda_sim.py
+	@$(BIN)/python bench/gpu.py --need-gpu || { \
+		echo "make gpu-check: the offline CUDA checks passed; the rest needs a CUDA GPU."; exit 2; }
+	BURN_REMOTE_REQUIRE_CUDA=1 timeout 330 $(BIN)/python -m pytest -q -p no:cacheprovider \
+		-o addopts="" --timeout 120 -k "cuda or gpu" -m "not netns" \
+		tests/test_cuda_gpu.py tests/test_memory_cupy.py tests/test_gpu_backends.py \
+		tests/test_ops_forward.py tests/test_ops_forward_nn.py tests/test_ops_forward_shape.py \
+		tests/test_ops_grad.py tests/test_dtypes.py tests/test_indexing.py \
+		tests/test_linalg.py tests/test_signal.py
+	timeout 150 $(BIN)/python bench/gpu.py --steps 30
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,12 +1,14 @@
-"""GPU check: training-step time and peak reserved memory, side by side.
+"""GPU check: training-step time and peak reserved memory, side by side, in one table.
 
-On one CUDA GPU (well under 5 minutes) it prints, for the digits MLP and a small transformer:
-the step time on cuda:0 fused and unfused, PyTorch CUDA on the same model when torch is
-installed, and the peak reserved memory with the adaptive pool against CuPy's default pool.
-Without CUDA it says why and runs the same table on the OpenCL (PoCL) and CPU devices with
-smaller models, so the script itself stays tested.
+On one CUDA GPU (about 2 minutes) it prints, for an MLP, a small transformer and a
+GPT-2-small LoRA step: the step time (median over steps) on cuda:0 fused and unfused,
+PyTorch CUDA on the same model when torch with CUDA is installed, and the peak reserved
+memory with the adaptive pool against CuPy's default pool. A run that fails shows `error[n]`
+in its cell and its reason under the table. Without CUDA it says why and runs the same table
+on the OpenCL (PoCL) and CPU devices with smaller models, so the script itself stays tested.
 
     .venv/bin/python bench/gpu.py [--steps N] [--smoke]
+    .venv/bin/python bench/gpu.py --need-gpu   # exit 0 when cuda:0 works, else 2 and why
 
 Every configuration runs in a child process: the pool is installed as CuPy's allocator once
 per process and fusion is decided when a graph is compiled, so children keep them apart.
@@ -25,9 +27,19 @@ import time
 import numpy as np
 
 SIZES = {  # model -> (batch, width, layers, seq, vocab) ; the smoke sizes are for PoCL/CPU
-    "full": {"mlp": (256, 512, 0, 0, 0), "transformer": (16, 256, 2, 64, 512)},
-    "smoke": {"mlp": (64, 128, 0, 0, 0), "transformer": (4, 32, 1, 16, 64)},
+    "full": {
+        "mlp": (256, 512, 0, 0, 0),
+        "transformer": (16, 256, 2, 64, 512),
+        "gpt2-lora": (4, 768, 12, 128, 50257),  # GPT-2 small, LoRA r=8 on c_attn
+    },
+    "smoke": {
+        "mlp": (64, 128, 0, 0, 0),
+        "transformer": (4, 32, 1, 16, 64),
+        "gpt2-lora": (2, 32, 1, 16, 64),
+    },
 }
+MODELS = ("mlp", "transformer", "gpt2-lora")
+CHILD_TIMEOUT_S = 240
 
 
 def cuda_unavailable() -> str | None:
@@ -51,6 +63,23 @@ def _burn_model(dev, kind: str, size: tuple[int, ...]):
 
     batch, width, layers, seq, vocab = size
     rng = np.random.default_rng(0)
+    if kind == "gpt2-lora":
+        from burn_remote import lora
+
+        nn.seed(0)
+        heads = max(1, width // 64)
+        cfg = nn.GPTConfig(n_layer=layers, n_head=heads, d_model=width, vocab=vocab, context=seq)
+        gpt = lora.apply_lora(
+            nn.GPT(cfg, device=dev), lora.LoraConfig(r=8, target_modules=["c_attn"])
+        )
+        ids = rng.integers(0, vocab, (batch, seq))
+        tgt = rng.integers(0, vocab, (batch * seq,))
+
+        def lm_loss():
+            logits = gpt(dev.tensor(ids)).reshape(batch * seq, vocab)
+            return F.cross_entropy(logits, dev.tensor(tgt))
+
+        return gpt.parameters(), lm_loss
     if kind == "mlp":
         net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)).to(dev)
         x = rng.standard_normal((batch, 64)).astype(np.float32)
@@ -101,14 +130,16 @@ def run_burn(device: str, kind: str, size: tuple[int, ...], steps: int) -> dict:
 
     for _ in range(3):  # register, then replay the cached graph
         step()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(steps):
-        step()
+        t0 = time.perf_counter()
+        step()  # ends with loss.item(): the step's work is done when it returns
+        times.append(time.perf_counter() - t0)
         if device.startswith("cuda") and getattr(backend, "memory", None) is None:
             import cupy  # type: ignore[import-not-found]
 
             peak_default = max(peak_default, cupy.get_default_memory_pool().total_bytes())
-    ms = (time.perf_counter() - t0) / steps * 1e3
+    ms = float(np.median(times)) * 1e3
     stats = dev.memory_stats()
     peak = stats.peak_reserved if stats is not None else peak_default
     return {"ms": ms, "peak": peak}
@@ -123,7 +154,28 @@ def run_torch(kind: str, size: tuple[int, ...], steps: int) -> dict | None:
         return None
     batch, width, layers, seq, vocab = size
     dev = torch.device("cuda:0")
-    if kind == "mlp":
+    if kind == "gpt2-lora":
+        try:
+            import peft
+            import transformers
+        except ImportError:
+            return None
+        cfg = transformers.GPT2Config(
+            n_layer=layers,
+            n_head=max(1, width // 64),
+            n_embd=width,
+            vocab_size=vocab,
+            n_positions=seq,
+        )
+        base = transformers.GPT2LMHeadModel(cfg)
+        net = peft.get_peft_model(base, peft.LoraConfig(r=8, target_modules=["c_attn"])).to(dev)
+        ids = torch.randint(0, vocab, (batch, seq), device=dev)
+        tgt = torch.randint(0, vocab, (batch * seq,), device=dev)
+
+        def loss_fn():
+            logits = net(input_ids=ids).logits.reshape(-1, vocab)
+            return torch.nn.functional.cross_entropy(logits, tgt)
+    elif kind == "mlp":
         net = torch.nn.Sequential(
             torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)
         ).to(dev)
@@ -145,20 +197,18 @@ def run_torch(kind: str, size: tuple[int, ...], steps: int) -> dict | None:
         def loss_fn():
             return torch.nn.functional.cross_entropy(net(ids).reshape(-1, vocab), tgt)
 
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-3)
+    times = []
     for i in range(steps + 3):
-        if i == 3:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
         loss = loss_fn()
         loss.backward()
         opt.step()
         opt.zero_grad()
         loss.item()
-    return {
-        "ms": (time.perf_counter() - t0) / steps * 1e3,
-        "peak": torch.cuda.max_memory_reserved(),
-    }
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return {"ms": float(np.median(times)) * 1e3, "peak": torch.cuda.max_memory_reserved()}
 
 
 # --- driver --------------------------------------------------------------------------------
@@ -178,26 +228,49 @@ def spawn(device: str, model: str, sizes: str, steps: int, fusion: bool, pool: b
     env["BURN_REMOTE_POOL"] = "1" if pool else "0"
     cmd = [sys.executable, __file__, "--child", "--device", device, "--model", model]
     cmd += ["--sizes", sizes, "--steps", str(steps)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    what = f"{model} on {device} (fusion {'on' if fusion else 'off'}, "
+    what += f"{'adaptive' if pool else 'default'} pool)"
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{what}: no result within {CHILD_TIMEOUT_S} s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-    return {"error": tail[0][:80]}
+    return {"error": f"{what}: exit {proc.returncode}: {_reason(proc.stderr or proc.stdout)}"}
 
 
-def _cell(r: dict | None, key: str) -> str:
-    if r is None:
-        return "-"
-    if "error" in r:
-        return "error"
-    return f"{r[key]:.2f} ms" if key == "ms" else f"{r[key] / 2**20:.1f} MiB"
+def _reason(output: str) -> str:
+    """The line of a child's output that says what went wrong (its exception, if any)."""
+    lines = [ln.strip() for ln in output.strip().splitlines() if ln.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Failed", "Unavailable", "Exceeded")):
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+class Table:
+    """Rows of cells; failed runs get `error[n]` and their reason below the table."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def cell(self, r: dict | None, key: str) -> str:
+        if r is None:
+            return "-"
+        if "error" in r:
+            if r["error"] not in self.errors:
+                self.errors.append(r["error"])
+            return f"error[{self.errors.index(r['error']) + 1}]"
+        return f"{r[key]:.2f} ms" if key == "ms" else f"{r[key] / 2**20:.1f} MiB"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--smoke", action="store_true", help="small models on OpenCL/CPU")
+    ap.add_argument("--need-gpu", action="store_true", help="exit 2 (and say why) without CUDA")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda:0", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
@@ -207,6 +280,11 @@ def main() -> int:
         child(args)
         return 0
     why = cuda_unavailable()
+    if args.need_gpu:
+        if why is not None:
+            print(f"bench/gpu.py: this needs a CUDA GPU, and cuda:0 is not usable here: {why}")
+            return 2
+        return 0
     smoke = args.smoke or why is not None
     if why is not None:
         print(f"bench/gpu.py: no CUDA here ({why}); running the OpenCL/CPU parts only.\n")
@@ -216,20 +294,28 @@ def main() -> int:
     header = f"{'model':<12} {'device':<8} {'fused':>10} {'unfused':>10} {'torch':>10}"
     header += f" {'peak adaptive':>14} {'peak default':>13}"
     print(header)
-    for model in ("mlp", "transformer"):
+    table = Table()
+    cell = table.cell
+    for model in MODELS:
         for device in devices:
             fused = spawn(device, model, sizes, steps, True, True)
             unfused = spawn(device, model, sizes, steps, False, True)
             torch_r = spawn("torch", model, sizes, steps, True, True) if not smoke else None
             default = spawn(device, model, sizes, steps, True, False) if not smoke else None
-            row = f"{model:<12} {device:<8} {_cell(fused, 'ms'):>10} {_cell(unfused, 'ms'):>10}"
-            row += f" {_cell(torch_r, 'ms'):>10} {_cell(fused, 'peak'):>14}"
-            row += f" {_cell(default, 'peak'):>13}"
+            row = f"{model:<12} {device:<8} {cell(fused, 'ms'):>10} {cell(unfused, 'ms'):>10}"
+            row += f" {cell(torch_r, 'ms'):>10} {cell(fused, 'peak'):>14}"
+            row += f" {cell(default, 'peak'):>13}"
             print(row, flush=True)
+    for n, error in enumerate(table.errors, 1):
+        print(f"error[{n}]: {error}")
     if smoke:
         print("\n(fused/unfused: OpenCL fuses elementwise chains; the CPU engine never fuses;")
         print(" peak adaptive: the CPU pools; OpenCL buffers come from PyOpenCL's pool.)")
-    return 0
+    else:
+        print("\n(ms: median step time, forward + backward + AdamW + loss read; torch: PyTorch")
+        print(" CUDA on the same model, '-' without torch+CUDA (gpt2-lora: transformers + peft);")
+        print(" peak: reserved device memory, adaptive pool vs CuPy's default pool.)")
+    return 1 if table.errors else 0
 
 
 if __name__ == "__main__":

@@ -61,10 +61,28 @@ class Plan:
     seconds: float | None = None
     """Wall time of the last run (set by whoever runs it: the server judges from it whether
     a replay may run on its network loop)."""
+    runs: int = 0
+    """Executions so far; the first is the dry run that GPU pools size their pages from."""
 
 
 def compile_graph(graph: Graph, backend: Backend) -> Plan:
-    """Order is already topological (recording order); compute kernels, liveness, releases."""
+    """Order is already topological (recording order); compute kernels, liveness, releases.
+
+    GPU backends compile on their device and stream (`activate`), and the constants are
+    waited for before the plan is returned: plans are shared by sessions that run on other
+    streams, which must never read a constant that is still being written.
+    """
+    activate = getattr(backend, "activate", None)
+    if activate is None:
+        return _compile(graph, backend)
+    with activate():
+        plan = _compile(graph, backend)
+        if plan.constants:
+            backend.synchronize()
+    return plan
+
+
+def _compile(graph: Graph, backend: Backend) -> Plan:
     n_inputs = len(graph.inputs)
     slot = n_inputs
     steps: list[Step] = []
@@ -181,13 +199,14 @@ class Executor:
         activate = getattr(self.backend, "activate", None)
         if activate is None:
             return self._run(plan, inputs, values, donated)
-        with activate():  # GPU backends: the session's device and stream
+        with activate(plan):  # GPU backends: the session's device and stream (and dry run)
             return self._run(plan, inputs, values, donated)
 
     def _run(
         self, plan: Plan, inputs: Sequence[Any], values: Sequence[Any], donated: Sequence[int]
     ) -> list[Any]:
         self.replays += 1
+        plan.runs += 1
         slots: list[Any] = [None] * plan.n_slots
         slots[: plan.n_inputs] = inputs
         backend = self.backend

@@ -8,6 +8,7 @@ parameters, skipped with the reason, so a test report says what did not run and 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -51,6 +52,10 @@ _UNAVAILABLE: dict[str, str | None] = {
     "opencl": _probe_opencl(),
     "cuda:0": _probe_cuda(),
 }
+
+if os.environ.get("BURN_REMOTE_REQUIRE_CUDA") == "1" and _UNAVAILABLE["cuda:0"] is not None:
+    # `make gpu-check` sets this: on the GPU machine a CUDA test that skips is a failure
+    raise pytest.UsageError(f"BURN_REMOTE_REQUIRE_CUDA=1 but {_UNAVAILABLE['cuda:0']}")
 
 BACKENDS: list[str] = [spec for spec, why in _UNAVAILABLE.items() if why is None]
 """Device strings that run on this machine."""

@@ -6,22 +6,28 @@ code generation, which the tests check without a GPU) loads on machines without 
 
 - Kernels: numpy_kernels is written against the array module of its inputs (`_mod`), so
   the same code runs on CuPy; the elementwise ops are generated from the one C expression
-  table (cexpr), like OpenCL's; `full` and `uniform` are made here (`uniform` draws the
-  documented counter hash on the host and uploads it, identical on every backend).
+  table (cexpr), like OpenCL's; `full` is made here; `uniform` runs the documented counter
+  hash on the device (the key never comes back to the host), identical on every backend.
 - Fusion: `optimize_plan` (called once per compiled, cached graph) merges elementwise
   chains into one kernel each (engine/fusion.py); BURN_REMOTE_FUSION=0 turns it off.
 - Memory: unless BURN_REMOTE_POOL=0, CuPy allocates from engine.memory's adaptive pool
-  (CupyPageAllocator + install_cupy_allocator); `memory_stats()` reports it.
+  (CupyPageAllocator + install_cupy_allocator, one pool per device); the first run of each
+  plan is the pool's dry run, which sizes its pages and the reserve it keeps, so replayed
+  steps never call cudaMalloc/cudaFree. `memory_stats()` reports it.
 - Streams: `session()` gives each runtime (a local device or a server session) a view of
-  the backend with its own non-blocking stream; the executor runs plans inside `activate()`.
-- bfloat16 has no CuPy dtype: tensors of it are refused on CUDA with a clear error.
+  the backend with its own non-blocking stream; the executor compiles and runs plans inside
+  `activate()`; uploads, reads and host fallbacks use the stream that is active, so every
+  copy is ordered with the plan that reads or writes it.
+- bfloat16: CuPy (14+) stores it (ml_dtypes); generated kernels compute it in float, and
+  the NumPy-shaped kernels compute it in float32 and round once, where CuPy's own routines
+  have no bfloat16 loops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +36,6 @@ from ...protocol import dtypes
 from ...protocol.registry import OPS
 from . import cexpr
 from .numpy_kernels import KERNELS as NUMPY_KERNELS
-from .numpy_kernels import uniform_bits
 
 CUDA_TYPES = {
     "bool": "bool",
@@ -66,18 +71,50 @@ class _Spec:
         self.shape, self.dtype = shape, dtype
 
 
-class CupyBackend:
-    """One CUDA device through CuPy."""
+_BF16 = dtypes.to_numpy("bfloat16")
 
-    def __init__(self, index: int = 0) -> None:
+
+def _bfloat16_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A NumPy-shaped kernel that runs bfloat16 operands in float32 (the executor's
+    `conform` rounds the results back to the declared dtype)."""
+
+    def run(*xs: Any, **attrs: Any) -> Any:
+        for x in xs:
+            if getattr(x, "dtype", None) == _BF16:
+                xs = tuple(
+                    a.astype(np.float32) if getattr(a, "dtype", None) == _BF16 else a for a in xs
+                )
+                break
+        return fn(*xs, **attrs)
+
+    run.__wrapped__ = fn  # type: ignore[attr-defined]
+    return run
+
+
+def _import_cupy(index: int) -> Any:
+    from ..backend import BackendUnavailable
+
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"cuda:{index}: CuPy is not installed ({exc}); pip install 'burn-remote[cuda]'"
+        ) from None
+    return cupy
+
+
+class CupyBackend:
+    """One CUDA device through CuPy.
+
+    Args:
+        index: the CUDA device number.
+        cupy: the CuPy module (tests pass a stand-in; default: ``import cupy``).
+    """
+
+    def __init__(self, index: int = 0, cupy: Any = None) -> None:
         from ..backend import BackendUnavailable
 
-        try:
-            import cupy
-        except ImportError as exc:
-            raise BackendUnavailable(
-                f"cuda:{index}: CuPy is not installed ({exc}); pip install 'burn-remote[cuda]'"
-            ) from None
+        cupy = _import_cupy(index) if cupy is None else cupy
         try:
             count = cupy.cuda.runtime.getDeviceCount()
         except Exception as exc:  # no driver, no device: CuPy raises its own errors
@@ -88,27 +125,29 @@ class CupyBackend:
         self.index = index
         self.name = f"cuda:{index}"
         self.device = cupy.cuda.Device(index)
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        with self.device:  # a stream belongs to the device current when it is made
+            self.stream = cupy.cuda.Stream(non_blocking=True)
         self.fusion = os.environ.get("BURN_REMOTE_FUSION", "1") != "0"
         self.memory: Any = None
+        self.allocator: Any = None
         if os.environ.get("BURN_REMOTE_POOL", "1") != "0":
             from ..memory import CupyPageAllocator, DeviceMemory, install_cupy_allocator
 
             with self.device:
-                self.memory = DeviceMemory(self.name, CupyPageAllocator(index))
-                install_cupy_allocator(self.memory)
+                self.memory = DeviceMemory(self.name, CupyPageAllocator(index), retain=True)
+                self.allocator = install_cupy_allocator(self.memory)
         self._ew: dict[tuple, Any] = {}
-        self.kernels: dict[str, Any] = {**NUMPY_KERNELS, **self._own_kernels()}
+        shared = {name: _bfloat16_in_float32(fn) for name, fn in NUMPY_KERNELS.items()}
+        self.kernels: dict[str, Any] = {**shared, **self._own_kernels()}
 
     # --- the Backend protocol --------------------------------------------------------------
     def from_numpy(self, array: np.ndarray) -> Any:
-        _refuse_bfloat16(array.dtype)
-        with self.device, self.stream:
+        with self.device, self._copy_stream():
             return self.cp.asarray(array)
 
     def to_numpy(self, array: Any) -> np.ndarray:
         with self.device:
-            return self.cp.asnumpy(array, stream=self.stream, blocking=True)
+            return self.cp.asnumpy(array, stream=self._copy_stream(), blocking=True)
 
     def scalar(self, value: Any, dtype: str) -> Any:
         return self.from_numpy(np.asarray(value, dtype=dtypes.to_numpy(dtype)))
@@ -124,19 +163,41 @@ class CupyBackend:
     # --- sessions and streams ----------------------------------------------------------------
     def session(self) -> CupyBackend:
         """A view of this backend with its own stream (kernels and caches are shared)."""
-        view = object.__new__(CupyBackend)
+        view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
-        view.stream = self.cp.cuda.Stream(non_blocking=True)
+        with self.device:
+            view.stream = self.cp.cuda.Stream(non_blocking=True)
         return view
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator[None]:
-        """Run everything inside on this backend's device and stream."""
+    def activate(self, plan: Any = None) -> Iterator[None]:
+        """Run everything inside on this backend's device and stream; the first run of a
+        `plan` is the pool's dry run (statistics that size its pages and reserve)."""
+        dry = plan is not None and plan.runs == 0 and self.memory is not None
         with self.device, self.stream:
-            yield
+            if not dry:
+                yield
+                return
+            with self.allocator.lock:
+                self.memory.begin_dry_run()
+            try:
+                yield
+            finally:
+                with self.allocator.lock:
+                    self.memory.end_dry_run()
+
+    def _copy_stream(self) -> Any:
+        """The stream a host copy goes on: the one active in this thread (a plan running on
+        a session's stream, for host fallbacks), else this backend's own."""
+        current = self.cp.cuda.get_current_stream()
+        return self.stream if current.ptr in _DEFAULT_STREAMS else current
 
     def memory_stats(self) -> Any:
-        return None if self.memory is None else self.memory.memory_stats()
+        if self.memory is None:
+            return None
+        self.allocator.collect()
+        with self.allocator.lock:
+            return self.memory.memory_stats()
 
     # --- generated kernels -----------------------------------------------------------------
     def optimize_plan(self, plan: Any) -> Any:
@@ -150,11 +211,13 @@ class CupyBackend:
         key = (program.inputs, program.instructions)
         k = self._ew.get(key)
         if k is None:
-            ins, outs, op = fused_kernel_source(program)
-            k = self._ew[key] = self.cp.ElementwiseKernel(
-                ins, outs, op, f"br_fused_{len(self._ew)}", preamble=cexpr.PREAMBLE
-            )
+            k = self._ew[key] = self.compile_program(program, f"br_fused_{len(self._ew)}")
         return k
+
+    def compile_program(self, program: Any, name: str) -> Any:
+        """The kernel of one FusedProgram (CuPy compiles it with NVRTC on first launch)."""
+        ins, outs, op = fused_kernel_source(program)
+        return self.cp.ElementwiseKernel(ins, outs, op, name, preamble=cexpr.PREAMBLE)
 
     def _table(self, name: str) -> Any:
         from ..fusion import FusedProgram
@@ -174,19 +237,11 @@ class CupyBackend:
 
         def full(shape: Any, value: Any, dtype: str) -> Any:
             dt = dtypes.to_numpy(dtypes.normalize(dtype))
-            _refuse_bfloat16(dt)
             return cp.full(tuple(shape), value, dtype=dt)
 
-        def uniform(key: Any, shape: Any, low: float, high: float, dtype: str, stream: int):
-            n = int(np.prod(shape, dtype=np.int64))
-            u = uniform_bits(int(cp.asnumpy(key)), n, stream).reshape(shape)
-            return cp.asarray((u * (high - low) + low).astype(dtypes.to_numpy(dtype)))
-
         own["full"] = full
-        own["uniform"] = uniform
         return own
 
 
-def _refuse_bfloat16(dtype: Any) -> None:
-    if np.dtype(dtype) == dtypes.to_numpy("bfloat16"):
-        raise TypeError("bfloat16 is not supported on CUDA (CuPy has no bfloat16 dtype)")
+_DEFAULT_STREAMS = (0, 1, 2)
+"""Stream handles of CUDA's legacy (0, 1) and per-thread (2) default streams."""

@@ -43,14 +43,37 @@ def _contig(a, dtype=None):
     return _mod(a).ascontiguousarray(a, dtype=dtype)
 
 
+SCATTER_ADD_DTYPES = frozenset({"int32", "int64", "float16", "float32", "float64"})
+"""Dtypes `cupyx.scatter_add` accumulates natively (CUDA atomicAdd); the others (int8, uint8,
+bool, bfloat16) accumulate in a wider dtype and are cast back, which gives NumPy's `add.at`
+result exactly (integers wrap the same way, bool is "any")."""
+
+_SCATTER_WIDE = {"int8": "int32", "uint8": "int32", "bool": "int32", "bfloat16": "float32"}
+
+
 def _add_at(out, index, values) -> None:
     """Unbuffered `out[index] += values` (duplicates accumulate), on either module."""
-    if _mod(out) is np:
+    m = _mod(out)
+    if m is np:
         np.add.at(out, index, values)
-    else:
-        import cupyx  # type: ignore[import-not-found]
+        return
+    import cupyx  # type: ignore[import-not-found]
 
-        cupyx.scatter_add(out, index, values)
+    name = dtypes.from_numpy(out.dtype)
+    if name in SCATTER_ADD_DTYPES:
+        cupyx.scatter_add(out, index, m.asarray(values, dtype=out.dtype))
+        return
+    wide = dtypes.to_numpy(_SCATTER_WIDE[name])
+    acc = out.astype(wide)
+    cupyx.scatter_add(acc, index, m.asarray(values).astype(wide))
+    out[...] = (acc != 0) if name == "bool" else acc.astype(out.dtype)
+
+
+def _open_grid(m, shape):
+    """`indices(shape, sparse=True)` spelled for any array module (CuPy's `indices` has no
+    `sparse`): one arange per axis, shaped to broadcast against the others."""
+    n = len(shape)
+    return [m.arange(d).reshape((1,) * k + (d,) + (1,) * (n - k - 1)) for k, d in enumerate(shape)]
 
 
 def _ufunc(name: str, fn) -> None:
@@ -305,7 +328,7 @@ def _gather(x, idx, axis):
 @kernel("scatter_add")
 def _scatter_add(x, idx, src, axis):
     out = x.copy()
-    grids = list(_mod(x).indices(idx.shape, sparse=True))
+    grids = _open_grid(_mod(x), idx.shape)
     grids[axis % x.ndim] = idx
     _add_at(out, tuple(grids), src)
     return out
@@ -449,7 +472,7 @@ def _max_pool2d_backward(x, g, **attrs):
     rows = _mod(g).arange(oh)[:, None] * sh + ii
     cols = _mod(g).arange(ow)[None, :] * sw + jj
     dxp = _mod(g).zeros(xp.shape, dtype=g.dtype)
-    nn_, cc = _mod(g).indices((n, c), sparse=True)
+    nn_, cc = _open_grid(_mod(g), (n, c))
     _add_at(dxp, (nn_[..., None, None], cc[..., None, None], rows, cols), g)
     return _contig(dxp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]])
 
@@ -476,10 +499,9 @@ def _avg_pool2d_backward(g, input_shape, **attrs):
 
 # --- randomness -------------------------------------------------------------------------
 
-_M32 = np.uint64(0xFFFFFFFF)
 
-
-def _mix32(x: np.ndarray) -> np.ndarray:
+def _mix32(x):
+    """The 32-bit finaliser of the documented draw, on either array module (uint32 wraps)."""
     x = x.astype(np.uint32)
     x ^= x >> np.uint32(16)
     x *= np.uint32(0x7FEB352D)
@@ -489,23 +511,27 @@ def _mix32(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def uniform_bits(key: int, n: int, stream: int) -> np.ndarray:
-    """The counter-based draw documented in protocol.ops_nn.RANDOM_DOC, as uniform float64."""
-    k = int(key) & 0xFFFFFFFFFFFFFFFF
-    lo, hi = np.uint32(k & 0xFFFFFFFF), np.uint32(k >> 32)
+def uniform_bits(key, n: int, stream: int, xp=np):
+    """The counter-based draw documented in protocol.ops_nn.RANDOM_DOC, as uniform float64.
+
+    `key` is a Python int or a 0-d integer array of module `xp`; on CuPy every step runs on
+    the device, so a draw never waits for the key to come back to the host.
+    """
+    k = xp.asarray(key if xp is not np else int(key) & 0xFFFFFFFFFFFFFFFF)
+    k = k.astype(np.int64).astype(np.uint64) if k.dtype.kind != "u" else k.astype(np.uint64)
+    lo = (k & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    hi = (k >> np.uint64(32)).astype(np.uint32)
     with np.errstate(over="ignore"):
-        salt = _mix32(
-            np.asarray([hi + np.uint32((0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF)], np.uint32)
-        )
-        seed = _mix32(np.asarray([lo], np.uint32) ^ salt)
-        h = _mix32(np.arange(n, dtype=np.uint32) ^ seed)
+        salt = _mix32(hi.reshape(1) + np.uint32((0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF))
+        seed = _mix32(lo.reshape(1) ^ salt)
+        h = _mix32(xp.arange(n, dtype=np.uint32) ^ seed)
     return (h >> np.uint32(8)).astype(np.float64) * 2.0**-24
 
 
 @kernel("uniform")
 def _uniform(key, shape, low, high, dtype, stream):
     n = int(np.prod(shape, dtype=np.int64))
-    u = uniform_bits(int(key), n, stream).reshape(shape)
+    u = uniform_bits(key, n, stream, _mod(key)).reshape(shape)
     return (u * (high - low) + low).astype(dtypes.to_numpy(dtype))
 
 
@@ -556,21 +582,29 @@ def _dequantize_nf4(packed, scales, block, shape, dtype):
 
 
 def _ce_parts(logits, target, ignore_index):
-    """log-softmax over the last axis, the counted rows, their targets made safe to index."""
+    """log-softmax over the last axis, the counted rows, their targets made safe to index,
+    and the count of counted rows (at least 1): a Python int on NumPy, a 0-d array on a GPU
+    module, so nothing waits for the device."""
     xp = _mod(logits)
     shifted = logits - logits.max(axis=-1, keepdims=True)
     logp = shifted - xp.log(xp.exp(shifted).sum(axis=-1, keepdims=True))
     target = target.astype(xp.int64, copy=False)
     valid = target != ignore_index
     safe = xp.where(valid, target, 0)
-    count = max(int(valid.sum()), 1)
+    count = max(int(valid.sum()), 1) if xp is np else xp.maximum(valid.sum(), 1)
     return logp, valid, safe, count
+
+
+def _all_counted(xp, target, ignore_index) -> bool:
+    """Whether no row is ignored. Asked on NumPy only: on a GPU the answer costs a sync, so
+    the device path is the general one, with no branch on data."""
+    return xp is np and bool((target != ignore_index).all())
 
 
 @kernel("cross_entropy")
 def _cross_entropy(logits, target, ignore_index, label_smoothing):
     xp = _mod(logits)
-    if logits.ndim == 2 and not label_smoothing and bool((target != ignore_index).all()):
+    if logits.ndim == 2 and not label_smoothing and _all_counted(xp, target, ignore_index):
         # the common case (a batch of rows, nothing ignored): log-sum-exp minus the pick
         z = logits - logits.max(axis=-1, keepdims=True)
         lse = xp.log(xp.exp(z).sum(axis=-1))
@@ -588,22 +622,29 @@ def _cross_entropy_backward(g, logits, target, ignore_index, label_smoothing):
     xp = _mod(logits)
     grad = xp.exp(logits - logits.max(axis=-1, keepdims=True))
     grad /= grad.sum(axis=-1, keepdims=True)
-    if logits.ndim == 2 and not label_smoothing and bool((target != ignore_index).all()):
+    if logits.ndim == 2 and not label_smoothing and _all_counted(xp, target, ignore_index):
         grad[xp.arange(grad.shape[0]), target] -= 1  # the common case: softmax - onehot
         grad *= float(g) / grad.shape[0]
         return grad
     target = target.astype(xp.int64, copy=False)
     valid = target != ignore_index
-    count = int(valid.sum())
-    safe = target if count == valid.size else xp.where(valid, target, 0)
     if label_smoothing:
         grad -= label_smoothing / logits.shape[-1]
     flat = grad.reshape(-1, logits.shape[-1])
+    if xp is np:
+        count = int(valid.sum())
+        safe = target if count == valid.size else xp.where(valid, target, 0)
+        flat[xp.arange(flat.shape[0]), safe.reshape(-1)] -= 1 - label_smoothing
+        if count == valid.size:  # nothing ignored: one scale for every row
+            grad *= float(g) / max(count, 1)
+        else:
+            grad *= (valid * (float(g) / max(count, 1)))[..., None].astype(grad.dtype, copy=False)
+        return grad
+    # on the device: the same arithmetic with the count and the scale left as 0-d arrays
+    safe = xp.where(valid, target, 0)
     flat[xp.arange(flat.shape[0]), safe.reshape(-1)] -= 1 - label_smoothing
-    if count == valid.size:  # nothing ignored: one scale for every row
-        grad *= float(g) / max(count, 1)
-    else:
-        grad *= (valid * (float(g) / max(count, 1)))[..., None].astype(grad.dtype, copy=False)
+    scale = g.astype(grad.dtype) / xp.maximum(valid.sum(), 1).astype(grad.dtype)
+    grad *= (valid.astype(grad.dtype) * scale)[..., None]
     return grad
 
 

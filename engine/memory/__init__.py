@@ -9,7 +9,13 @@ from ._adaptive import AdaptivePool
 from ._arena import ArenaPlan, Buffer, plan_arena
 from ._block import Block, align_up
 from ._constants import ALIGNMENT, SMALL_ALLOC_MAX
-from ._cupy import CupyPageAllocator, install_cupy_allocator, uninstall_cupy_allocator
+from ._cupy import (
+    CupyAllocator,
+    CupyPageAllocator,
+    install_cupy_allocator,
+    installed_allocator,
+    uninstall_cupy_allocator,
+)
 from ._device import Arena, DeviceMemory
 from ._errors import MemoryQuotaExceeded
 from ._format import fmt_bytes, parse_bytes
@@ -31,6 +37,7 @@ __all__ = [
     "ArenaPlan",
     "Block",
     "Buffer",
+    "CupyAllocator",
     "CupyPageAllocator",
     "DeviceMemory",
     "Event",
@@ -53,6 +60,7 @@ __all__ = [
     "choose_page_size",
     "fmt_bytes",
     "install_cupy_allocator",
+    "installed_allocator",
     "parse_bytes",
     "peak_live",
     "plan_arena",

@@ -10,12 +10,20 @@ trace the tuner needs. After `end_dry_run`, large allocations share pages of the
 from __future__ import annotations
 
 from ._block import Block, align_up
-from ._constants import SMALL_ALLOC_MAX, SMALL_EMPTY_PAGES_KEPT, SMALL_PAGE_BYTES
+from ._constants import (
+    LARGE_PAGE_MIN_BYTES,
+    SMALL_ALLOC_MAX,
+    SMALL_EMPTY_PAGES_KEPT,
+    SMALL_PAGE_BYTES,
+)
 from ._errors import MemoryQuotaExceeded
 from ._pageset import PageSet
 from ._source import PageSource
 from ._stats import PoolStats
 from ._tuning import Event, PageChoice, choose_page_size
+
+RETAIN_ALL = 1 << 62
+"""`keep_bytes` while a retaining pool's dry run records: no page is released."""
 
 
 class AdaptivePool:
@@ -24,13 +32,22 @@ class AdaptivePool:
     Args:
         source: the device ledger (page allocator and quota).
         small_max: requests up to this many bytes go to the small pool.
+        retain: keep the reserve a dry run reached: no page is released during a dry run,
+            and afterwards empty pages are released only above that reserve (or under quota
+            pressure); large pages are never smaller than LARGE_PAGE_MIN_BYTES (cudaMalloc's
+            own granularity). For devices where reserving and releasing a page is a
+            synchronising driver call (cudaMalloc/cudaFree), so a replayed step reserves
+            nothing.
     """
 
-    def __init__(self, source: PageSource, small_max: int = SMALL_ALLOC_MAX) -> None:
+    def __init__(
+        self, source: PageSource, small_max: int = SMALL_ALLOC_MAX, retain: bool = False
+    ) -> None:
         self.source = source
+        self.retain = retain
         self.small_max = small_max
         self.small = PageSet("small", source, SMALL_PAGE_BYTES, keep_empty=SMALL_EMPTY_PAGES_KEPT)
-        self.large = PageSet("large", source, 0, keep_empty=0)
+        self.large = PageSet("large", source, LARGE_PAGE_MIN_BYTES if retain else 0, keep_empty=0)
         self.choice: PageChoice | None = None
         self._trace: list[Event] | None = None
         self._ids: dict[int, int] = {}
@@ -75,7 +92,7 @@ class AdaptivePool:
 
     def relieve(self) -> int:
         """Release spare empty pages, then compact; returns the bytes given back."""
-        return self.small.release_empty() + self.compact()
+        return self.small.release_empty() + self.large.release_empty() + self.compact()
 
     def compact(self) -> int:
         """Move movable blocks out of sparse pages so those pages can be released."""
@@ -88,6 +105,9 @@ class AdaptivePool:
         self._trace = []
         self._ids = {}
         self._serial = 0
+        if self.retain:
+            for pages in self.page_sets:
+                pages.keep_bytes = RETAIN_ALL
         for block in self.large.live_blocks():
             self._ids[id(block)] = self._serial
             self._trace.append(("alloc", self._serial, block.size))
@@ -97,8 +117,11 @@ class AdaptivePool:
         """Stop recording and size large pages from the trace (see `_tuning`)."""
         trace, self._trace = self._trace or [], None
         self._ids = {}
-        self.choice = choose_page_size(trace)
+        self.choice = choose_page_size(trace, exact=not self.retain)
         self.large.page_bytes = self.choice.page_bytes
+        if self.retain:  # nothing was released during the run: `reserved` is its high water
+            for pages in self.page_sets:
+                pages.keep_bytes = pages.reserved
         return self.choice
 
     @property

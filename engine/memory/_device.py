@@ -103,6 +103,8 @@ class DeviceMemory:
         pool: ``adaptive`` (default) or ``static`` (the baseline, for comparisons).
         static_classes: the static pool's page classes (see ``StaticPool``), if not the
             default ones.
+        retain: the adaptive pool keeps the reserve its dry runs reached (see
+            ``AdaptivePool``); the CUDA backend asks for it.
     """
 
     def __init__(
@@ -112,11 +114,12 @@ class DeviceMemory:
         limit: int | None = None,
         pool: Literal["adaptive", "static"] = "adaptive",
         static_classes: tuple[tuple[int, int], ...] | None = None,
+        retain: bool = False,
     ) -> None:
         self.device = device
         self.source = PageSource(pages, limit, device)
         self.pool: AdaptivePool | StaticPool = (
-            AdaptivePool(self.source)
+            AdaptivePool(self.source, retain=retain)
             if pool == "adaptive"
             else StaticPool(self.source, static_classes)
         )

@@ -37,6 +37,9 @@ class PageSet:
         self.page_bytes = page_bytes
         self.keep_empty = keep_empty
         self.exclusive = exclusive
+        self.keep_bytes = 0
+        """Empty pages are kept, whatever `keep_empty` says, while the set reserves no more
+        than this: the reserve a dry run showed the work needs (see AdaptivePool `retain`)."""
         self._free: dict[Page, FreeRanges] = {}
         self._blocks: dict[Page, set[Block]] = {}
         self.reserved = 0
@@ -71,7 +74,7 @@ class PageSet:
         ranges = self._free[page]
         ranges.put(block.offset, block.size)
         self._count_use(-block.nbytes)
-        if ranges.empty and self.keep_empty is not None:
+        if ranges.empty and self.keep_empty is not None and self.reserved > self.keep_bytes:
             empties = sum(1 for r in self._free.values() if r.empty)
             if empties > self.keep_empty:
                 self._release(page)

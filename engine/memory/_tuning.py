@@ -47,15 +47,16 @@ def simulate(events: list[Event], page_bytes: int) -> PageChoice:
     return PageChoice(page_bytes, pages.peak_reserved, pages.page_allocs)
 
 
-def candidate_sizes(sizes: list[int]) -> list[int]:
-    """Page sizes worth trying: multiples of the size quantiles, clamped and aligned."""
+def candidate_sizes(sizes: list[int], exact: bool = True) -> list[int]:
+    """Page sizes worth trying: multiples of the size quantiles, clamped and aligned; with
+    `exact`, also 0 (a page per allocation)."""
     if not sizes:
-        return [0]
+        return [0] if exact else [LARGE_PAGE_MIN_BYTES]
     ordered = sorted(sizes)
     seeds = {
         ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))] for q in PAGE_SIZE_QUANTILES
     }
-    out = {0}
+    out = {0} if exact else set()
     for seed in seeds:
         for factor in PAGE_SIZE_CANDIDATE_FACTORS:
             size = min(LARGE_PAGE_MAX_BYTES, max(LARGE_PAGE_MIN_BYTES, seed * factor))
@@ -63,11 +64,12 @@ def candidate_sizes(sizes: list[int]) -> list[int]:
     return sorted(out)
 
 
-def choose_page_size(events: list[Event]) -> PageChoice:
+def choose_page_size(events: list[Event], exact: bool = True) -> PageChoice:
     """The candidate with the fewest page reservations among those whose peak reserve is
-    within TUNE_RESERVE_SLACK of the best; ties go to the smaller page."""
+    within TUNE_RESERVE_SLACK of the best; ties go to the smaller page. `exact=False` leaves
+    out exact-size pages (devices whose allocator rounds small reservations up anyway)."""
     sizes = [size for kind, _, size in events if kind == "alloc"]
-    results = [simulate(events, size) for size in candidate_sizes(sizes)]
+    results = [simulate(events, size) for size in candidate_sizes(sizes, exact)]
     best_peak = min(r.peak_reserved for r in results)
     ok = [r for r in results if r.peak_reserved <= best_peak * (1 + TUNE_RESERVE_SLACK)]
     return min(ok, key=lambda r: (r.page_allocs, r.peak_reserved, r.page_bytes))
