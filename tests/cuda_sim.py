@@ -556,4 +556,6 @@ def sim_device(backend: CupyBackend) -> Any:
             backend_mod._CACHE.pop(key, None)
         else:
             backend_mod._CACHE[key] = saved
-    return Device(backend.name, runtime)
+    dev = Device(backend.name, runtime)
+    dev._base_backend = backend
+    return dev

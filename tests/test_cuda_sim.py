@@ -30,6 +30,11 @@ def sim(monkeypatch):
         yield state
 
 
+def sim_base(dev: Device):
+    """The backend a sim device's session view was made from."""
+    return dev._base_backend
+
+
 @pytest.fixture
 def gpu(sim):
     """A client device on the real CupyBackend over the simulator."""
@@ -101,13 +106,11 @@ def test_every_constant_upload_and_read_is_on_the_plans_stream(sim, gpu):
     from burn_remote.engine import extensions
 
     backend = gpu._rec.runtime.backend
+    base = sim_base(gpu)
     stream = backend.stream.ptr
-    assert stream not in (0, 1, 2)
-    extensions.register_kernel("cpu", "sim_host_only", lambda x: np.asarray(x) * 2)
-    try:
-        fallback = backend.kernels["sim_host_only"]
-    finally:
-        extensions._KERNELS["cpu"].pop("sim_host_only")
+    assert stream not in (0, 1, 2) and base.stream.ptr != stream
+    # the fallback an extension op with only a NumPy kernel gets on the base backend
+    fallback = extensions._host_fallback(base, lambda x: np.asarray(x) * 2)
     assert getattr(fallback, "host_fallback", False)
     sim.log.clear()
     t = gpu.tensor(np.arange(6, dtype=np.float32))
