@@ -34,6 +34,9 @@ MAX_STEPS_AHEAD = 32
 this a step waits (back-pressure, so neither side queues without bound)."""
 
 
+CLOSED = "this RemoteDevice is closed: create a new RemoteDevice(target) to connect again"
+
+
 class RemoteError(ConnectionError):
     """The connection to the server failed or closed; the device cannot go on."""
 
@@ -54,6 +57,7 @@ class RemoteRuntime:
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
         with self.cond:
+            self._check()
             self.proto.upload(tensor_id, array)
             send = self.proto.should_send()
         if send:
@@ -156,6 +160,15 @@ class RemoteRuntime:
     def close(self) -> None:
         self.link.kick()
         self.link.close()
+        with self.cond:  # every later call fails at once, never waits for a reply
+            if self.proto.fatal is None:
+                self.proto.fatal = CLOSED
+            self.cond.notify_all()
+
+    @property
+    def failed(self) -> bool:
+        """Closed, or the connection failed for good: a new device is needed."""
+        return self.proto.fatal is not None
 
 
 def parse_target(target: str) -> tuple[str, tuple[str, int] | None]:
@@ -204,7 +217,8 @@ class RemoteDevice(Device):
 
     ``RemoteDevice("peer-id@host:port")`` dials that address; ``RemoteDevice("peer-id")``
     looks the peer up in the address book. The same target (and key) gives the same device
-    object; another ``key`` (this client's identity file) gives a separate session.
+    object while it works; after ``close()`` or a lost session it gives a fresh one, which
+    connects again. Another ``key`` (this client's identity file) gives a separate session.
     Nothing is sent until the first read or flush; the connection opens then, on a thread
     (see ``_remote_link``: your thread sends each flushed step itself).
     """
@@ -213,7 +227,7 @@ class RemoteDevice(Device):
 
     def __new__(cls, target: str, key: str | Path | None = None) -> RemoteDevice:
         dev = cls._remote.get(f"{target}|{key or ''}")
-        if dev is None or dev._closed:
+        if dev is None or dev._closed or dev._rt.failed:  # a dead device is not handed out
             dev = super().__new__(cls)
             dev._initialised = False
         return dev

@@ -29,6 +29,7 @@ from burn_remote.protocol.transport import (  # imported with the first RemoteDe
     BlockingConnection,
     EndpointConfig,
     Identity,
+    PeerGone,
     PeerRejected,
     TransportError,
     default_key_path,
@@ -41,6 +42,10 @@ CLOSE_TIMEOUT = 10.0
 """Seconds ``close`` waits for the connection (and queued uploads) before giving up."""
 CONNECT_TIMEOUT = 30.0
 """Seconds the first dial may take before the device fails."""
+IDLE_TIMEOUT = float(os.environ.get("BURN_REMOTE_IDLE_TIMEOUT", "30"))
+"""Seconds without a packet from the server after which the connection is given up (QUIC's
+idle timeout; the smaller of this and the server's ``--idle-timeout`` applies). Keep-alives
+every third of it keep a quiet but live connection open."""
 RETRY_PAUSE = 0.25
 """Seconds between dials while resuming."""
 
@@ -75,6 +80,8 @@ class Link:
         self._bulk: queue.SimpleQueue[tuple[Any, int, bytes] | None] = queue.SimpleQueue()
         self._bulk_thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._lost: str | None = None
+        """How the last connection ended (for the message if resuming fails)."""
 
     # --- the user's side ----------------------------------------------------------------------
     def kick(self) -> None:
@@ -176,8 +183,13 @@ class Link:
     def _dial(self, resuming: bool) -> None:
         """Connect (again, until RESUME_TIMEOUT, when resuming), then send what waited."""
         timeout = ATTEMPT_TIMEOUT if resuming else CONNECT_TIMEOUT
-        config = EndpointConfig(max_frame_size=m.MAX_FRAME, handshake_timeout=timeout)
-        deadline = time.monotonic() + RESUME_TIMEOUT
+        config = EndpointConfig(
+            max_frame_size=m.MAX_FRAME,
+            handshake_timeout=timeout,
+            idle_timeout=IDLE_TIMEOUT,
+            keepalive_interval=max(0.2, IDLE_TIMEOUT / 3),
+        )
+        started = time.monotonic()
         try:
             identity = Identity.load_or_create(self.key_path or default_key_path())
             while True:
@@ -192,13 +204,13 @@ class Link:
                     )
                     break
                 except TransportError as exc:
-                    if not resuming or isinstance(exc, PeerRejected):
+                    if not resuming or isinstance(exc, PeerRejected | PeerGone):
                         raise
-                    if time.monotonic() > deadline:
+                    if time.monotonic() - started > RESUME_TIMEOUT:
                         raise
                     time.sleep(RETRY_PAUSE)
         except Exception as exc:  # the user's next wait raises it
-            self._fail(f"connection to {self.peer_id[:12]}... failed: {_describe(exc)}")
+            self._fail(self._dial_failure(exc, resuming, time.monotonic() - started))
             return
         with self._lock:
             if self._state == _CLOSED:
@@ -215,6 +227,26 @@ class Link:
                 # A program that ends without close() still says goodbye: the server frees
                 # the session now instead of after its idle timeout and resume grace.
                 atexit.register(self._goodbye)
+
+    def _where(self) -> str:
+        host, port = self.address
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return f"the server {self.peer_id[:12]}... at {shown}"
+
+    def _dial_failure(self, exc: Exception, resuming: bool, tried: float) -> str:
+        """What the user's next call raises: what happened, for how long, what to do."""
+        if not resuming:
+            return f"cannot connect to {self._where()}: {_describe(exc)}"
+        lost = self._lost or "the connection was lost"
+        again = f"create a new RemoteDevice('{self.peer_id}@...') once it runs again"
+        if isinstance(exc, PeerGone):
+            if "nothing listens" not in lost:
+                lost += "; nothing listens there now"
+            return f"{self._where()} is gone ({lost}): its session is lost; {again}"
+        return (
+            f"{self._where()} stopped answering ({lost}); reconnecting failed for "
+            f"{tried:.0f} s (BURN_REMOTE_RESUME_TIMEOUT {RESUME_TIMEOUT:g} s): {_describe(exc)}"
+        )
 
     def _go_up(self, frames: list[tuple[bytes, list[tuple[int, bytes]]]]) -> None:
         for frame, bulk in frames:
@@ -259,7 +291,11 @@ class Link:
             frames = self._seq.resumed(reply)
         except SessionExpired as exc:
             self._state = _CLOSED
-            self._fail(f"session expired: {exc}")
+            self._fail(
+                f"{self._where()} no longer has this session ({exc}): it restarted, or the "
+                f"connection was down longer than its resume grace; create a new "
+                f"RemoteDevice for it (tensors of this one are lost)"
+            )
             return
         self._go_up(frames)
 
@@ -284,13 +320,14 @@ class Link:
             if self._state == _CLOSED:
                 return
             self._conn, self._control = None, -1
+            self._lost = _loss(error)
             if self._token is None:
                 self._state = _CLOSED
             else:
                 self._state = _CONNECTING
                 self._spawn(self._dial, True)
                 return
-        self._fail(f"the connection is closed: {_describe(error)}")
+        self._fail(f"the connection to {self._where()} is closed: {_describe(error)}")
 
     def _fail(self, why: str) -> None:
         with self.cond:
@@ -316,6 +353,13 @@ def _control_frame(conn: BlockingConnection, control: int, frame: bytes) -> bool
     except TransportError:
         return False
     return True
+
+
+def _loss(error: Exception) -> str:
+    text = _describe(error)
+    if "idle timeout" in text.lower():
+        return f"no packet from it for the idle timeout (BURN_REMOTE_IDLE_TIMEOUT {IDLE_TIMEOUT:g} s, or the server's --idle-timeout if shorter)"
+    return text
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,8 +13,10 @@ from collections import deque
 from burn_remote.protocol import messages as m
 from burn_remote.protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
 
-RESUME_TIMEOUT = float(os.environ.get("BURN_REMOTE_RESUME_TIMEOUT", "120"))
-"""Seconds the link keeps trying to reconnect after losing the server."""
+RESUME_TIMEOUT = float(os.environ.get("BURN_REMOTE_RESUME_TIMEOUT", "30"))
+"""Seconds the link keeps trying to reconnect after losing the server (the server's default
+resume grace: after it, the session is gone anyway). A server whose host answers that
+nothing listens any more is reported at once."""
 ATTEMPT_TIMEOUT = 3.0
 """Seconds one reconnection attempt may take."""
 

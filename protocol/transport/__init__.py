@@ -23,7 +23,7 @@ from ._config import (
 )
 from ._connection import Connection
 from ._endpoint import Endpoint
-from ._errors import FrameTooLarge, KeyFileError, PeerRejected, TransportError
+from ._errors import FrameTooLarge, KeyFileError, PeerGone, PeerRejected, TransportError
 from ._identity import PEER_ID_LENGTH, Identity, PeerId
 from ._paths import default_address_book_path, default_authorized_peers_path, default_key_path
 from ._resolver import PeerLookup, add_resolver, remove_resolver, resolve_peer
@@ -49,6 +49,7 @@ __all__ = [
     "KeyFileError",
     "PeerId",
     "PeerLookup",
+    "PeerGone",
     "PeerRejected",
     "Resolver",
     "ResolverHook",

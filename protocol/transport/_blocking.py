@@ -32,7 +32,7 @@ from aioquic.quic import events
 from ._config import EndpointConfig
 from ._connection import _termination_error
 from ._endpoint import _size_buffers
-from ._errors import FrameTooLarge, TransportError
+from ._errors import FrameTooLarge, PeerGone, TransportError
 from ._identity import Identity, PeerId
 from ._quic import PeerQuicConnection, client_connection
 
@@ -402,7 +402,15 @@ class BlockingConnection:
                 data = sock.recv(_RECV_SIZE, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
-            except OSError:  # an ICMP error from the peer's host: QUIC copes
+            except ConnectionRefusedError:  # ICMP port unreachable: nothing listens there
+                if self._error is None:
+                    host, port = self._remote[:2]
+                    self._error = PeerGone(
+                        f"connection to {host}:{port} refused: nothing listens there "
+                        "(the server is not running)"
+                    )
+                break
+            except OSError:  # another ICMP error from the peer's host: QUIC copes
                 continue
             quic.receive_datagram(data, self._remote, time.monotonic())
         now = time.monotonic()

@@ -16,6 +16,11 @@ class PeerRejected(TransportError):
     """
 
 
+class PeerGone(TransportError):
+    """Nothing listens at the peer's address any more (its host answered "port unreachable"):
+    the server process is gone, not just slow or cut off."""
+
+
 class FrameTooLarge(TransportError):
     """A frame is larger than the configured maximum (on either side of the stream)."""
 
