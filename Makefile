@@ -11,10 +11,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The CUDA extra (CuPy + NVRTC + CUDA headers) installs on any machine: without a GPU the
+# cuda-check (CuPy + NVRTC + CUDA headers) installs on any machine: without a GPU the
 # offline CUDA checks compile every generated kernel with NVRTC, and the CUDA tests skip.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,cuda]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,cuda-check]'
 	touch $(STAMP)
 
 # PoCL + PyOpenCL so the OpenCL backend runs its tests on the CPU (CI runs as root on Debian).
@@ -41,6 +41,7 @@ bench: $(STAMP)
 # gradients, training, serve + client, a LoRA job, linalg/signal), then bench/gpu.py's table.
 # Without a GPU it runs the offline checks, says that it needs one and exits non-zero.
 gpu-check: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[cuda,onnx]'
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_cuda_offline.py tests/test_cuda_sim.py
 	@$(BIN)/python bench/gpu.py --need-gpu || { \
 		echo "make gpu-check: the offline CUDA checks passed; the rest needs a CUDA GPU."; exit 2; }
