@@ -261,9 +261,13 @@ class _SessionPump:
 
 
 def run(opts: ServeOptions, device: str) -> int:
-    """Serve until SIGINT/SIGTERM; print the peer id and addresses once listening."""
+    """Serve until SIGINT/SIGTERM; print the peer id and addresses once listening. An
+    address that cannot be bound (busy, not local) is one line on stderr and status 1."""
+    listening = False
 
     def ready(ep: Endpoint) -> None:
+        nonlocal listening
+        listening = True
         host, port = ep.local_address[:2]
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         print(f"burn-remote serve: device {device}", flush=True)
@@ -283,9 +287,30 @@ def run(opts: ServeOptions, device: str) -> int:
                     nursery.cancel_scope.cancel()
                     break
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        bind_error = None if listening else _first_os_error(exc)
+        if bind_error is None:
+            raise
+        host, port = opts.bind
+        why = bind_error.strerror or str(bind_error)
+        print(f"burn-remote serve: cannot listen on {host}:{port}: {why}", file=sys.stderr)
+        return 1
     sys.stdout.flush()
     return 0
+
+
+def _first_os_error(exc: BaseException) -> OSError | None:
+    """The OSError inside ``exc`` (trio wraps a failed start in exception groups)."""
+    if isinstance(exc, OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_os_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 __all__ = ["ServeOptions", "run", "serve"]

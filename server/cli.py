@@ -46,18 +46,57 @@ def _add_id(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_id)
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` (port 0: any free one) -> (host, port).
+
+    Raises:
+        ValueError: one line naming what is wrong (no port, a bad port, bare IPv6).
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if not sep:
+        raise ValueError(f"--listen {text!r}: no port; use HOST:PORT (port 0 picks a free one)")
+    if host.count(":") and not (host.startswith("[") and host.endswith("]")):
+        raise ValueError(f"--listen {text!r}: write an IPv6 address in brackets, [::1]:PORT")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: the port must be a number from 0 to 65535")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the daemon: sessions over QUIC on one engine device until SIGINT/SIGTERM."""
+    """Run the daemon: sessions over QUIC on one engine device until SIGINT/SIGTERM. Every
+    start-up failure (key, address, authorised-peers file, data dir, busy port) is one line
+    on stderr and exit status 1."""
     from pathlib import Path
 
     from burn_remote.protocol.extensions import format_extensions, load_entry_point_extensions
-    from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+    from burn_remote.protocol.transport import (
+        AuthorizedPeers,
+        Identity,
+        KeyFileError,
+        TransportError,
+        default_key_path,
+    )
     from burn_remote.server._daemon import ServeOptions, run
+    from burn_remote.server._files import DataDirError, make_private
     from burn_remote.server._state import Limits, ServerState
     from burn_remote.server.jobs import StoreError
 
+    def fail(exc: object) -> int:
+        print(f"burn-remote serve: {exc}", file=sys.stderr)
+        return 1
+
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
-    host, _, port = args.listen.rpartition(":")
+    try:
+        bind = parse_listen(args.listen)
+        if args.data_dir:  # before anything is written there: keys, job store, artifacts
+            make_private(args.data_dir)
+        if not args.allow_any and args.authorized_peers is None:
+            from burn_remote.protocol.transport import default_authorized_peers_path
+
+            args.authorized_peers = default_authorized_peers_path()
+        policy = AuthorizedPeers(args.authorized_peers, allow_any=args.allow_any)
+    except (ValueError, DataDirError, TransportError) as exc:
+        return fail(exc)
     broken: list = []
     extensions = load_entry_point_extensions(errors=broken)  # a broken one is skipped, loudly
     for err in broken:
@@ -80,17 +119,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             state.jobs = JobService(args.data_dir, state, args.job_path)
     except (KeyFileError, ValueError, RuntimeError, OSError, StoreError) as exc:
-        print(f"burn-remote serve: {exc}", file=sys.stderr)
-        return 1
-    if not args.allow_any and args.authorized_peers is None:
-        from burn_remote.protocol.transport import default_authorized_peers_path
-
-        args.authorized_peers = default_authorized_peers_path()
+        return fail(exc)
     opts = ServeOptions(
         state=state,
         identity=identity,
-        bind=(host.strip("[]") or "127.0.0.1", int(port)),
-        authorized_peers=args.authorized_peers,
+        bind=bind,
+        authorized_peers=policy,
         allow_any=args.allow_any,
         idle_timeout=args.idle_timeout,
         relay=args.relay,

@@ -383,6 +383,9 @@ class Endpoint:
         )
         quic.receive_datagram(data, addr, now)
         if not quic.first_flight_accepted:
+            if quic._close_pending:  # it decrypted, but TLS refused the hello (wrong ALPN):
+                for datagram, to in quic.datagrams_to_send(now):  # say so with the alert now
+                    self._sendto(datagram, to)
             return None  # well-formed header, but it did not decrypt: not a client
         conn = Connection(self, quic, addr, self._config, handler=self._handler)
         self._adopt(conn, [header.destination_cid, quic.host_cid])

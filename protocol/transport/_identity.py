@@ -98,8 +98,15 @@ class Identity:
             )
         try:
             key = serialization.load_pem_private_key(p.read_bytes(), password=None)
+        except TypeError:  # cryptography's way of saying "it is encrypted"
+            raise KeyFileError(
+                f"key file {p} is encrypted; burn-remote reads unencrypted PKCS#8 keys "
+                "(protected by mode 0600)"
+            ) from None
         except ValueError as exc:
             raise KeyFileError(f"key file {p} is not a PEM private key: {exc}") from None
+        except OSError as exc:
+            raise KeyFileError(f"key file {p} cannot be read: {exc}") from None
         if not isinstance(key, ed25519.Ed25519PrivateKey):
             raise KeyFileError(f"key file {p} holds a {type(key).__name__}, not Ed25519")
         return cls(key)
