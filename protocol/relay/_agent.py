@@ -65,10 +65,7 @@ async def serve_via_relay(
     """Register with ``relay``, publish our record, and forward relayed peers to our QUIC
     port until cancelled. Republishes at a third of the TTL so the record never lapses."""
     async with RelayClient.open(identity, w.parse_hostport(relay)) as client:
-        host, port = quic_address
-        if host in ("0.0.0.0", "::"):
-            host = "127.0.0.1" if host == "0.0.0.0" else "::1"
-        client.serve_to = (host, port)
+        client.serve_to = relayed_target(quic_address, client.local_host)
         await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
         task_status.started(client)
         while True:
@@ -77,6 +74,20 @@ async def serve_via_relay(
                 await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
             except (RelayError, ValueError):
                 pass  # try again next round; the old record is still valid for 2/3 of its TTL
+
+
+def relayed_target(quic_address: tuple[str, int], local_host: str) -> tuple[str, int]:
+    """Where relayed datagrams enter our QUIC port. A wildcard listener is reached at the
+    address our relay socket uses (``local_host``), the one the tunnel's shims bind to: its
+    replies then leave from the address the shim expects. (Loopback would not do: a socket
+    bound to the wildcard answers a shim on the host's own address from that address, and
+    the shim drops datagrams from any other source.)"""
+    host, port = quic_address
+    if host not in ("0.0.0.0", "::"):
+        return (host, port)
+    if (":" in local_host) == (host == "::"):
+        return (local_host, port)
+    return ("127.0.0.1" if host == "0.0.0.0" else "::1", port)
 
 
 class RelayAgent:

@@ -59,6 +59,8 @@ class RelayClient:
         self._shims: dict[PeerId, _Shim] = {}
         self.serve_to: tuple | None = None
         """When set (a server), datagrams from unknown peers get a shim towards this address."""
+        self.relay = w.addr_text(sock.getpeername()[:2])
+        """The relay's ``host:port``, for messages (readable also when the network is down)."""
         self.relayed_out = 0
         self.relayed_in = 0
 
@@ -99,8 +101,14 @@ class RelayClient:
                     self._replies.receive_nowait()
                 except trio.WouldBlock:
                     break
+            unsent: OSError | None = None
             for _ in range(REQUEST_TRIES):
-                await self._sock.send(datagram)
+                try:
+                    await self._sock.send(datagram)
+                except OSError as exc:  # ENETUNREACH while our network is down: retry later
+                    unsent = exc
+                    await trio.sleep(REQUEST_TIMEOUT)
+                    continue
                 with trio.move_on_after(REQUEST_TIMEOUT):
                     while True:
                         reply = await self._replies.receive()
@@ -108,7 +116,9 @@ class RelayClient:
                             return reply[1:]
                         if reply[0] == w.ERR:
                             raise RelayError(f"relay: {reply[1:].decode(errors='replace')}")
-            raise RelayError(f"relay at {self._sock.getpeername()} did not answer")
+            if unsent is not None:
+                raise RelayError(f"relay at {self.relay}: cannot send ({unsent})")
+            raise RelayError(f"relay at {self.relay} did not answer")
 
     async def authenticate(self) -> None:
         """Prove our key by signing the relay's challenge; the relay then forwards to us."""
@@ -204,6 +214,8 @@ class RelayClient:
                 pass
 
     async def _ping_loop(self) -> None:
+        """Refresh the registration; a relay that cannot be reached (our network is down,
+        the relay restarts) is retried every round and never ends the association."""
         while True:
             await trio.sleep(PING_INTERVAL)
             try:

@@ -1,7 +1,10 @@
 """The client side of the multi-node suite, run as its own process (in the client's network
 namespace, or in the compose test runner). Prints one JSON line with what it observed.
 
-Usage: python client_job.py RELAY DIRECT_PEER RELAYED_PEER
+Usage: python client_job.py RELAY DIRECT_PEER RELAYED_PEER [WILDCARD_PEER]
+
+WILDCARD_PEER, when given, is a server listening on the wildcard address that the client
+reaches only through the relay.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ MARKER = b"PLAINTEXT-TENSOR"
 
 
 def main() -> None:
-    relay, direct_peer, relayed_peer = sys.argv[1:4]
+    relay, direct_peer, relayed_peer, *more = sys.argv[1:]
     os.environ["BURN_REMOTE_RELAY"] = relay
     from burn_remote import Device, RemoteDevice
     from remote.mlp import train
@@ -43,6 +46,14 @@ def main() -> None:
     out["moved_sum"] = float(moved.sum().item())
     one.close()
     two.close()
+    if more:
+        three = RemoteDevice(more[0])
+        out["wildcard_address"] = list(three.address)
+        got = train(three, 3)
+        out["wildcard_equal"] = got["losses"] == want["losses"] and all(
+            a.tobytes() == b.tobytes() for a, b in zip(got["weights"], want["weights"])
+        )
+        three.close()
     print("RESULT " + json.dumps(out), flush=True)
 
 

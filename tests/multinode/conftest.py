@@ -3,10 +3,12 @@
 Topology (addresses in the private test range 10.231.0.0/24, on interfaces made here only)::
 
         hub namespace: bridge br0
-          |         |          |          |
-        relay .1   s1 .11     s2 .12    client .10
+          |         |          |          |          |
+        relay .1   s1 .11     s2 .12     s3 .13    client .10
 
-The client and s2 get ``unreachable`` routes to each other, so their only path is the relay.
+The client gets ``unreachable`` routes to s2 and s3 (and they to it), so their only path is
+the relay. s3 listens on the wildcard address (``0.0.0.0``), as containers and Kubernetes
+pods do, and publishes no address: relayed traffic enters its port from the tunnel.
 Every namespace is deleted in the fixture's finalizer, also when a test fails.
 
 With ``BURN_REMOTE_LAB=external`` (the docker-compose test runner) the suite instead uses
@@ -21,7 +23,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +32,9 @@ from relay.conftest import start_relay, stop_process
 from remote.conftest import Server, start_server
 
 NET = "10.231.0"
-NODES = {"relay": 1, "s1": 11, "s2": 12, "cli": 10}
+NODES = {"relay": 1, "s1": 11, "s2": 12, "s3": 13, "cli": 10}
+RELAYED = ("s2", "s3")
+"""Servers the client can reach only through the relay."""
 
 
 def _ip(*args: str) -> None:
@@ -54,13 +58,22 @@ def netns_refusal() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Service:
+    """A node the lab did not start (a compose service): what a client needs to reach it."""
+
+    peer_id: str
+    address: str
+    """``host:port``; empty for a server found through the relay."""
+
+
 @dataclass
 class Lab:
-    """The namespaces and the processes running in them."""
+    """The namespaces and the processes running in them (or the services it was given)."""
 
     names: dict[str, str]
-    relay: Server | None = None
-    servers: dict[str, Server] = field(default_factory=dict)
+    relay: Server | Service | None = None
+    servers: dict[str, Server | Service] = field(default_factory=dict)
     capture: Path | None = None
 
     def exec_prefix(self, node: str) -> tuple[str, ...]:
@@ -83,25 +96,28 @@ def _build(lab: Lab) -> None:
         _ip("-n", hub, "link", "set", port, "master", "br0", "up")
         _ip("-n", ns, "addr", "add", f"{NET}.{host}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
-    # No direct route between the client and s2: only the relay connects them.
-    _ip("-n", lab.names["cli"], "route", "add", "unreachable", f"{lab.addr('s2')}/32")
-    _ip("-n", lab.names["s2"], "route", "add", "unreachable", f"{lab.addr('cli')}/32")
+    # No direct route between the client and s2 or s3: only the relay connects them.
+    for node in RELAYED:
+        _ip("-n", lab.names["cli"], "route", "add", "unreachable", f"{lab.addr(node)}/32")
+        _ip("-n", lab.names[node], "route", "add", "unreachable", f"{lab.addr('cli')}/32")
 
 
-def _external_lab() -> Lab:
-    """Services started by docker-compose: a relay and two servers (peer ids in files)."""
-    lab = Lab({})
-    relay = os.environ["BURN_REMOTE_LAB_RELAY"]
-    lab.relay = Server(None, "", relay)  # type: ignore[arg-type]
-    for node, path in zip(("s1", "s2"), os.environ["BURN_REMOTE_LAB_PEERS"].split(",")):
-        lab.servers[node] = Server(None, Path(path).read_text().strip(), "")  # type: ignore[arg-type]
+def external_lab(env: Mapping[str, str]) -> Lab:
+    """Services started elsewhere (docker-compose): a relay and two servers, whose peer ids
+    are in the files that ``BURN_REMOTE_LAB_PEERS`` names (comma-separated, s1 then s2)."""
+    lab = Lab({}, relay=Service("", env["BURN_REMOTE_LAB_RELAY"]))
+    paths = env["BURN_REMOTE_LAB_PEERS"].split(",")
+    if len(paths) != 2:
+        raise ValueError(f"BURN_REMOTE_LAB_PEERS names {len(paths)} files, not 2: {paths}")
+    for node, path in zip(("s1", "s2"), paths):
+        lab.servers[node] = Service(Path(path).read_text().strip(), "")
     return lab
 
 
 def _teardown(lab: Lab) -> None:
-    for proc in [lab.relay, *lab.servers.values()]:
-        if proc is not None and proc.proc.poll() is None:
-            stop_process(proc)
+    for node in [lab.relay, *lab.servers.values()]:
+        if isinstance(node, Server) and node.proc.poll() is None:
+            stop_process(node)
     for ns in lab.names.values():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
@@ -109,7 +125,7 @@ def _teardown(lab: Lab) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if os.environ.get("BURN_REMOTE_LAB") == "external":
-        yield _external_lab()
+        yield external_lab(os.environ)
         return
     reason = netns_refusal()
     if reason is not None:
@@ -129,11 +145,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             str(lab.capture),
             prefix=lab.exec_prefix("relay"),
         )
-        for node in ("s1", "s2"):
+        for node in ("s1", "s2", "s3"):
+            listen = "0.0.0.0" if node == "s3" else lab.addr(node)
             lab.servers[node] = start_server(
                 tmp / node,
                 "--listen",
-                f"{lab.addr(node)}:7000",
+                f"{listen}:7000",
                 "--relay",
                 relay_addr,
                 prefix=lab.exec_prefix(node),

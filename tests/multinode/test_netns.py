@@ -6,16 +6,18 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from .client_job import MARKER
-from .conftest import Lab
+from .conftest import Lab, Server
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(180)]
 
 JOB = Path(__file__).with_name("client_job.py")
+OUTAGE_JOB = Path(__file__).with_name("client_outage.py")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,7 @@ def observed(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> dict:
         lab.relay.address,
         lab.servers["s1"].peer_id,
         lab.servers["s2"].peer_id,
+        *([lab.servers["s3"].peer_id] if "s3" in lab.servers else []),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -51,6 +54,15 @@ def test_no_direct_route_goes_through_the_relay(lab: Lab, observed: dict) -> Non
     if lab.names:  # the tunnel's local shim, in the client's own namespace
         assert host == lab.addr("cli")
     assert observed["relayed_equal"] and observed["marker_roundtrip"]
+
+
+def test_wildcard_listener_is_reached_through_the_relay(lab: Lab, observed: dict) -> None:
+    """A server on ``0.0.0.0`` answers relayed clients (its replies used to be dropped by
+    the tunnel, which expected them from loopback)."""
+    if "s3" not in lab.servers:
+        pytest.skip("the external lab's s2 listens on the wildcard address (see the test above)")
+    assert observed["wildcard_address"][0] == lab.addr("cli")  # the tunnel's local shim
+    assert observed["wildcard_equal"]
 
 
 def test_relay_saw_only_ciphertext(lab: Lab, observed: dict) -> None:
@@ -86,3 +98,53 @@ def test_netns_really_isolates(lab: Lab) -> None:
 
     assert reach("s1") == "sent"
     assert reach("s2").startswith("refused")  # no route: the kernel refuses at once
+
+
+OUTAGE = 12.0
+"""Seconds a server's network stays down: past the relay ping interval (10 s), so the ping
+loop meets the unreachable network; under the QUIC idle timeout (30 s)."""
+
+
+def test_relayed_server_survives_a_network_outage(lab: Lab, tmp_path: Path) -> None:
+    """The server's link goes down (sends fail with ENETUNREACH, as under `docker network
+    disconnect`) and comes back: the server keeps running and the session goes on."""
+    if not lab.names:
+        pytest.skip("the compose suite takes a container off its network instead")
+    s2 = lab.servers["s2"]
+    assert lab.relay is not None and isinstance(s2, Server)
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "BURN_REMOTE_HOME": str(home), "BURN_REMOTE_PROBE_TIMEOUT": "2"}
+    cmd = [*lab.exec_prefix("cli"), sys.executable, str(OUTAGE_JOB), lab.relay.address]
+    client = subprocess.Popen(
+        [*cmd, s2.peer_id, "4"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        seen = [client.stdout.readline()]
+        while seen[-1] and seen[-1].strip() != "OUTAGE":
+            seen.append(client.stdout.readline())
+        assert seen[-1].strip() == "OUTAGE", "".join(seen)
+        subprocess.run([*lab.exec_prefix("s2"), "ip", "link", "set", "eth0", "down"], check=True)
+        try:
+            time.sleep(OUTAGE)
+        finally:
+            subprocess.run([*lab.exec_prefix("s2"), "ip", "link", "set", "eth0", "up"], check=True)
+        client.stdin.write("\n")
+        client.stdin.flush()
+        out, _ = client.communicate(timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    # The outage outlasts the ping interval, so a registration refresh met ENETUNREACH
+    # (whether all of its retries did depends on timing): the server must still run.
+    assert s2.proc.poll() is None, s2.output()
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert lines, out
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result == {"losses_equal": True, "weights_equal": True, "errors": 0}
