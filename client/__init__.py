@@ -4,9 +4,22 @@ The public surface is re-exported here from private modules; tests/test_package.
 honest. Transport, server and GPU stacks load only when a device needs them.
 """
 
-from . import functional, lora, nn, optim
+from . import data, functional, lora, nn, optim
 from ._autograd import no_grad
 from ._compile import CaptureError, compile
+from ._creation import (
+    arange,
+    as_tensor,
+    eye,
+    from_dlpack,
+    from_numpy,
+    manual_seed,
+    ones,
+    rand,
+    randn,
+    tensor,
+    zeros,
+)
 from ._device import Device
 from ._extension import Extension, ExtensionOp
 from ._jobs import ChecksumError, Job, JobError, Jobs
@@ -34,10 +47,22 @@ __all__ = [
     "RemoteDevice",
     "RemoteError",
     "Tensor",
+    "arange",
+    "as_tensor",
+    "data",
+    "eye",
+    "from_dlpack",
+    "from_numpy",
     "functional",
     "lora",
+    "manual_seed",
     "matmul",
     "nn",
     "no_grad",
+    "ones",
     "optim",
+    "rand",
+    "randn",
+    "tensor",
+    "zeros",
 ]

@@ -132,6 +132,11 @@ def _from_torch(data: Any) -> np.ndarray:
     return t.resolve_conj().resolve_neg().numpy()
 
 
+def _shape(shape: tuple) -> tuple[int, ...]:
+    """`randn(2, 3)` and `randn((2, 3))` alike."""
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+
+
 def _as_array(data: Any, dtype: Any) -> np.ndarray:
     """Arrays keep their dtype (NumPy, torch, anything with `__array__`); Python numbers and
     lists get torch's defaults: float32 for floats, int64 for ints."""
@@ -213,8 +218,11 @@ class Device:
         """Upload array-like data. Python floats default to float32, ints to int64."""
         if isinstance(data, Tensor):
             data = data.numpy()
-        # asarray keeps 0-d data 0-d (ascontiguousarray would make it 1-d)
-        arr = np.asarray(_as_array(data, dtype), order="C")
+        arr = _as_array(data, dtype)
+        if arr is data or not arr.flags.owndata or not arr.flags.c_contiguous:
+            # a copy, as torch.tensor makes: changing the caller's array later must not
+            # change this tensor (np.array keeps 0-d data 0-d)
+            arr = np.array(arr, order="C", copy=True)
         name = dtypes.from_numpy(arr.dtype)
         rec = self._rec
         tid = rec.new_id()
@@ -249,13 +257,47 @@ class Device:
     def ones(self, shape: Sequence[int], dtype: Any = "float32") -> Tensor:
         return self.full(shape, 1, dtype)
 
-    def _key(self, key: int | Tensor) -> Tensor:
+    def _key(self, key: int | Tensor | None) -> Tensor:
+        """An explicit key, or (None) the next one of the default generator that
+        `burn_remote.manual_seed` resets, so unkeyed draws are reproducible too."""
+        if key is None:
+            from .nn._init import next_key
+
+            return next_key(self)
         return key if isinstance(key, Tensor) else self.scalar(int(key), "int64")
+
+    # --- torch-style creation -------------------------------------------------------------
+    def arange(
+        self, start: float, end: float | None = None, step: float = 1, dtype: Any = None
+    ) -> Tensor:
+        """torch.arange: int64 for integer arguments, float32 otherwise (or `dtype`)."""
+        if end is None:
+            start, end = 0, start
+        ints = all(isinstance(v, int) for v in (start, end, step))
+        dtype = dtypes.normalize(dtype) if dtype is not None else ("int64" if ints else "float32")
+        return self.tensor(np.arange(start, end, step), dtype=dtype)
+
+    def eye(self, n: int, m: int | None = None, dtype: Any = "float32") -> Tensor:
+        return self.tensor(np.eye(n, m), dtype=dtype)
+
+    def randn(self, *shape: Any, dtype: Any = "float32", key: int | Tensor | None = None) -> Tensor:
+        """Standard normal draws; without `key`, from the seeded default generator."""
+        return self.normal(_shape(shape), key, dtype=dtype)
+
+    def rand(self, *shape: Any, dtype: Any = "float32", key: int | Tensor | None = None) -> Tensor:
+        return self.uniform(_shape(shape), key, dtype=dtype)
+
+    def from_dlpack(self, x: Any) -> Tensor:
+        """A tensor with the values of any DLPack producer (a copy: later changes to `x` do
+        not show here)."""
+        if type(x).__module__.partition(".")[0] == "torch":
+            return self.tensor(x)
+        return self.tensor(np.from_dlpack(x))
 
     def uniform(
         self,
         shape: Sequence[int],
-        key: int | Tensor,
+        key: int | Tensor | None = None,
         low: float = 0.0,
         high: float = 1.0,
         dtype: Any = "float32",
@@ -273,7 +315,7 @@ class Device:
     def normal(
         self,
         shape: Sequence[int],
-        key: int | Tensor,
+        key: int | Tensor | None = None,
         mean: float = 0.0,
         std: float = 1.0,
         dtype: Any = "float32",

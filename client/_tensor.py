@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from burn_remote.protocol import dtypes
@@ -21,6 +21,13 @@ def make_tensor(dev: Any, tensor_id: int, shape: tuple[int, ...], dtype: str) ->
     t.grad = None
     dev._rec.retain(tensor_id)
     return t
+
+
+class _MinMax(NamedTuple):
+    """torch's `max(dim=...)` / `min(dim=...)` result."""
+
+    values: Any
+    indices: Any
 
 
 def _unpickle(dev: Any, array: np.ndarray, requires_grad: bool) -> Tensor:
@@ -67,11 +74,18 @@ class Tensor:
         return len(self.shape)
 
     @property
-    def size(self) -> int:
+    def size(self) -> _Size:
+        """The element count (NumPy's `.size`); called, torch's `size()` / `size(dim)`."""
         n = 1
         for d in self.shape:
             n *= d
-        return n
+        return _Size(n, self.shape)
+
+    def numel(self) -> int:
+        return int(self.size)
+
+    def dim(self) -> int:
+        return len(self.shape)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -79,8 +93,22 @@ class Tensor:
         return self.shape[0]
 
     def __repr__(self) -> str:
+        """The values, as torch prints them (reading waits for pending work, as it must)."""
         grad = ", requires_grad=True" if self.requires_grad else ""
-        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self._dev}{grad})"
+        try:
+            body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
+        except Exception as exc:  # a failed graph still prints, naming why
+            body = f"<unreadable: {type(exc).__name__}>"
+        shape = f", shape={self.shape}" if self.size > _REPR_ALL_BELOW else ""
+        return f"tensor({body}{shape}, dtype={self.dtype}, device={self._dev}{grad})"
+
+    def __format__(self, spec: str) -> str:
+        """`f"{loss:.4f}"` formats the value of a one-element tensor, as torch does."""
+        if self.size == 1:
+            return format(self.item(), spec)
+        if spec:
+            raise TypeError(f"format spec {spec!r} needs a one-element tensor, not {self.shape}")
+        return repr(self)
 
     __hash__ = object.__hash__
 
@@ -173,7 +201,7 @@ class Tensor:
                 f"in-place {name} on {what} while gradients are recorded; update parameters "
                 "under `with no_grad():`, or write `x = x + y` to keep the op on the tape"
             )
-        out = self._bin(name, other)
+        out = other if name == "set" else self._bin(name, other)
         if out.shape != self.shape:
             raise RuntimeError(
                 f"in-place {name}: the result has shape {out.shape}, which does not fit this "
@@ -189,6 +217,31 @@ class Tensor:
         self._assign(out)
         return self
 
+    def add_(self, o: Any, alpha: float = 1) -> Tensor:
+        return self._inplace("add", o if alpha == 1 else o * alpha)
+
+    def sub_(self, o: Any, alpha: float = 1) -> Tensor:
+        return self._inplace("sub", o if alpha == 1 else o * alpha)
+
+    def mul_(self, o: Any) -> Tensor:
+        return self._inplace("mul", o)
+
+    def div_(self, o: Any) -> Tensor:
+        return self._inplace("div", o)
+
+    def zero_(self) -> Tensor:
+        return self.fill_(0)
+
+    def fill_(self, value: float) -> Tensor:
+        return self._inplace("set", self._dev.full(self.shape, value, self.dtype))
+
+    def copy_(self, src: Any) -> Tensor:
+        """Take `src`'s values (a Tensor, NumPy or torch array), keeping this dtype and device."""
+        if not isinstance(src, Tensor) or src._dev is not self._dev:
+            src = self._dev.tensor(src.numpy() if isinstance(src, Tensor) else src)
+        src = src.cast(self.dtype)
+        return self._inplace("set", src if src.shape == self.shape else src.expand(self.shape))
+
     def __iadd__(self, o: Any) -> Tensor:
         return self._inplace("add", o)
 
@@ -202,14 +255,22 @@ class Tensor:
         return self._inplace("div", o)
 
     # --- devices and dtypes -------------------------------------------------------------
-    def to(self, target: Any) -> Tensor:
-        """Move to another device, or cast when given a dtype."""
-        if isinstance(target, str) and target in dtypes.DTYPES:
-            return self.cast(target)
-        dev = target
-        if dev is self._dev:
-            return self
-        return dev._receive(self)
+    def to(self, target: Any = None, dtype: Any = None) -> Tensor:
+        """Move to a device (a Device or a string: "cpu", "cuda:0"), cast to a dtype, or
+        both (`t.to(dev, "float16")`), as torch's `.to`."""
+        out = self
+        if isinstance(target, str) and target in dtypes.DTYPES or _is_dtype(target):
+            target, dtype = None, target
+        if target is not None:
+            from ._device import Device
+
+            dev = Device.parse(target) if isinstance(target, str) else target
+            if dev is not self._dev:
+                out = dev._receive(self)
+        return out.cast(dtype) if dtype is not None else out
+
+    def cpu(self) -> Tensor:
+        return self.to("cpu")
 
     def cast(self, dtype: Any) -> Tensor:
         dtype = dtypes.normalize(dtype)
@@ -220,8 +281,27 @@ class Tensor:
     def float(self) -> Tensor:
         return self.cast("float32")
 
+    def double(self) -> Tensor:
+        return self.cast("float64")
+
+    def half(self) -> Tensor:
+        return self.cast("float16")
+
     def long(self) -> Tensor:
         return self.cast("int64")
+
+    def int(self) -> Tensor:
+        return self.cast("int32")
+
+    def type_as(self, other: Tensor) -> Tensor:
+        return self.cast(other.dtype)
+
+    def clone(self) -> Tensor:
+        """A copy that gradients flow through (values behind an id never change in place)."""
+        return _ops.call("reshape", self, shape=self.shape) if self.requires_grad else self.detach()
+
+    def contiguous(self) -> Tensor:
+        return self
 
     # --- operators ----------------------------------------------------------------------
     def _bin(self, name: str, other: Any, reverse: bool = False) -> Tensor:
@@ -317,6 +397,67 @@ class Tensor:
     def __getitem__(self, key: Any) -> Tensor:
         return _indexing.getitem(self, key)
 
+    # torch's method spellings of the operators
+    def add(self, o: Any) -> Tensor:
+        return self + o
+
+    def sub(self, o: Any) -> Tensor:
+        return self - o
+
+    def mul(self, o: Any) -> Tensor:
+        return self * o
+
+    def div(self, o: Any) -> Tensor:
+        return self / o
+
+    def pow(self, o: Any) -> Tensor:
+        return self**o
+
+    def eq(self, o: Any) -> Tensor:
+        return self == o
+
+    def ne(self, o: Any) -> Tensor:
+        return self != o
+
+    def lt(self, o: Any) -> Tensor:
+        return self < o
+
+    def le(self, o: Any) -> Tensor:
+        return self <= o
+
+    def gt(self, o: Any) -> Tensor:
+        return self > o
+
+    def ge(self, o: Any) -> Tensor:
+        return self >= o
+
+    def mm(self, o: Tensor) -> Tensor:
+        return matmul(self, o)
+
+    def view_as(self, other: Tensor) -> Tensor:
+        return self.reshape(other.shape)
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        return self.expand(other.shape)
+
+    # --- DLPack (CPU) -----------------------------------------------------------------------
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
+        """Hand the values to another library without a copy on its side (CPU tensors)."""
+        self._dlpack_check()
+        return self.numpy().__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        self._dlpack_check()
+        return (1, 0)  # kDLCPU
+
+    def _dlpack_check(self) -> None:
+        if getattr(self._dev, "spec", None) != "cpu":
+            raise BufferError(
+                f"DLPack export is for CPU tensors; this one is on {self._dev}: use t.to('cpu')"
+            )
+        if self.dtype == "bfloat16":
+            raise BufferError("DLPack export of bfloat16 is not supported (NumPy has no bf16)")
+
     # --- math methods (thin: the registry holds the definitions) ------------------------
     def exp(self) -> Tensor:
         return _ops.call("exp", self)
@@ -351,35 +492,90 @@ class Tensor:
     def clamp(self, min: float | None = None, max: float | None = None) -> Tensor:
         return _ops.call("clamp", self, min=min, max=max)
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+    # Reductions take NumPy's `axis`/`keepdims` or torch's `dim`/`keepdim`. Where torch's
+    # answer differs (max/min with a dim give values and indices, var/std are unbiased), the
+    # torch spelling gets torch's answer.
+    def sum(
+        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
+    ) -> Tensor:
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("sum", self, axes=axis, keepdims=keepdims)
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+    def mean(
+        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
+    ) -> Tensor:
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("mean", self, axes=axis, keepdims=keepdims)
 
-    def var(self, axis: Any = None, keepdims: bool = False, correction: int = 0) -> Tensor:
+    def var(
+        self,
+        axis: Any = None,
+        keepdims: bool = False,
+        correction: int | None = None,
+        *,
+        dim: Any = None,
+        keepdim: Any = None,
+        unbiased: bool | None = None,
+    ) -> Tensor:
+        """NumPy's default (correction 0) with `axis`; torch's (1) with `dim` or `unbiased`."""
+        torch_style = dim is not None or keepdim is not None or unbiased is not None
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
+        if correction is None:
+            correction = int(unbiased if unbiased is not None else torch_style)
         return _ops.call("var", self, axes=axis, keepdims=keepdims, correction=correction)
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+    def std(self, *args: Any, **kwargs: Any) -> Tensor:
+        return self.var(*args, **kwargs).sqrt()
+
+    def max(
+        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
+    ) -> Any:
+        if dim is not None:  # torch: (values, indices)
+            return _min_max("max", self, dim, bool(keepdim))
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("max", self, axes=axis, keepdims=keepdims)
 
-    def min(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+    def min(
+        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
+    ) -> Any:
+        if dim is not None:
+            return _min_max("min", self, dim, bool(keepdim))
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("min", self, axes=axis, keepdims=keepdims)
 
-    def argmax(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    def argmax(
+        self,
+        axis: int | None = None,
+        keepdims: bool = False,
+        *,
+        dim: Any = None,
+        keepdim: Any = None,
+    ) -> Tensor:
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("argmax", self, axis=axis, keepdims=keepdims)
 
-    def argmin(self, axis: int | None = None, keepdims: bool = False) -> Tensor:
+    def argmin(
+        self,
+        axis: int | None = None,
+        keepdims: bool = False,
+        *,
+        dim: Any = None,
+        keepdim: Any = None,
+    ) -> Tensor:
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("argmin", self, axis=axis, keepdims=keepdims)
 
-    def logsumexp(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+    def logsumexp(
+        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
+    ) -> Tensor:
+        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return _ops.call("logsumexp", self, axes=axis, keepdims=keepdims)
 
-    def softmax(self, axis: int = -1) -> Tensor:
-        return _ops.call("softmax", self, axis=axis)
+    def softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
+        return _ops.call("softmax", self, axis=axis if dim is None else dim)
 
-    def log_softmax(self, axis: int = -1) -> Tensor:
-        return _ops.call("log_softmax", self, axis=axis)
+    def log_softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
+        return _ops.call("log_softmax", self, axis=axis if dim is None else dim)
 
     def reshape(self, *shape: Any) -> Tensor:
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
@@ -387,9 +583,16 @@ class Tensor:
 
     view = reshape
 
-    def flatten(self, start: int = 0) -> Tensor:
-        start %= max(self.ndim, 1)
-        return self.reshape(*self.shape[:start], -1)
+    def flatten(
+        self, start: int = 0, end: int = -1, *, start_dim: Any = None, end_dim: Any = None
+    ) -> Tensor:
+        start = start if start_dim is None else start_dim
+        end = end if end_dim is None else end_dim
+        if self.ndim == 0:
+            return self.reshape(1)
+        start %= self.ndim
+        end %= self.ndim
+        return self.reshape(*self.shape[:start], -1, *self.shape[end + 1 :])
 
     def permute(self, *dims: Any) -> Tensor:
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], tuple | list) else dims
@@ -406,14 +609,68 @@ class Tensor:
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
         return _ops.call("expand", self, shape=tuple(shape))
 
-    def squeeze(self, axis: Any = None) -> Tensor:
+    def squeeze(self, axis: Any = None, *, dim: Any = None) -> Tensor:
+        """NumPy's: squeezing an axis that is not 1 raises; torch's spelling (`dim=`) leaves
+        the tensor as it is, as torch does."""
+        if dim is not None:
+            dims = (dim,) if isinstance(dim, int) else tuple(dim)
+            keep = tuple(d for d in dims if self.shape[d] == 1)
+            return self if not keep else _ops.call("squeeze", self, axes=keep)
         return _ops.call("squeeze", self, axes=axis)
 
-    def unsqueeze(self, axis: int) -> Tensor:
-        return _ops.call("unsqueeze", self, axis=axis)
+    def unsqueeze(self, axis: int | None = None, *, dim: int | None = None) -> Tensor:
+        return _ops.call("unsqueeze", self, axis=axis if dim is None else dim)
 
-    def flip(self, axis: Any) -> Tensor:
+    def flip(self, axis: Any = None, *, dims: Any = None) -> Tensor:
+        axis = axis if dims is None else dims
         return _ops.call("flip", self, axes=(axis,) if isinstance(axis, int) else tuple(axis))
+
+
+_REPR_ALL_BELOW = 1000
+"""Tensors with more elements print a summary (NumPy's threshold) and their shape."""
+
+
+class _Size(int):
+    """An element count that is also torch's `size()` method: `t.size`, `t.size()`,
+    `t.size(0)` all read as their owners expect."""
+
+    shape: tuple[int, ...]
+
+    def __new__(cls, n: int, shape: tuple[int, ...]) -> _Size:
+        out = super().__new__(cls, n)
+        out.shape = shape
+        return out
+
+    def __call__(self, dim: int | None = None) -> Any:
+        return self.shape if dim is None else self.shape[dim]
+
+
+def _is_dtype(x: Any) -> bool:
+    """A dtype given as NumPy/Python type or torch dtype (`t.to(torch.float16)`)."""
+    if x is None or isinstance(x, str) or hasattr(x, "_rec"):
+        return False
+    name = str(x).removeprefix("torch.")
+    if name in dtypes.DTYPES:
+        return True
+    try:
+        dtypes.normalize(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _axes(axis: Any, keepdims: bool, dim: Any, keepdim: Any) -> tuple[Any, bool]:
+    if dim is not None:
+        if axis is not None:
+            raise TypeError("give axis= or dim=, not both")
+        axis = tuple(dim) if isinstance(dim, list) else dim
+    return axis, keepdims if keepdim is None else bool(keepdim)
+
+
+def _min_max(name: str, x: Tensor, dim: int, keepdim: bool) -> Any:
+    values = _ops.call(name, x, axes=dim, keepdims=keepdim)
+    indices = _ops.call(f"arg{name}", x, axis=dim, keepdims=keepdim)
+    return _MinMax(values, indices)
 
 
 def _kind(name: str) -> int:

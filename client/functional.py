@@ -93,17 +93,75 @@ def dropout(x: Tensor, p: float, key: int | Tensor, training: bool = True) -> Te
     return call("dropout", x, x._dev._key(key), p=p)
 
 
-def cross_entropy(
-    logits: Tensor, target: Tensor, ignore_index: int = -100, label_smoothing: float = 0.0
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduce(loss: Tensor, reduction: str, count: Any = None) -> Tensor:
+    """`count`: the divisor of "mean" (the elements not ignored; never 0, so all-ignored
+    gives 0 rather than NaN)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    return total / (int(loss.size) if count is None else count.clamp(min=1))
+
+
+def nll_loss(
+    log_probs: Tensor, target: Tensor, reduction: str = "mean", ignore_index: int = -100
 ) -> Tensor:
-    """Mean negative log-likelihood over the targets that are not ignore_index."""
-    return call(
-        "cross_entropy", logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing
-    )
+    """-log_probs[..., target] reduced by `reduction`; targets equal to `ignore_index` count
+    for nothing. The class axis is the last (as `cross_entropy` here); for (N, C) input that
+    is torch's layout, and a torch-style (N, C, d...) input is refused, not misread."""
+    if tuple(target.shape) != tuple(log_probs.shape[:-1]):
+        raise ValueError(
+            f"nll_loss: target shape {target.shape} must be the scores' shape without the "
+            f"class axis, which is the last here: {log_probs.shape[:-1]}"
+        )
+    flat, tflat = log_probs.reshape(-1, log_probs.shape[-1]), target.reshape(-1)
+    keep = tflat != ignore_index
+    safe = where(keep, tflat, 0)
+    picked = gather(flat, safe.unsqueeze(1), 1).squeeze(1)
+    loss = where(keep, -picked, 0.0)
+    count = keep.cast(loss.dtype).sum()
+    return _reduce(loss.reshape(target.shape), reduction, count)
 
 
-def mse_loss(x: Tensor, y: Tensor) -> Tensor:
-    return call("mse_loss", x, y)
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+) -> Tensor:
+    """Mean negative log-likelihood over the targets that are not ignore_index, class axis
+    last; `reduction` "sum" or "none" as torch's."""
+    if reduction == "mean":
+        return call(
+            "cross_entropy",
+            logits,
+            target,
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+        )
+    logp = log_softmax(logits, -1)
+    loss = nll_loss(logp, target, "none", ignore_index)
+    if label_smoothing:
+        smooth = where(target != ignore_index, -logp.mean(axis=-1), 0.0)
+        loss = loss * (1 - label_smoothing) + smooth * label_smoothing
+    return _reduce(loss, reduction)
+
+
+def mse_loss(x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    if reduction == "mean":
+        return call("mse_loss", x, y)
+    return _reduce((x - y) * (x - y), reduction)
+
+
+def l1_loss(x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    return _reduce((x - y).abs(), reduction)
 
 
 def where(cond: Tensor, x: Any, y: Any) -> Tensor:
@@ -113,12 +171,12 @@ def where(cond: Tensor, x: Any, y: Any) -> Tensor:
     return call("where", cond, operand(x, like), operand(y, like))
 
 
-def cat(tensors: list[Tensor], axis: int = 0) -> Tensor:
-    return call("cat", *tensors, axis=axis)
+def cat(tensors: list[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    return call("cat", *tensors, axis=axis if dim is None else dim)
 
 
-def stack(tensors: list[Tensor], axis: int = 0) -> Tensor:
-    return call("stack", *tensors, axis=axis)
+def stack(tensors: list[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    return call("stack", *tensors, axis=axis if dim is None else dim)
 
 
 def split(x: Tensor, sizes: int | list[int], axis: int = 0) -> tuple[Tensor, ...]:
@@ -149,12 +207,52 @@ def embedding(ids: Tensor, weight: Tensor) -> Tensor:
     return call("embedding", weight, ids)
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return call("softmax", x, axis=axis)
+def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    return call("softmax", x, axis=axis if dim is None else dim)
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    return call("log_softmax", x, axis=axis)
+def log_softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    return call("log_softmax", x, axis=axis if dim is None else dim)
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return x.flatten(start_dim, end_dim)
+
+
+def batch_norm(
+    x: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """torch's batch_norm over (N, C, ...): batch statistics while training (the running
+    ones are updated in place, with the unbiased variance), running statistics otherwise."""
+    from ._autograd import no_grad
+
+    axes = (0, *range(2, x.ndim))
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if training or running_mean is None:
+        mean = x.mean(axes, keepdims=True)
+        var = x.var(axes, keepdims=True, correction=0)
+        if training and running_mean is not None:
+            n = x.size // x.shape[1]
+            with no_grad():
+                m = mean.detach().reshape(x.shape[1])
+                v = var.detach().reshape(x.shape[1]) * (n / max(n - 1, 1))
+                running_mean._assign(running_mean * (1 - momentum) + m * momentum)
+                running_var._assign(running_var * (1 - momentum) + v * momentum)
+    else:
+        mean, var = running_mean.reshape(shape), running_var.reshape(shape)
+    y = (x - mean) * (var + eps).rsqrt()
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y
 
 
 def __getattr__(name: str) -> Any:

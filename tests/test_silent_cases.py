@@ -147,3 +147,14 @@ def test_pickle_of_a_remote_tensor_is_refused_clearly():
     with pytest.raises(TypeError, match=r"remote.*pickle `t.numpy\(\)`|server"):
         pickle.dumps(t)
     assert copy.deepcopy(t).device is dev
+
+
+def test_a_tensor_does_not_alias_the_callers_array():
+    a = np.ones(3, np.float32)
+    t = DEV.tensor(a)
+    a[0] = 5  # torch.tensor copies: the tensor keeps its values
+    tt = torch.ones(3)
+    u = DEV.tensor(tt)
+    tt[0] = 7
+    assert t.tolist() == [1.0, 1.0, 1.0] and u.tolist() == [1.0, 1.0, 1.0]
+    assert torch.tensor(np.ones(3)).tolist() == [1.0, 1.0, 1.0]

@@ -1,6 +1,7 @@
 """Neural-network modules; `functional` holds the stateless forms."""
 
 from .. import functional
+from . import init
 from ._attention import (
     MLP,
     CausalSelfAttention,
@@ -14,6 +15,8 @@ from ._hf import HFConfigError
 from ._init import seed
 from ._layers import (
     GELU,
+    BatchNorm1d,
+    BatchNorm2d,
     Conv2d,
     Dropout,
     Embedding,
@@ -30,6 +33,8 @@ from ._serialize import save_arrays as save_safetensors
 
 __all__ = [
     "GELU",
+    "BatchNorm1d",
+    "BatchNorm2d",
     "GPT",
     "MLP",
     "CausalSelfAttention",
@@ -51,6 +56,7 @@ __all__ = [
     "TransformerBlock",
     "causal_mask",
     "functional",
+    "init",
     "load_safetensors",
     "save_safetensors",
     "scaled_dot_product_attention",

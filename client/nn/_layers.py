@@ -36,6 +36,12 @@ class Linear(Module):
         else:
             self.bias = None
 
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}"
+        )
+
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
 
@@ -49,6 +55,9 @@ class Embedding(Module):
         dev = device or Device.cpu()
         self.num_embeddings, self.dim = num_embeddings, dim
         self.weight = dev.tensor(_init.normal((num_embeddings, dim), std), requires_grad=True)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.dim}"
 
     def forward(self, ids: Tensor) -> Tensor:
         return F.embedding(ids, self.weight)
@@ -64,6 +73,9 @@ class LayerNorm(Module):
         self.eps = eps
         self.weight = dev.tensor(np.ones(dim, np.float32), requires_grad=True)
         self.bias = dev.tensor(np.zeros(dim, np.float32), requires_grad=True) if bias else None
+
+    def extra_repr(self) -> str:
+        return f"({self.weight.shape[0]},), eps={self.eps}, elementwise_affine=True"
 
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.weight, self.bias, self.eps)
@@ -89,6 +101,9 @@ class Dropout(Module):
         if not 0 <= p < 1:
             raise ValueError(f"Dropout: p must be in [0, 1), got {p}")
         self.p = p
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, inplace=False"
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0:
@@ -132,6 +147,17 @@ class Conv2d(Module):
             else None
         )
 
+    def extra_repr(self) -> str:
+        out, per_group, kh, kw = self.weight.shape
+        text = f"{per_group * self.groups}, {out}, kernel_size={(kh, kw)}, stride={self.stride}"
+        if self.padding != (0, 0):
+            text += f", padding={self.padding}"
+        if self.dilation != (1, 1):
+            text += f", dilation={self.dilation}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        return text + ("" if self.bias is not None else ", bias=False")
+
     def forward(self, x: Tensor) -> Tensor:
         return F.conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
@@ -149,6 +175,9 @@ class MaxPool2d(Module):
         self.stride = _pair(stride) if stride is not None else None
         self.padding = _pair(padding)
 
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel}, stride={self.stride or self.kernel}, padding={self.padding}"
+
     def forward(self, x: Tensor) -> Tensor:
         return F.max_pool2d(x, self.kernel, self.stride, self.padding)
 
@@ -162,13 +191,84 @@ class GELU(Module):
     def __init__(self, approximate: str = "none") -> None:
         self.approximate = approximate
 
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
     def forward(self, x: Tensor) -> Tensor:
         return F.gelu(x, self.approximate)
 
 
 class Flatten(Module):
-    def __init__(self, start: int = 1) -> None:
-        self.start = start
+    def __init__(self, start: int = 1, end: int = -1) -> None:
+        self.start, self.end = start, end
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start}, end_dim={self.end}"
 
     def forward(self, x: Tensor) -> Any:
-        return x.flatten(self.start)
+        return x.flatten(self.start, self.end)
+
+
+class _BatchNorm(Module):
+    """torch's BatchNorm: batch statistics while training (running mean and unbiased
+    variance updated in place with `momentum`), the running ones in eval mode."""
+
+    expected_ndim: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Device | None = None,
+    ) -> None:
+        dev = device or Device.cpu()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        ones, zeros = np.ones(num_features, np.float32), np.zeros(num_features, np.float32)
+        self.weight = dev.tensor(ones, requires_grad=True) if affine else None
+        self.bias = dev.tensor(zeros, requires_grad=True) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", dev.tensor(zeros))
+            self.register_buffer("running_var", dev.tensor(ones))
+            self.register_buffer("num_batches_tracked", dev.tensor(np.array(0, np.int64)))
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, bias={self.bias is not None}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim not in self.expected_ndim:
+            raise ValueError(
+                f"{type(self).__name__}: expected {' or '.join(map(str, self.expected_ndim))}-d "
+                f"input, got shape {x.shape}"
+            )
+        tracking = self.track_running_stats
+        if self.training and tracking:
+            from .._autograd import no_grad
+
+            with no_grad():
+                self.num_batches_tracked += 1
+        return F.batch_norm(
+            x,
+            self.running_mean if tracking else None,
+            self.running_var if tracking else None,
+            self.weight,
+            self.bias,
+            self.training or not tracking,
+            self.momentum,
+            self.eps,
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    expected_ndim = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    expected_ndim = (4,)

@@ -59,6 +59,18 @@ class Module:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
+    def extra_repr(self) -> str:
+        """The settings `print(model)` shows beside the class name (as torch's)."""
+        return ""
+
+    def __repr__(self) -> str:
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        children = list(self.named_children())
+        if not children:
+            return head + ")"
+        lines = [f"  ({name}): " + repr(child).replace("\n", "\n  ") for name, child in children]
+        return head + "\n" + "\n".join(lines) + "\n)"
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
@@ -70,6 +82,16 @@ class Module:
         yield prefix, self
         for name, child in self.named_children():
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def children(self) -> Iterator[Module]:
+        return (m for _, m in self.named_children())
+
+    def modules(self) -> Iterator[Module]:
+        return (m for _, m in self.named_modules())
+
+    def zero_grad(self) -> None:
+        for _, t in self.named_parameters(include_frozen=True):
+            t.grad = None
 
     def get_submodule(self, path: str) -> Module:
         mod = self

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .._autograd import no_grad
 from .._compile import binding, on_replay
 from .._tensor import Tensor
@@ -43,12 +45,17 @@ class Optimizer:
         schedule: Schedule | None = None,
         **defaults: Any,
     ) -> None:
-        named = named_params(params)
-        if not named:
-            raise ValueError(f"{type(self).__name__}: got no parameters to optimise")
         self.defaults = defaults
         self.schedule = schedule
         self.groups: list[Group] = []
+        self.state: dict[int, dict[str, Tensor]] = {}
+        self.steps = 0
+        if isinstance(params, list | tuple) and params and isinstance(params[0], dict):
+            self._dict_groups(params)
+            return
+        named = named_params(params)
+        if not named:
+            raise ValueError(f"{type(self).__name__}: got no parameters to optimise")
         taken: set[int] = set()
         for spec in groups:
             unknown = spec.settings.keys() - defaults.keys()
@@ -62,8 +69,85 @@ class Optimizer:
         rest = [(n, t) for n, t in named if id(t) not in taken]
         if rest:
             self.groups.append(Group("default", rest, dict(defaults)))
-        self.state: dict[int, dict[str, Tensor]] = {}
-        self.steps = 0
+
+    def _dict_groups(self, dicts: Sequence[dict[str, Any]]) -> None:
+        """torch's form: `[{"params": [...], "lr": 1e-3}, {"params": [...]}]`."""
+        seen: set[int] = set()
+        for i, d in enumerate(dicts):
+            if "params" not in d:
+                raise ValueError(f"{type(self).__name__}: parameter group {i} has no 'params'")
+            unknown = d.keys() - self.defaults.keys() - {"params", "name"}
+            if unknown:
+                raise TypeError(f"parameter group {i}: unknown settings {sorted(unknown)}")
+            named = named_params(d["params"])
+            if not named:
+                raise ValueError(f"{type(self).__name__}: parameter group {i} is empty")
+            if any(id(t) in seen for _, t in named):
+                raise ValueError("some parameters appear in more than one parameter group")
+            seen.update(id(t) for _, t in named)
+            settings = {
+                **self.defaults,
+                **{k: v for k, v in d.items() if k not in ("params", "name")},
+            }
+            self.groups.append(Group(d.get("name", f"group{i}"), named, settings))
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Each group's settings as a dict, as torch's: `g["lr"] = ...` changes the lr the
+        next step uses (a binding, so the step graph stays the same)."""
+        return [g.settings for g in self.groups]
+
+    # --- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """torch's layout: `state` keyed by parameter index (in group order), each slot a
+        NumPy array, and `param_groups` with their settings and parameter indices."""
+        state, groups, index = {}, [], 0
+        for g in self.groups:
+            ids = []
+            for _, p in g.params:
+                slots = self.state.get(id(p))
+                if slots:
+                    state[index] = {k: t.numpy() for k, t in slots.items()}
+                ids.append(index)
+                index += 1
+            groups.append({**g.settings, "name": g.name, "params": ids})
+        return {"state": state, "param_groups": groups, "steps": self.steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume: slots go to this optimizer's parameters by position, settings by group.
+
+        Raises:
+            ValueError: the groups or parameter shapes do not match this optimizer's.
+        """
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.groups):
+            raise ValueError(
+                f"load_state_dict: {len(groups)} parameter groups, this optimizer has "
+                f"{len(self.groups)}"
+            )
+        params = [p for g in self.groups for _, p in g.params]
+        for mine, theirs in zip(self.groups, groups):
+            if len(theirs["params"]) != len(mine.params):
+                raise ValueError(
+                    f"load_state_dict: group {mine.name!r} has {len(mine.params)} parameters, "
+                    f"the state has {len(theirs['params'])}"
+                )
+        new_state = {}
+        for index, slots in state_dict["state"].items():
+            p = params[int(index)]
+            for name, arr in slots.items():
+                if tuple(np.shape(arr)) != p.shape:
+                    raise ValueError(
+                        f"load_state_dict: slot {name!r} of parameter {index} has shape "
+                        f"{np.shape(arr)}, the parameter {p.shape}"
+                    )
+            new_state[id(p)] = {
+                k: p.device.tensor(np.asarray(v), dtype=p.dtype) for k, v in slots.items()
+            }
+        for mine, theirs in zip(self.groups, groups):
+            mine.settings.update({k: v for k, v in theirs.items() if k not in ("params", "name")})
+        self.state = new_state
+        self.steps = int(state_dict.get("steps", 0))
 
     # --- groups -----------------------------------------------------------------------------
     def group(self, name: str) -> Group:
@@ -94,7 +178,7 @@ class Optimizer:
         return self.lr_of()
 
     # --- stepping ---------------------------------------------------------------------------
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             p.grad = None
 

@@ -117,3 +117,37 @@ class AdamW(Adam):
         schedule: Schedule | None = None,
     ) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, groups, schedule)
+
+
+class Adadelta(Optimizer):
+    """torch's Adadelta: v = rho v + (1 - rho) g^2; d = sqrt(u + eps) / sqrt(v + eps) g;
+    u = rho u + (1 - rho) d^2; p -= lr d (L2 `weight_decay` added to g first). Written with
+    tensor ops under no_grad (there is no fused op for it)."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        groups: Sequence[ParamGroup] = (),
+        schedule: Schedule | None = None,
+    ) -> None:
+        super().__init__(
+            params, groups, schedule, lr=lr, rho=rho, eps=eps, weight_decay=weight_decay
+        )
+
+    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+        s = group.settings
+        rho, eps = s["rho"], s["eps"]
+        v, u = self._state(p, "square_avg", "acc_delta")
+        if s["weight_decay"]:
+            g = g + p * s["weight_decay"]
+        new_v = v * rho + g * g * (1 - rho)
+        delta = (u + eps).sqrt() / (new_v + eps).sqrt() * g
+        new_u = u * rho + delta * delta * (1 - rho)
+        rate = self._binding(group, p, "lr", lr).cast(p.dtype)
+        p._assign(p - delta * rate)
+        v._assign(new_v)
+        u._assign(new_u)

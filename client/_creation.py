@@ -1,0 +1,70 @@
+"""torch-style module-level constructors: `burn_remote.randn(2, 3, device=dev)` and friends.
+
+Each is the device method of the same name on `device` (default `Device.cpu()`); unkeyed
+random draws come from one default generator that `manual_seed` resets, as torch's does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._device import Device
+from ._tensor import Tensor
+
+
+def _dev(device: Any) -> Device:
+    return Device.cpu() if device is None else Device.parse(device)
+
+
+def manual_seed(seed: int) -> None:
+    """Reset the default generator: weight init, unkeyed random draws, dropout keys and
+    DataLoader shuffles all repeat after the same seed."""
+    from .nn._init import seed as _seed
+
+    _seed(seed)
+
+
+def tensor(data: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    return _dev(device).tensor(data, dtype, requires_grad)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    if isinstance(data, Tensor):
+        out = data if device is None else data.to(device)
+        return out if dtype is None else out.cast(dtype)
+    return _dev(device).tensor(data, dtype)
+
+
+from_numpy = as_tensor
+
+
+def from_dlpack(x: Any, device: Any = None) -> Tensor:
+    return _dev(device).from_dlpack(x)
+
+
+def arange(
+    start: float, end: float | None = None, step: float = 1, dtype: Any = None, device: Any = None
+) -> Tensor:
+    return _dev(device).arange(start, end, step, dtype)
+
+
+def eye(n: int, m: int | None = None, dtype: Any = "float32", device: Any = None) -> Tensor:
+    return _dev(device).eye(n, m, dtype)
+
+
+def randn(*shape: Any, dtype: Any = "float32", device: Any = None) -> Tensor:
+    return _dev(device).randn(*shape, dtype=dtype)
+
+
+def rand(*shape: Any, dtype: Any = "float32", device: Any = None) -> Tensor:
+    return _dev(device).rand(*shape, dtype=dtype)
+
+
+def zeros(*shape: Any, dtype: Any = "float32", device: Any = None) -> Tensor:
+    s = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+    return _dev(device).zeros(s, dtype)
+
+
+def ones(*shape: Any, dtype: Any = "float32", device: Any = None) -> Tensor:
+    s = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+    return _dev(device).ones(s, dtype)
