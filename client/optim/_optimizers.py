@@ -138,7 +138,7 @@ class Adadelta(Optimizer):
             params, groups, schedule, lr=lr, rho=rho, eps=eps, weight_decay=weight_decay
         )
 
-    def _update(self, p: Tensor, g: Tensor, group: Group, lr: float) -> None:
+    def _update(self, p: Tensor, g: Tensor, group: Group) -> None:
         s = group.settings
         rho, eps = s["rho"], s["eps"]
         v, u = self._state(p, "square_avg", "acc_delta")
@@ -147,7 +147,7 @@ class Adadelta(Optimizer):
         new_v = v * rho + g * g * (1 - rho)
         delta = (u + eps).sqrt() / (new_v + eps).sqrt() * g
         new_u = u * rho + delta * delta * (1 - rho)
-        rate = self._binding(group, p, "lr", lr).cast(p.dtype)
+        rate = self._lr(group, p).cast(p.dtype)
         p._assign(p - delta * rate)
         v._assign(new_v)
         u._assign(new_u)
