@@ -26,10 +26,10 @@ from ._tensor import Tensor, make_tensor
 
 WAIT_TIMEOUT = float(os.environ.get("BURN_REMOTE_WAIT_TIMEOUT", "300"))
 """Seconds a read waits for its reply before raising (a dead server must not hang forever)."""
-STEPS_PER_PACKET = 8
+STEPS_PER_PACKET = 16
 """Compiled steps queued while the server is busy before they leave together (one packet and
 one Sync for all of them: sending costs the user's thread far more than queueing)."""
-MAX_STEPS_AHEAD = 32
+MAX_STEPS_AHEAD = 64
 """Compiled steps the client may run ahead of the last one the server acknowledged; past
 this a step waits (back-pressure, so neither side queues without bound)."""
 

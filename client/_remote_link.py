@@ -281,9 +281,9 @@ class Link:
         with self.cond:
             self.protocol.receive_control(inner)
             self.cond.notify_all()
-            again = bool(self.protocol.pending)
-        if again:  # a replay after UNKNOWN_GRAPH
-            self.kick()
+            again = self.protocol.take_resend()
+        if again:  # a replay after UNKNOWN_GRAPH (steps the user queued leave with the user's
+            self.kick()  # thread's next batch: sending them from here split them into packets)
 
     def _resumed(self, reply: bytes) -> None:
         """The server's answer to our resume (lock held): resend what it lacks, or fail."""

@@ -98,6 +98,7 @@ class ClientProtocol:
         self._bulk = 0
         self._data_waiting: dict[int, m.Data] = {}
         self._bulk_early: dict[int, bytes] = {}
+        self._resend = False
 
     # --- queueing (user thread) -------------------------------------------------------------
     def _next_rid(self) -> int:
@@ -288,6 +289,12 @@ class ClientProtocol:
         head = [_Entry(m.Resync()), _Entry(m.RegisterGraph(digest, sent.graph.encode()))]
         self.pending = head + resend + self.pending
         self.known.add(digest)
+        self._resend = True
+
+    def take_resend(self) -> bool:
+        """Whether a replay after UNKNOWN_GRAPH waits to be sent (the reader sends it)."""
+        resend, self._resend = self._resend, False
+        return resend and bool(self.pending)
 
     def take_errors(self) -> OpFailed | None:
         """The first server-side failure since the last call (others are summarised)."""

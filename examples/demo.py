@@ -1,8 +1,10 @@
 """`make demo`: the main job, end to end.
 
 1. `burn-remote serve --device cpu` starts (the embedded NumPy engine, no GPU needed);
-2. a client trains the digits MLP through `RemoteDevice`, with a progress bar: one small
-   message per step after the first, and the same accuracy as on `Device.cpu()`;
+2. a client trains the digits MLP through `RemoteDevice`, with a progress bar: the step is
+   compiled (`br.compile`), so after the first calls it is replayed without recording, as
+   one small message per step (steps share packets), with the same accuracy as on
+   `Device.cpu()`;
 3. a LoRA fine-tune of a tiny GPT runs on the server as a job, watched with a progress bar;
    the adapter comes back in the PEFT layout with its checksum verified;
 4. the tuned model is exported to ONNX by a second job and checked with onnxruntime.
@@ -29,6 +31,11 @@ def stage_remote_training(dev: br.RemoteDevice) -> None:
     steps = stats["replays"] + stats["graphs_registered"]
     per_step = stats["bytes_sent"] / max(steps, 1)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; test accuracy {acc:.1%}")
+    captured = digits.train.last_step.stats()
+    print(
+        f"step compiled (br.compile): body ran {captured['recordings']} times, replayed "
+        f"{captured['replays']} times without recording"
+    )
     print(
         f"graphs registered {stats['graphs_registered']}, replayed {stats['replays']}; "
         f"{stats['messages_sent']} messages, {per_step:,.0f} bytes sent per step on average "

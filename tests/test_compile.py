@@ -15,6 +15,7 @@ import pytest
 from burn_remote import functional as F
 from burn_remote import nn, optim
 from capture_models import MODELS, gpt_lora, train
+from conftest import _UNAVAILABLE
 
 DEV = br.Device.cpu()
 
@@ -276,3 +277,14 @@ def test_replays_keep_client_memory_flat():
     assert len(DEV._rec.refs) == tensors
     assert len(DEV._rec.specs) <= tensors + 4
     assert np.isfinite(loss.item())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_UNAVAILABLE["opencl"] is not None, reason=_UNAVAILABLE["opencl"] or "")
+@pytest.mark.parametrize("kind", ["mlp", "gpt_lora"])
+def test_captured_training_on_opencl_equals_plain_training_bitwise(kind):
+    dev = br.Device.opencl()
+    plain = train(dev, MODELS[kind], 100, compiled=False)
+    captured = train(dev, MODELS[kind], 100, compiled=True)
+    assert captured["__stats__"]["replays"] >= 95
+    _same(plain, captured)

@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import burn_remote as br
 import numpy as np
 from burn_remote import nn, optim
 
 from ._checkpoint import load_checkpoint, save_checkpoint
-from ._models import Dataset, attach_adapter, build_model, lora_config, loss_of, make_optimizer
+from ._models import Dataset, attach_adapter, build_model, lora_config, loss_on, make_optimizer
 
 
 def _seed_step(seed: int, step: int) -> None:
@@ -40,17 +41,23 @@ def run_training(ctx: Any) -> dict[str, Path]:
         start = load_checkpoint(ctx.checkpoint, opt, rng)
         ctx.log(f"resumed from the checkpoint at step {start}")
     steps, every, clip = spec["steps"], spec["checkpoint_every"], spec["clip"]
-    ctx.started(start)
-    for step in range(start, steps):
-        ctx.check()
-        _seed_step(spec["seed"], step)
-        x, y = data.sample(rng, spec["batch_size"])
-        loss = loss_of(model, dev, x, y)
+
+    @br.compile  # recorded once, then replayed: no per-step op recording on the server
+    def train_step(x: Any, y: Any) -> Any:
+        loss = loss_on(model, x, y)
         loss.backward()
         if clip is not None:
             optim.clip_grad_norm(model, clip)
         opt.step()
         opt.zero_grad()
+        return loss
+
+    ctx.started(start)
+    for step in range(start, steps):
+        ctx.check()
+        _seed_step(spec["seed"], step)  # dropout keys: the compiled step draws from here
+        x, y = data.sample(rng, spec["batch_size"])
+        loss = train_step(dev.tensor(x), dev.tensor(y))
         value = float(loss.item())
         if not np.isfinite(value):
             raise FloatingPointError(f"loss became {value} at step {step + 1}")

@@ -180,14 +180,27 @@ def _text_tokens(raw: bytes, alphabet: str | None) -> np.ndarray:
 
 
 def loss_of(model: nn.Module, dev: Device, x: np.ndarray, y: np.ndarray) -> Any:
+    return loss_on(model, dev.tensor(x), dev.tensor(y))
+
+
+def loss_on(model: nn.Module, x: Any, y: Any) -> Any:
+    """The training loss of a batch already on the device (a compiled step takes tensors)."""
     from burn_remote import functional as F
 
     if isinstance(model, nn.GPT):
-        return model.loss(dev.tensor(x), dev.tensor(y))
-    out = model(dev.tensor(x))
-    if y.dtype == np.int64:
-        return F.cross_entropy(out, dev.tensor(y))
-    return ((out - dev.tensor(y)) ** 2).mean()
+        return model.loss(x, y)
+    out = model(x)
+    if y.dtype == "int64":
+        return F.cross_entropy(out, y)
+    return ((out - y) ** 2).mean()
 
 
-__all__ = ["Dataset", "attach_adapter", "build_model", "lora_config", "loss_of", "make_optimizer"]
+__all__ = [
+    "Dataset",
+    "attach_adapter",
+    "build_model",
+    "lora_config",
+    "loss_of",
+    "loss_on",
+    "make_optimizer",
+]
