@@ -3,7 +3,10 @@
 The user's thread sends. ``kick()`` takes what the protocol has pending, numbers it for
 resume (``_remote_resume``) and writes it to the connection, so a flushed step is on the wire
 when ``flush()`` returns; it never waits on the network (tensors above the bulk threshold go
-to a bulk thread, which may wait for the server to take them). The connection's reader
+to a bulk thread, which may wait for the server to take them). Bulk transfers both ways move
+in acknowledged chunks (``protocol.bulk``): a read-back is written into its array as it
+arrives, and after a lost link each unfinished transfer continues from its last
+acknowledged offset. The connection's reader
 thread applies the server's frames under ``cond``'s lock and wakes waiters. Dialling, and
 after a lost connection dialling again and resuming the session, runs on a connector thread;
 batches recorded meanwhile wait in the sequencer and leave when it is done.
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from burn_remote.protocol import messages as m
+from burn_remote.protocol.bulk import BulkReceive, BulkSend, parse_header
 from burn_remote.protocol.transport import (  # imported with the first RemoteDevice
     BlockingConnection,
     EndpointConfig,
@@ -48,6 +52,13 @@ idle timeout; the smaller of this and the server's ``--idle-timeout`` applies). 
 every third of it keep a quiet but live connection open."""
 RETRY_PAUSE = 0.25
 """Seconds between dials while resuming."""
+WELCOME_WAIT = 30.0
+"""Seconds the bulk thread waits for the server's Welcome (its limits size the chunks)."""
+GRACE_MARGIN = 5.0
+"""Seconds past the server's announced resume grace the link keeps trying before it says
+the session expired (the server counts its grace from when it noticed the loss)."""
+MAX_DONE = 4096
+"""Finished incoming transfer ids remembered (to re-acknowledge one resent after a loss)."""
 
 _IDLE, _CONNECTING, _RESUMING, _UP, _CLOSED = "idle", "connecting", "resuming", "up", "closed"
 
@@ -76,8 +87,14 @@ class Link:
         self._control = -1
         self._seq = ClientSequencer()
         self._token: bytes | None = None
-        self._incoming: dict[int, int | None] = {}  # server's bulk stream -> its bulk id
-        self._bulk: queue.SimpleQueue[tuple[Any, int, bytes] | None] = queue.SimpleQueue()
+        self._out: dict[int, BulkSend] = {}
+        """Transfers to the server not yet wholly acknowledged (bulk id -> transfer)."""
+        self._out_streams: dict[int, BulkSend] = {}  # our bulk stream -> its transfer
+        self._in_streams: dict[int, BulkReceive | None] = {}  # server's stream -> transfer
+        self._rx: dict[int, BulkReceive] = {}
+        """Transfers from the server under way (kept across a resume)."""
+        self._rx_done: set[int] = set()
+        self._bulk: queue.SimpleQueue[tuple[Any, BulkSend] | None] = queue.SimpleQueue()
         self._bulk_thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._lost: str | None = None
@@ -99,9 +116,11 @@ class Link:
                     batch = self.protocol.take()
                 if batch is None:
                     return
-                frame = self._seq.wrap(batch.frame, batch.bulk)
+                frame = self._seq.wrap(batch.frame)
+                sends = [BulkSend(bid, payload) for bid, payload in batch.bulk]
+                self._out.update((send.bulk_id, send) for send in sends)
                 if self._state == _UP:
-                    self._send(frame, batch.bulk)
+                    self._send(frame, sends)
 
     def close(self) -> None:
         """Send what is pending and the goodbye (the server frees the session at once)."""
@@ -149,28 +168,50 @@ class Link:
         return True
 
     # --- sending (with self._lock held) -------------------------------------------------------
-    def _send(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> None:
+    def _send(self, frame: bytes, sends: list[BulkSend]) -> None:
         """A lost connection is reported by its reader; what failed here is resent on resume."""
         if _control_frame(self._conn, self._control, frame):
-            for bulk_id, payload in bulk:
-                self._bulk_put((self._conn, bulk_id, payload))
+            for send in sends:
+                self._bulk_put((self._conn, send))
 
-    def _bulk_put(self, item: tuple[Any, int, bytes]) -> None:
+    def _bulk_put(self, item: tuple[Any, BulkSend]) -> None:
         if self._bulk_thread is None:
             self._bulk_thread = self._spawn(self._send_bulk_loop)
         self._bulk.put(item)
 
     def _send_bulk_loop(self) -> None:
-        """One stream per tensor: a ``Bulk`` header frame, the bytes, the end of the stream."""
+        """Transfers in order, each on a stream of its own (see ``_send_transfer``)."""
         while (item := self._bulk.get()) is not None:
-            conn, bulk_id, payload = item
-            try:
-                sid = conn.open_stream()
-                conn.send_frame(sid, m.encode(m.Bulk(bulk_id, len(payload))))
-                conn.send_frame(sid, payload)
-                conn.finish(sid)
-            except TransportError:
-                pass  # the connection is gone: resume sends the batch and its bulk again
+            self._send_transfer(*item)
+            item = None  # the transfer's bytes are freed as soon as the server has them all
+
+    def _send_transfer(self, conn: BlockingConnection, send: BulkSend) -> None:
+        """A ``Bulk`` header, then chunks from the last offset the server acknowledged; the
+        reader thread ends the stream at the final BulkAck."""
+        if send.done or self._out.get(send.bulk_id) is not send:
+            return
+        send.chunk = self._bulk_chunk()
+        try:
+            sid = conn.open_stream()
+            self._out_streams[sid] = send
+            conn.send_frame(sid, send.header())
+            for chunk in send.chunks():
+                if send.done:
+                    break
+                conn.send_frame(sid, chunk)
+        except TransportError:
+            pass  # the connection is gone: resume continues the transfer
+
+    def _bulk_chunk(self) -> int:
+        """Chunk size for the server: what its Welcome announced (waits for it)."""
+        with self.cond:
+            self.cond.wait_for(
+                lambda: self.protocol.welcome is not None or self.protocol.fatal is not None,
+                WELCOME_WAIT,
+            )
+            welcome = self.protocol.welcome
+        limits = welcome.limits if welcome is not None else {}
+        return min(m.BULK_CHUNK, limits.get("bulk_chunk", m.BULK_CHUNK))
 
     # --- connecting ---------------------------------------------------------------------------
     def _spawn(self, target: Any, *args: Any) -> threading.Thread:
@@ -190,6 +231,7 @@ class Link:
             keepalive_interval=max(0.2, IDLE_TIMEOUT / 3),
         )
         started = time.monotonic()
+        window = self._resume_window()
         try:
             identity = Identity.load_or_create(self.key_path or default_key_path())
             while True:
@@ -206,7 +248,7 @@ class Link:
                 except TransportError as exc:
                     if not resuming or isinstance(exc, PeerRejected | PeerGone):
                         raise
-                    if time.monotonic() - started > RESUME_TIMEOUT:
+                    if time.monotonic() - started > window:
                         raise
                     time.sleep(RETRY_PAUSE)
         except Exception as exc:  # the user's next wait raises it
@@ -217,13 +259,15 @@ class Link:
                 conn.close("client closing", flush_timeout=0)
                 return
             self._conn, self._control = conn, conn.open_stream()
+            self._out_streams.clear()
+            self._in_streams.clear()
             if resuming:
                 assert self._token is not None
                 self._state = _RESUMING
                 resume = self._seq.resume_frame(self._token)
                 _control_frame(conn, self._control, resume)
             else:
-                self._go_up([(frame, bulk) for _, frame, bulk in self._seq.unacked])
+                self._go_up([frame for _, frame in self._seq.unacked])
                 # A program that ends without close() still says goodbye: the server frees
                 # the session now instead of after its idle timeout and resume grace.
                 atexit.register(self._goodbye)
@@ -245,14 +289,28 @@ class Link:
             return f"{self._where()} is gone ({lost}): its session is lost; {again}"
         return (
             f"{self._where()} stopped answering ({lost}); reconnecting failed for "
-            f"{tried:.0f} s (BURN_REMOTE_RESUME_TIMEOUT {RESUME_TIMEOUT:g} s): {_describe(exc)}"
+            f"{tried:.0f} s (the server keeps a session {self._resume_window() - GRACE_MARGIN:g} s "
+            f"after a loss; BURN_REMOTE_RESUME_TIMEOUT {RESUME_TIMEOUT:g} s): session expired, "
+            f"its tensors are lost and no transfer under way was stored: {_describe(exc)}"
         )
 
-    def _go_up(self, frames: list[tuple[bytes, list[tuple[int, bytes]]]]) -> None:
-        for frame, bulk in frames:
-            self._send(frame, bulk)
+    def _go_up(self, frames: list[bytes]) -> None:
+        """Send the frames the server lacks, then every unfinished transfer (from where the
+        server's acknowledgements left it)."""
+        for frame in frames:
+            self._send(frame, [])
+        if self._conn is not None:
+            for send in self._out.values():
+                self._bulk_put((self._conn, send))
         self._state = _UP
         self._changed.notify_all()
+
+    def _resume_window(self) -> float:
+        """Seconds to keep dialling after a loss: RESUME_TIMEOUT, or less when the server
+        said it keeps the session for a shorter grace (trying longer cannot help)."""
+        welcome = self.protocol.welcome
+        grace = welcome.limits.get("resume_grace_ms", 0) / 1000 if welcome is not None else 0
+        return RESUME_TIMEOUT if grace <= 0 else min(RESUME_TIMEOUT, grace + GRACE_MARGIN)
 
     # --- the server's side (the connection's reader thread) -----------------------------------
     def _on_frame(self, stream_id: int, frame: bytes | None) -> None:
@@ -300,19 +358,64 @@ class Link:
         self._go_up(frames)
 
     def _on_bulk_stream(self, stream_id: int, frame: bytes | None) -> None:
-        """The server's streams carry one tensor each: a ``Bulk`` header, then its bytes."""
+        """Our streams carry BulkAcks for our transfers; the server's carry its transfers (a
+        ``Bulk`` header, then chunks written into the destination array as they come)."""
+        if stream_id & 1 == 0:
+            self._on_ack(stream_id, frame)
+            return
         if frame is None:
-            self._incoming.pop(stream_id, None)
-        elif stream_id not in self._incoming:
-            try:
-                msg = m.decode(frame)[0]
-            except (m.DecodeError, ValueError, IndexError):
-                msg = None
-            self._incoming[stream_id] = msg.bulk_id if isinstance(msg, m.Bulk) else None
-        elif (bulk_id := self._incoming.pop(stream_id)) is not None:
+            self._in_streams.pop(stream_id, None)
+            return
+        conn = self._conn
+        if stream_id not in self._in_streams:
+            self._in_streams[stream_id], reply = self._open_incoming(frame)
+            if reply is not None:
+                _bulk_reply(conn, stream_id, reply)
+            return
+        rx = self._in_streams[stream_id]
+        if rx is None:
+            return
+        ack = rx.feed(frame)
+        if rx.done:
+            self._in_streams[stream_id] = None
+            self._rx.pop(rx.bulk_id, None)
+            if len(self._rx_done) >= MAX_DONE:
+                self._rx_done = set(sorted(self._rx_done)[MAX_DONE // 2 :])
+            self._rx_done.add(rx.bulk_id)
             with self.cond:
-                self.protocol.receive_bulk(bulk_id, frame)
+                self.protocol.receive_bulk(rx.bulk_id, rx.buffer)
                 self.cond.notify_all()
+        if ack is not None:
+            _bulk_reply(conn, stream_id, ack)
+
+    def _open_incoming(self, frame: bytes) -> tuple[BulkReceive | None, bytes | None]:
+        """The transfer a server stream's header opens (new or resumed) and a BulkAck to send
+        at once: (None, final ack) for a transfer already whole whose final ack was lost."""
+        header = parse_header(frame)
+        if header.bulk_id in self._rx_done:
+            return None, m.encode(m.BulkAck(header.bulk_id, header.size))
+        rx = self._rx.get(header.bulk_id)
+        if rx is None:
+            rx = self._rx[header.bulk_id] = BulkReceive(header.bulk_id, header.size)
+        return rx, rx.start(header)
+
+    def _on_ack(self, stream_id: int, frame: bytes | None) -> None:
+        """A BulkAck on one of our transfers; the final one ends the transfer and its stream.
+        The server ending the stream first means it refused the transfer (its Upload fails
+        with the reason): the transfer is dropped, not resent."""
+        send = self._out_streams.get(stream_id)
+        if send is None:
+            return
+        if frame is None or send.on_ack(frame):
+            self._out_streams.pop(stream_id, None)
+            with self._lock:
+                self._out.pop(send.bulk_id, None)
+                conn = self._conn
+            if frame is not None and conn is not None:
+                try:
+                    conn.finish(stream_id)
+                except TransportError:
+                    pass
 
     def _on_closed(self, error: Exception) -> None:
         """The connection died under us: resume on a new one, or fail the device."""
@@ -360,6 +463,16 @@ def _loss(error: Exception) -> str:
     if "idle timeout" in text.lower():
         return f"no packet from it for the idle timeout (BURN_REMOTE_IDLE_TIMEOUT {IDLE_TIMEOUT:g} s, or the server's --idle-timeout if shorter)"
     return text
+
+
+def _bulk_reply(conn: BlockingConnection | None, stream_id: int, frame: bytes) -> None:
+    """A BulkAck on a server's bulk stream; a lost connection is reported by its reader."""
+    if conn is None:
+        return
+    try:
+        conn.send_frame(stream_id, frame, wait=False)
+    except TransportError:
+        pass
 
 
 def _describe(exc: BaseException) -> str:

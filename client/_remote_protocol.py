@@ -109,12 +109,25 @@ class ClientProtocol:
         self.pending.append(_Entry(msg, payload))
         self.pending_bytes += size
 
+    @property
+    def bulk_threshold(self) -> int:
+        """Bytes above which a tensor moves on a bulk stream: what the server announced."""
+        limits = self.welcome.limits if self.welcome is not None else {}
+        return min(m.BULK_THRESHOLD, limits.get("bulk_threshold", m.BULK_THRESHOLD))
+
+    @property
+    def batch_bytes(self) -> int:
+        """Inline bytes after which a batch is sent: BATCH_MAX_BYTES, or less for a server
+        with small frames."""
+        limits = self.welcome.limits if self.welcome is not None else {}
+        return min(BATCH_MAX_BYTES, limits.get("max_frame", m.MAX_FRAME) // 2)
+
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
         a = np.ascontiguousarray(array)
-        data = a.tobytes()
+        data = a.tobytes()  # the one copy: the caller may change its array after this
         name = dtypes.from_numpy(a.dtype)
         self.counters.data_bytes_sent += len(data)
-        if len(data) > m.BULK_THRESHOLD:
+        if len(data) > self.bulk_threshold:
             self._bulk += 1
             self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
         else:
@@ -164,7 +177,7 @@ class ClientProtocol:
 
     def should_send(self) -> bool:
         """A batch this large goes out even though nothing waits for it."""
-        return len(self.pending) >= BATCH_MAX_MESSAGES or self.pending_bytes >= BATCH_MAX_BYTES
+        return len(self.pending) >= BATCH_MAX_MESSAGES or self.pending_bytes >= self.batch_bytes
 
     # --- sending (link) -----------------------------------------------------------------------
     def take(self) -> Batch | None:
@@ -182,10 +195,11 @@ class ClientProtocol:
         frame = m.encode([e.msg for e in entries])
         batch = Batch(frame)
         for e in entries:
+            if e.payload is not None:  # the link keeps it until the server has all of it
+                batch.bulk.append((e.msg.bulk_id, e.payload))
+                e.payload = None
             if not isinstance(e.msg, m.Hello):
                 self.journal.append(e)
-            if e.payload is not None:
-                batch.bulk.append((e.msg.bulk_id, e.payload))
         c = self.counters
         c.messages_sent += 1 + len(batch.bulk)
         c.bytes_sent += len(frame) + sum(len(p) for _, p in batch.bulk)
@@ -203,7 +217,7 @@ class ClientProtocol:
         for msg in msgs:
             self._on_message(msg)
 
-    def receive_bulk(self, bulk_id: int, payload: bytes) -> None:
+    def receive_bulk(self, bulk_id: int, payload: Any) -> None:
         self.counters.messages_received += 1
         self.counters.bytes_received += len(payload)
         header = self._data_waiting.pop(bulk_id, None)
@@ -212,10 +226,12 @@ class ClientProtocol:
         else:
             self._complete(header, payload)
 
-    def _complete(self, msg: m.Data, payload: bytes) -> None:
+    def _complete(self, msg: m.Data, payload: Any) -> None:
+        """The read's array: a view of the bulk buffer the bytes were written into, or of the
+        inline bytes."""
         self.counters.data_bytes_received += len(payload)
         a = np.frombuffer(payload, dtype=dtypes.to_numpy(msg.dtype)).reshape(msg.shape)
-        self.results[msg.request_id] = a
+        self.results[msg.request_id] = a if isinstance(payload, np.ndarray) else a.copy()
 
     def _answered(self, rid: int) -> None:
         """Every message up to request ``rid`` was processed: trim journal and in_flight."""
@@ -284,7 +300,9 @@ class ClientProtocol:
             return
         self.counters.reregistrations += 1
         digest = m.digest_bytes(sent.digest)
-        keep, resend = entries[:start], entries[start:]
+        # Uploads are not resent: a stalled server still stores them (ids are never reused).
+        keep = entries[:start]
+        resend = [e for e in entries[start:] if not isinstance(e.msg, m.Upload)]
         self.journal = deque(keep)
         head = [_Entry(m.Resync()), _Entry(m.RegisterGraph(digest, sent.graph.encode()))]
         self.pending = head + resend + self.pending

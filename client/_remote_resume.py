@@ -1,7 +1,7 @@
 """Client half of session resume: sequenced control frames and the resume handshake.
 
-Every batch the link sends is numbered and kept (with its bulk payloads) until the server's
-``ack`` covers it; every server frame's number is remembered so a frame resent after a
+Every batch the link sends is numbered and kept until the server's ``ack`` covers it (bulk
+transfers are kept by the link until the server acknowledged all their bytes); every server frame's number is remembered so a frame resent after a
 reconnect is applied once. See ``burn_remote.protocol.sequencing`` for the frame format.
 """
 
@@ -31,12 +31,12 @@ class ClientSequencer:
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
-        self.unacked: deque[tuple[int, bytes, list[tuple[int, bytes]]]] = deque()
+        self.unacked: deque[tuple[int, bytes]] = deque()
 
-    def wrap(self, frame: bytes, bulk: list[tuple[int, bytes]]) -> bytes:
+    def wrap(self, frame: bytes) -> bytes:
         self.sent += 1
         out = wrap(self.sent, self.received, frame)
-        self.unacked.append((self.sent, out, bulk))
+        self.unacked.append((self.sent, out))
         return out
 
     def acknowledge(self, ack: int) -> None:
@@ -64,7 +64,7 @@ class ClientSequencer:
     def resume_frame(self, token: bytes) -> bytes:
         return wrap(0, self.received, m.encode(m.Hello(m.PROTOCOL_VERSION, token)))
 
-    def resumed(self, reply: bytes | None) -> list[tuple[bytes, list[tuple[int, bytes]]]]:
+    def resumed(self, reply: bytes | None) -> list[bytes]:
         """Apply the server's answer to ``resume_frame``; the frames to send again, in order.
 
         Raises:
@@ -80,7 +80,7 @@ class ClientSequencer:
                 raise SessionExpired(msg.message)
             raise SessionExpired(f"resume refused: {msg.message}")
         self.acknowledge(ack)
-        return [(frame, bulk) for _, frame, bulk in self.unacked]
+        return [frame for _, frame in self.unacked]
 
 
 __all__ = ["ATTEMPT_TIMEOUT", "RESUME_TIMEOUT", "ClientSequencer", "SessionExpired"]

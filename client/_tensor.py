@@ -133,7 +133,10 @@ class Tensor:
     # --- reading (sync points) ----------------------------------------------------------
     def numpy(self) -> np.ndarray:
         """Run what is pending and return a NumPy copy of the value."""
-        return np.array(self._dev._rec.read(self._id), copy=True)
+        value = self._dev._rec.read(self._id)
+        if getattr(self._dev._rec.runtime, "fresh_reads", False):
+            return value  # already an array of its own (a remote read's buffer)
+        return np.array(value, copy=True)
 
     def item(self) -> float | int | bool:
         if self.size != 1:

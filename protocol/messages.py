@@ -5,8 +5,10 @@ array of 1..MAX_BATCH messages; each message is a msgpack array ``[tag, field, f
 with the fields in the order declared below. Tensor ids are client-chosen u64s, so nothing
 waits for an allocation; only messages that get a reply carry a ``request_id`` (also
 client-chosen, increasing). Bulk tensor bytes travel on their own streams as two frames: a
-one-message control-style frame (``Bulk``) then the raw bytes. ``protocol/README.md`` is the
-prose version of this file.
+one-message control-style frame (``Bulk``) then the raw bytes in chunks of at most
+BULK_CHUNK, acknowledged by the receiver (``BulkAck``) so a transfer cut by a lost link
+continues where it stopped (see ``protocol/bulk.py``). ``protocol/README.md`` is the prose
+version of this file.
 
 Decoding is strict: every size is bounded by the constants below, every field is type-checked,
 and any deviation raises :class:`DecodeError` naming what was wrong (never another exception).
@@ -20,8 +22,9 @@ from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 1
-"""Sent in Hello and Welcome; a server refuses any other version."""
+PROTOCOL_VERSION = 2
+"""Sent in Hello and Welcome; a server refuses any other version. Version 2: bulk transfers in
+acknowledged chunks (Bulk gained ``offset``, BulkAck is new)."""
 
 MAX_FRAME = 64 * 1024 * 1024
 """Largest frame (bytes) either end accepts; larger frames are refused before decoding."""
@@ -39,7 +42,14 @@ MAX_NDIM = 32
 """Most dimensions of a tensor shape."""
 U64_MAX = 2**64 - 1
 BULK_THRESHOLD = 256 * 1024
-"""Tensor bytes above this travel on a bulk stream instead of inline (both directions)."""
+"""Tensor bytes above this travel on a bulk stream instead of inline (both directions); a
+server whose frame limit is smaller announces a smaller threshold in Welcome.limits."""
+BULK_CHUNK = 1024 * 1024
+"""Largest raw-bytes frame on a bulk stream: a tensor moves as a sequence of these, each
+written into its destination buffer as it arrives."""
+BULK_ACK_EVERY = 8 * 1024 * 1024
+"""The receiver of a bulk transfer sends BulkAck at least this often (in bytes) and at the
+end; after a lost link the sender continues from the last acknowledged offset."""
 
 # --- error codes ---------------------------------------------------------------------------
 MALFORMED = 1
@@ -301,13 +311,29 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class Bulk:
-    """First frame of a bulk stream; the next frame is the raw bytes. No reply."""
+    """First frame of a bulk stream; raw-bytes frames of at most BULK_CHUNK follow, covering
+    ``offset`` up to ``size``. Answered on the same stream by BulkAck."""
 
     TAG: ClassVar[int] = 17
     bulk_id: int
     """The id an Upload or Data named."""
     size: int
-    """Length of the bytes frame that follows."""
+    """Length of the whole transfer in bytes."""
+    offset: int
+    """Where this stream's bytes start: 0, or (after a lost link) the last offset the
+    receiver acknowledged; never beyond it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BulkAck:
+    """Receiver -> sender, on the bulk stream: bytes ``0..received`` are in the destination
+    buffer. Sent at least every BULK_ACK_EVERY bytes and once the transfer is whole."""
+
+    TAG: ClassVar[int] = 18
+    bulk_id: int
+    """The transfer."""
+    received: int
+    """Bytes of the transfer held by the receiver, counted from 0."""
 
 
 # --- jobs (server/jobs; tags 40..49 are reserved for them) -----------------------------------
@@ -493,6 +519,7 @@ Message = (
     | Token
     | Fetch
     | Bulk
+    | BulkAck
     | JobSubmit
     | JobInfo
     | JobList
@@ -524,6 +551,7 @@ MESSAGES: dict[int, type] = {
         Token,
         Fetch,
         Bulk,
+        BulkAck,
         *JOB_MESSAGES,
     )
 }
@@ -711,6 +739,8 @@ def digest_bytes(hex_digest: str) -> bytes:
 
 
 __all__ = [
+    "BULK_ACK_EVERY",
+    "BULK_CHUNK",
     "BULK_THRESHOLD",
     "MAX_ARRAY",
     "MAX_BATCH",

@@ -4,7 +4,7 @@ through their sans-I/O interface with engine work in worker threads.
 A connection's first stream is its control stream. Its first frame says what the connection
 is: ``Hello`` starts a client session; a lone ``Fetch`` is another server redeeming a
 capability (server-to-server move), answered with ``Data`` and the bytes on that stream.
-Every later stream a client opens is a bulk stream: ``Bulk{bulk_id, size}`` then the bytes.
+Every later stream a client opens is a bulk stream: one transfer (``protocol/bulk.py``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import trio
 
 from ..protocol import messages as m
+from ..protocol.bulk import BulkReceive, BulkSend, parse_header
 from ..protocol.transport import (
     AuthorizedPeers,
     Connection,
@@ -32,12 +34,13 @@ from ..protocol.transport import (
 from ._replies import Place, SendBulk, StartFetch
 from ._resume import Parking, run_session
 from ._session import Session
-from ._state import ServerState
+from ._state import LimitExceeded, ServerState
 
 log = logging.getLogger("burn_remote.server")
 
 BULK_WAIT = 60.0
-"""Seconds an Upload waits for its bulk stream before it fails (the session goes on)."""
+"""Seconds an Upload waits for its transfer to make progress before it fails (the session
+goes on)."""
 
 FETCH_TIMEOUT = 120.0
 """Seconds a server-to-server fetch may take before the destination reports CAPABILITY."""
@@ -86,6 +89,7 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
 
             await start_relay_agent(nursery, opts, ep)
         parking = Parking(opts.resume_grace)
+        opts.state.resume_grace = opts.resume_grace
         nursery.start_soon(parking.sweep_loop)
         if on_ready is not None:
             on_ready(ep)
@@ -118,13 +122,30 @@ def _is_fetch(frame: bytes) -> bool:
 
 
 async def _serve_fetch(state: ServerState, conn: Connection, s: FrameStream, frame: bytes) -> None:
-    reply, payload = await trio.to_thread.run_sync(state.serve_fetch, frame, str(conn.peer_id))
+    """Source side of a server-to-server move: Data, then the bytes as a bulk transfer on
+    the same stream (chunks from a view of the tensor, acknowledged by the fetcher)."""
+    reply, send = await trio.to_thread.run_sync(state.serve_fetch, frame, str(conn.peer_id))
     await s.send_frame(reply)
-    if payload is not None:
-        await s.send_frame(payload)
+    if send is not None:
+        await s.send_frame(send.header())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_drain_acks, s, send)
+            for chunk in send.chunks():
+                await s.send_frame(chunk)
     await s.close()
     with trio.move_on_after(10):
         await s.receive_frame()  # the fetcher closes once it has the bytes
+
+
+async def _drain_acks(s: FrameStream, send: BulkSend) -> None:
+    while not send.done:
+        frame = await s.receive_frame()
+        if frame is None:
+            return
+        try:
+            send.on_ack(frame)
+        except m.DecodeError as exc:
+            raise TransportError(f"fetcher sent a bad BulkAck: {exc}") from None
 
 
 JOB_WORKERS = 64
@@ -152,13 +173,19 @@ class _SessionPump:
     def __init__(self, session: Session, ep: Endpoint, conn: Connection, control: Any) -> None:
         self.session, self.ep, self.conn, self.control = session, ep, conn, control
         self._arrived = trio.Event()
+        self._progress = 0
+        """Chunks received on any bulk stream (a long transfer that moves is not stalled)."""
 
     async def run(self, first: bytes | None) -> None:
+        """Serve the connection; ``first`` is None for a resumed session, whose queued
+        messages and unfinished transfers to the client go on at once."""
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self._accept_bulk)
-            frame = first if first is not None else await self.control.receive_frame()
-            while frame is not None:
+            for send in list(self.session.bulk_out.values()):
+                nursery.start_soon(self._send_bulk, send)
+            frame = first
+            while True:
                 await self._process(frame)
                 if self.session.closed:
                     break
@@ -168,6 +195,8 @@ class _SessionPump:
                     if "max_frame_size" in str(exc):
                         await self.control.send_frame(m.encode(m.Error(m.LIMIT, str(exc), -1, 0)))
                     raise
+                if frame is None:
+                    break
             nursery.cancel_scope.cancel()
         if self.session.closed:
             await self.conn.close("session refused")
@@ -189,25 +218,68 @@ class _SessionPump:
                 if isinstance(out, bytes):
                     await self.control.send_frame(out)
                 elif isinstance(out, SendBulk):
-                    self.nursery.start_soon(self._send_bulk, out)
+                    self.nursery.start_soon(self._send_bulk, out.send)
                 elif isinstance(out, StartFetch):
                     self.nursery.start_soon(self._fetch, out)
             if session.closed or not session.queue:
                 return
             if session.ready():
                 continue  # stopped where the next message must run elsewhere
-            with trio.move_on_after(BULK_WAIT) as scope:
-                while not session.ready():
-                    await self._arrived.wait()
-                    self._arrived = trio.Event()
-            if scope.cancelled_caught and session.waiting and session.waiting[0] == "bulk":
-                session.feed_bulk(session.waiting[1], None)  # never came: the Upload fails
+            await self._wait_ready()
 
-    async def _send_bulk(self, out: SendBulk) -> None:
-        s = await self.conn.open_stream()
-        await s.send_frame(m.encode(m.Bulk(out.bulk_id, len(out.payload))))
-        await s.send_frame(out.payload)
-        await s.close()
+    async def _wait_ready(self) -> None:
+        """Wait for what the session waits for; a transfer that makes no progress for
+        BULK_WAIT is given up (its Upload fails, nothing of it is stored)."""
+        session = self.session
+        seen = self._progress
+        while not session.ready():
+            with trio.move_on_after(BULK_WAIT) as scope:
+                await self._arrived.wait()
+                self._arrived = trio.Event()
+            if scope.cancelled_caught:
+                if self._progress != seen:
+                    seen = self._progress
+                    continue
+                if session.waiting and session.waiting[0] == "bulk":
+                    session.feed_bulk(session.waiting[1], None)  # never came: the Upload fails
+                return
+
+    async def _send_bulk(self, send: BulkSend) -> None:
+        """One transfer to the client on a stream of its own, from the last offset the
+        client acknowledged; a lost link leaves it in ``bulk_out`` for the resumed one."""
+        failed = False
+        try:
+            s = await self.conn.open_stream()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_acks, s, send, nursery.cancel_scope)
+                await s.send_frame(send.header())
+                for chunk in send.chunks():
+                    if send.done:
+                        break
+                    await s.send_frame(chunk)
+        except* m.DecodeError as group:
+            log.warning("session %d: bad BulkAck: %s", self.session.id, group.exceptions[0])
+            failed = True
+        except* TransportError as group:
+            # The link died: the resumed connection continues the transfer.
+            log.info("session %d: bulk %d paused: %s", self.session.id, send.bulk_id,
+                     group.exceptions[0])  # fmt: skip
+            failed = True
+        if failed:
+            return
+        self.session.bulk_sent(send.bulk_id)
+        with suppress(TransportError):
+            await s.close()
+            await s.receive_frame()  # the client ends its side after ours
+
+    async def _read_acks(self, s: FrameStream, send: BulkSend, scope: trio.CancelScope) -> None:
+        while True:
+            frame = await s.receive_frame()
+            if frame is None:
+                raise TransportError(f"bulk {send.bulk_id}: the client ended the stream")
+            if send.on_ack(frame):
+                scope.cancel()
+                return
 
     async def _accept_bulk(self) -> None:
         while True:
@@ -215,49 +287,95 @@ class _SessionPump:
             self.nursery.start_soon(self._receive_bulk, s)
 
     async def _receive_bulk(self, s: FrameStream) -> None:
+        """One transfer from the client, written into its buffer chunk by chunk and
+        acknowledged as it goes; a stream cut short leaves it partial for a resumed one."""
+        session = self.session
+        header = None
         try:
-            header = await s.receive_frame()
-            (msg,) = m.decode(header or b"")
-            if not isinstance(msg, m.Bulk):
-                raise m.DecodeError("a bulk stream must start with Bulk")
-            payload = await s.receive_frame()
-            if payload is None or len(payload) != msg.size:
-                raise m.DecodeError(f"bulk {msg.bulk_id}: expected {msg.size} bytes")
-        except (m.DecodeError, ValueError, TransportError) as exc:
-            await self.control.send_frame(m.encode(m.Error(m.MALFORMED, str(exc), -1, 0)))
+            header = parse_header(await s.receive_frame())
+            rx = session.open_bulk(header)
+            if rx is None:  # already whole: its final BulkAck was lost with a link
+                await s.send_frame(m.encode(m.BulkAck(header.bulk_id, header.size)))
+            else:
+                ack = rx.start(header)
+                if ack is not None:
+                    await s.send_frame(ack)
+                while not rx.done:
+                    chunk = await s.receive_frame()
+                    if chunk is None:
+                        return  # the client stopped (a lost link): resumed later, or given up
+                    ack = rx.feed(chunk)
+                    self._progress += 1
+                    if ack is not None:
+                        await s.send_frame(ack)
+                if header.bulk_id in session.bulk_partial:
+                    session.feed_bulk(header.bulk_id, rx.buffer)
+                    self._arrived.set()
+        except TransportError:
+            return  # the connection died; the partial transfer waits for a resume
+        except (m.DecodeError, LimitExceeded) as exc:
+            code = m.LIMIT if isinstance(exc, LimitExceeded) else m.MALFORMED
+            s.stop_reading()
+            if header is not None:
+                session.refuse_bulk(header.bulk_id, code, str(exc))
+                self._arrived.set()
+            else:
+                await self.control.send_frame(m.encode(m.Error(code, str(exc), -1, 0)))
             return
-        self.session.feed_bulk(msg.bulk_id, payload)
-        self._arrived.set()
-        # Both directions finished (ours now, the client's end next): QUIC and the
-        # connection free the stream's state at both ends.
-        await s.close()
+        # Both directions finished (ours now, the client's next): QUIC and the connection
+        # free the stream's state at both ends.
         with suppress(TransportError):
-            await s.receive_frame()
+            await s.close()
+            while await s.receive_frame() is not None:
+                pass
 
     async def _fetch(self, out: StartFetch) -> None:
         result: Any
         try:
             with trio.fail_after(FETCH_TIMEOUT):
-                host, _, port = out.source_address.rpartition(":")
-                conn = await self.ep.connect(out.source_peer, (host.strip("[]"), int(port)))
-                try:
-                    s = await conn.open_stream()
-                    me = str(self.ep.peer_id)
-                    await s.send_frame(m.encode(m.Fetch(0, me, "", out.token)))
-                    (msg,) = m.decode(await s.receive_frame() or b"")
-                    if isinstance(msg, m.Error):
-                        result = msg.message
-                    elif isinstance(msg, m.Data):
-                        payload = msg.data if not msg.bulk_id else await s.receive_frame()
-                        result = (msg.dtype, msg.shape, payload or b"")
-                    else:
-                        result = f"unexpected {type(msg).__name__} from the source"
-                finally:
-                    await conn.close("fetched", flush_timeout=2.0)
-        except (TransportError, ValueError, OSError, trio.TooSlowError) as exc:
+                result = await fetch_from(self.ep, self.session, out)
+        except (TransportError, ValueError, OSError, trio.TooSlowError, LimitExceeded) as exc:
             result = f"{type(exc).__name__}: {exc}"
         self.session.feed_fetched(out.tensor_id, result)
         self._arrived.set()
+
+
+async def fetch_from(ep: Endpoint, session: Session, out: StartFetch) -> Any:
+    """Destination side of a server-to-server move: dial the source, redeem the token, and
+    receive the tensor in chunks into a buffer charged to the session; (dtype, shape,
+    buffer), or the source's refusal as a string."""
+    host, _, port = out.source_address.rpartition(":")
+    conn = await ep.connect(out.source_peer, (host.strip("[]"), int(port)))
+    try:
+        s = await conn.open_stream()
+        await s.send_frame(m.encode(m.Fetch(0, str(ep.peer_id), "", out.token)))
+        (msg,) = m.decode(await s.receive_frame() or b"")
+        if isinstance(msg, m.Error):
+            return msg.message
+        if not isinstance(msg, m.Data):
+            return f"unexpected {type(msg).__name__} from the source"
+        if not msg.bulk_id:
+            buffer = np.frombuffer(msg.data, np.uint8).copy()
+            session.reserve(buffer.nbytes)
+            return (msg.dtype, msg.shape, buffer)
+        header = parse_header(await s.receive_frame())
+        session.reserve(header.size)
+        try:
+            rx = BulkReceive(header.bulk_id, header.size)
+            rx.start(header)
+            while not rx.done:
+                chunk = await s.receive_frame()
+                if chunk is None:
+                    raise TransportError(f"the source ended the transfer at {rx.received}")
+                ack = rx.feed(chunk)
+                if ack is not None:
+                    await s.send_frame(ack)
+        except BaseException:
+            session.release(header.size)
+            raise
+        return (msg.dtype, msg.shape, rx.buffer)
+    finally:
+        await conn.close("fetched", flush_timeout=2.0)
 
 
 def run(opts: ServeOptions, device: str) -> int:

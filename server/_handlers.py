@@ -15,6 +15,7 @@ import numpy as np
 from ..engine.executor import ExecutionError
 from ..protocol import dtypes
 from ..protocol import messages as m
+from ..protocol.bulk import byte_view
 from ..protocol.graph import GraphError
 from ._replies import Failure, Handler, Place, Reply, SendBulk, StartFetch, Wait
 from ._state import LimitExceeded
@@ -29,9 +30,7 @@ def upload(s: Any, msg: m.Upload, now: float) -> Reply:
     if msg.bulk_id:
         if msg.bulk_id not in s.bulk_in:
             return Wait("bulk", msg.bulk_id)
-        data = s.bulk_in.pop(msg.bulk_id)
-        if data is None:
-            raise Failure(m.MALFORMED, f"bulk {msg.bulk_id} of an Upload never arrived")
+        data = s.take_bulk(msg.bulk_id)
     s.put(msg.tensor_id, s.array(msg.dtype, msg.shape, data))
     return None
 
@@ -103,7 +102,9 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
     # Inputs the client drops with this very message (an optimizer's old weights) are
     # donated: they leave the store now and the graph frees them at their last use.
     dropping = set(msg.drops)
-    donated = [k for k, tid in enumerate(msg.input_ids) if tid in dropping]
+    donated = [
+        k for k, tid in enumerate(msg.input_ids) if tid in dropping and not s.being_sent(inputs[k])
+    ]
     s.drop(tuple(msg.input_ids[k] for k in donated))
     try:
         outs = s.state.run(plan, inputs, msg.values, donated)
@@ -119,13 +120,15 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
 
 
 def read(s: Any, msg: m.Read, now: float) -> Reply:
+    """Small values inline; larger ones as a transfer that reads the tensor's memory (no
+    copy on the CPU backend; the tensor is not donated to a graph while it is sent)."""
     host = np.ascontiguousarray(s.state.backend.to_numpy(s.get(msg.tensor_id)))
-    payload = host.tobytes()
     name = dtypes.from_numpy(host.dtype)
-    if len(payload) > m.BULK_THRESHOLD:
-        bulk_id = s.next_bulk_id()
-        return [m.Data(msg.request_id, name, host.shape, b"", bulk_id), SendBulk(bulk_id, payload)]
-    return [m.Data(msg.request_id, name, host.shape, payload, 0)]
+    limits = s.state.limits
+    if host.nbytes > limits.bulk_threshold:
+        send = s.send_bulk(byte_view(host), limits.bulk_chunk)
+        return [m.Data(msg.request_id, name, host.shape, b"", send.bulk_id), SendBulk(send)]
+    return [m.Data(msg.request_id, name, host.shape, host.tobytes(), 0)]
 
 
 def drop(s: Any, msg: m.Drop, now: float) -> Reply:
@@ -169,7 +172,8 @@ def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
     result = s.fetched.pop(tid)
     if isinstance(result, str):
         raise Failure(m.CAPABILITY, f"fetch from {msg.source_peer[:12]}... failed: {result}")
-    dtype, shape, data = result
+    dtype, shape, data = result  # data: a buffer the glue reserved
+    s.release(data.nbytes)
     s.put(tid, s.array(dtype, shape, data))
     return None
 
@@ -188,7 +192,8 @@ def _inline_execute(s: Any, msg: m.ExecuteGraph) -> float | None:
 def _inline_read(s: Any, msg: m.Read) -> float | None:
     """Reading a small tensor is a copy of at most BULK_THRESHOLD bytes."""
     a = s.store.get(msg.tensor_id)
-    return 0.0 if a is None or int(getattr(a, "nbytes", 0)) <= m.BULK_THRESHOLD else None
+    small = int(getattr(a, "nbytes", 0)) <= s.state.limits.bulk_threshold
+    return 0.0 if a is None or small else None
 
 
 HANDLERS: dict[type, Handler] = {

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..protocol import messages as m
+from ..protocol.bulk import BulkSend
 
 
 class Place(enum.Enum):
@@ -31,10 +32,10 @@ class Place(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SendBulk:
-    """Action: open a bulk stream, send ``Bulk{bulk_id}`` then ``payload``."""
+    """Action: send a transfer on a bulk stream (``Session.bulk_out`` keeps it until the
+    client acknowledged all of it, so a resumed connection continues it)."""
 
-    bulk_id: int
-    payload: bytes
+    send: BulkSend
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,9 +220,7 @@ async def run_session(
             return
         session, sc = claimed
         sc.stream, sc.broken = control, None
-        welcome = m.Welcome(
-            m.PROTOCOL_VERSION, session.id, token, state.peer_id, state.limits.as_welcome()
-        )
+        welcome = state.welcome(session.id, token)
         await control.send_frame(wrap(0, sc.applied, m.encode(welcome)))
         for frame in frames:
             await control.send_frame(frame)

@@ -11,6 +11,7 @@ object in memory.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..protocol import dtypes
 from ..protocol import messages as m
+from ..protocol.bulk import BulkReceive, BulkSend
 from ._handlers import HANDLERS
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._resume import new_resume_token
@@ -35,6 +37,10 @@ judged before each message from ``Handler.inline`` (a plan's last run time). Han
 step to a thread and back costs more than the step (a digits-MLP step took ~1000 us of
 server CPU through a thread, ~520 us inline); work not yet timed, or slower, always goes to
 a worker, so the loop never stalls other sessions for longer than this."""
+
+MAX_BULK_DONE = 4096
+"""Consumed bulk ids a session remembers, so a transfer resent after a lost final BulkAck is
+acknowledged instead of stored again."""
 
 _RUNS_AT = {
     None: frozenset(Place),
@@ -66,7 +72,18 @@ class Session:
         """Set when the connection must end (bad version, session limit)."""
         self.greeted = False
         self.queue: deque[m.Message] = deque()
-        self.bulk_in: dict[int, bytes | None] = {}
+        self.bulk_in: dict[int, Any] = {}
+        """Whole transfers not yet used by their Upload: bulk id -> buffer (None: given up;
+        a Failure: refused)."""
+        self.bulk_partial: dict[int, BulkReceive] = {}
+        """Transfers under way (kept while the session is parked, so they resume)."""
+        self.bulk_reserved = 0
+        """Bytes of transfers allocated and not yet stored as tensors (charged to the quota)."""
+        self._bulk_lock = threading.Lock()
+        """Guards ``bulk_reserved``: the network loop reserves, a worker thread releases."""
+        self.bulk_done: set[int] = set()
+        self.bulk_out: dict[int, BulkSend] = {}
+        """Transfers to the client not yet wholly acknowledged."""
         self.fetched: dict[int, Any] = {}
         self.waiting: tuple[str, int] | None = None
         """("bulk", bulk_id) or ("fetch", tensor_id) while ``step`` cannot go on."""
@@ -90,12 +107,99 @@ class Session:
             return
         self.queue.extend(msgs)
 
-    def feed_bulk(self, bulk_id: int, payload: bytes | None) -> None:
-        """A bulk stream's bytes (None: the glue gave up waiting for them)."""
-        self.bulk_in[bulk_id] = payload
+    def open_bulk(self, header: m.Bulk) -> BulkReceive | None:
+        """The receiver of a bulk stream that ``header`` opens, allocated (and charged to the
+        memory quota) on its first stream; None when that transfer is already whole.
+
+        Raises:
+            LimitExceeded: the transfer would not fit in the session's or server's memory.
+        """
+        bid = header.bulk_id
+        if bid in self.bulk_in or bid in self.bulk_done:
+            return None
+        rx = self.bulk_partial.get(bid)
+        if rx is None:
+            self.reserve(header.size)
+            rx = self.bulk_partial[bid] = BulkReceive(bid, header.size)
+        return rx
+
+    def reserve(self, size: int) -> None:
+        """Charge ``size`` bytes about to arrive to the session's quota (``release`` undoes).
+
+        Raises:
+            LimitExceeded: they would not fit in the session's or the server's memory.
+        """
+        limits, st = self.state.limits, self.state
+        with self._bulk_lock:
+            held = self.nbytes + self.bulk_reserved
+            if held + size > limits.session_memory:
+                raise LimitExceeded(
+                    f"a {size}-byte transfer exceeds the session memory quota: {held} bytes "
+                    f"held or arriving, session_memory {limits.session_memory}"
+                )
+            if st.bytes + size > limits.memory_limit:
+                raise LimitExceeded(
+                    f"a {size}-byte transfer exceeds the server memory limit {limits.memory_limit}"
+                )
+            self.bulk_reserved += size
+
+    def release(self, size: int) -> None:
+        with self._bulk_lock:
+            self.bulk_reserved -= size
+
+    def feed_bulk(self, bulk_id: int, buffer: Any) -> None:
+        """A transfer is whole (``buffer``), or the glue gave up waiting for it (None: what
+        arrived of it is freed, nothing is stored)."""
+        rx = self.bulk_partial.pop(bulk_id, None)
+        if buffer is None and rx is not None:
+            self.release(rx.size)
+        self.bulk_in[bulk_id] = buffer
+
+    def refuse_bulk(self, bulk_id: int, code: int, message: str) -> None:
+        """A transfer was refused (over quota, malformed): its Upload fails with this error
+        and nothing of it is kept."""
+        rx = self.bulk_partial.pop(bulk_id, None)
+        if rx is not None:
+            self.release(rx.size)
+        self.bulk_in[bulk_id] = Failure(code, message)
+
+    def take_bulk(self, bulk_id: int) -> Any:
+        """The whole transfer an Upload names (its reservation moves to the tensor).
+
+        Raises:
+            Failure: the transfer never came or was refused.
+        """
+        data = self.bulk_in.pop(bulk_id)
+        if data is None:
+            raise Failure(m.MALFORMED, f"bulk {bulk_id} of an Upload never arrived")
+        if isinstance(data, Failure):
+            raise data
+        self.release(data.nbytes)
+        if len(self.bulk_done) >= MAX_BULK_DONE:
+            self.bulk_done = set(sorted(self.bulk_done)[MAX_BULK_DONE // 2 :])
+        self.bulk_done.add(bulk_id)
+        return data
+
+    def send_bulk(self, data: Any, chunk: int) -> BulkSend:
+        """A new transfer to the client, kept until it acknowledged all of it."""
+        send = BulkSend(self.next_bulk_id(), data, chunk)
+        self.bulk_out[send.bulk_id] = send
+        return send
+
+    def bulk_sent(self, bulk_id: int) -> None:
+        """The client acknowledged all of an outgoing transfer."""
+        self.bulk_out.pop(bulk_id, None)
+
+    def being_sent(self, array: Any) -> bool:
+        """Whether a transfer to the client still reads ``array``'s memory (it must then not
+        be donated: the graph could overwrite it in place)."""
+        if not self.bulk_out or not isinstance(array, np.ndarray):
+            return False
+        return any(np.may_share_memory(array, b.keep) for b in self.bulk_out.values())
 
     def feed_fetched(self, tensor_id: int, result: Any) -> None:
-        """``result``: (dtype, shape, bytes) from the source server, or an error string."""
+        """``result``: (dtype, shape, buffer) from the source server, the buffer reserved
+        with ``reserve``; or an error string."""
         self.fetched[tensor_id] = result
 
     # --- processing -------------------------------------------------------------------------
@@ -208,16 +312,7 @@ class Session:
             self.closed = True
             raise
         self.greeted = True
-        return [
-            m.Welcome(
-                m.PROTOCOL_VERSION,
-                self.id,
-                self.resume_token,
-                self.state.peer_id,
-                self.state.limits.as_welcome(),
-                dict(self.state.extensions),
-            )
-        ]
+        return [self.state.welcome(self.id, self.resume_token)]
 
     # --- tensor store -----------------------------------------------------------------------
     def put(self, tensor_id: int, array: Any) -> None:
@@ -267,9 +362,15 @@ class Session:
         """Free everything this session holds (the client went away)."""
         self.drop(tuple(self.store))
         self.bulk_in.clear()
+        self.bulk_partial.clear()
+        self.bulk_out.clear()
+        self.fetched.clear()
+        self.bulk_reserved = 0
         self.state.close_session(self.id)
 
-    def array(self, dtype: str, shape: tuple[int, ...], data: bytes) -> Any:
+    def array(self, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
+        """A backend array from wire bytes: a bulk buffer becomes the tensor as it is (no
+        copy on the CPU backend); inline bytes are copied (they belong to the frame)."""
         try:
             dt = dtypes.to_numpy(dtype)
         except TypeError as exc:
@@ -280,7 +381,10 @@ class Session:
                 m.MALFORMED,
                 f"{dtype}{list(shape)} needs {count * dt.itemsize} bytes, got {len(data)}",
             )
-        host = np.frombuffer(data, dtype=dt).reshape(shape).copy()
+        if isinstance(data, np.ndarray):
+            host = data.view(dt).reshape(shape)
+        else:
+            host = np.frombuffer(data, dtype=dt).reshape(shape).copy()
         return self.state.backend.from_numpy(host)
 
 

@@ -17,6 +17,7 @@ from ..engine.backend import Backend, get_backend
 from ..engine.executor import PLAN_CACHE_SIZE, Executor, Plan
 from ..protocol import dtypes
 from ..protocol import messages as m
+from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, decode, validate
 
@@ -42,13 +43,25 @@ class Limits:
     plan_cache: int = PLAN_CACHE_SIZE
     """Compiled plans kept (LRU, shared by all sessions)."""
 
+    @property
+    def bulk_threshold(self) -> int:
+        """Tensor bytes above which data moves on bulk streams: BULK_THRESHOLD, less when a
+        small frame limit could not carry that much inline."""
+        return min(m.BULK_THRESHOLD, self.max_frame // 4)
+
+    @property
+    def bulk_chunk(self) -> int:
+        """Largest raw-bytes frame of a bulk stream towards this server."""
+        return min(m.BULK_CHUNK, self.max_frame)
+
     def as_welcome(self) -> dict[str, int]:
         return {
             "max_frame": self.max_frame,
             "max_tensors": self.max_tensors,
             "max_graphs": self.max_graphs,
             "session_memory": self.session_memory,
-            "bulk_threshold": m.BULK_THRESHOLD,
+            "bulk_threshold": self.bulk_threshold,
+            "bulk_chunk": self.bulk_chunk,
         }
 
 
@@ -76,6 +89,8 @@ class ServerState:
         """Op extensions this server runs (entry points loaded by `serve`), name -> version."""
         self.errors: dict[str, int] = {}
         """Errors by kind since start (``count_error``)."""
+        self.resume_grace = 0.0
+        """Seconds a session outlives a lost connection (set by `serve`; told in Welcome)."""
         self.jobs: Any = None
         """The job service (``server/jobs``) when the server has a data directory."""
         self.authorized: Any = None
@@ -179,8 +194,17 @@ class ServerState:
             del self._caps[token]
         return entry[1]
 
-    def serve_fetch(self, frame: bytes, peer_id: str) -> tuple[bytes, bytes | None]:
-        """Source side of a server-to-server move: Fetch frame in, (Data frame, bytes) out."""
+    def welcome(self, session_id: int, token: bytes) -> m.Welcome:
+        """The Welcome of a new or resumed session (the same fields either way)."""
+        limits = self.limits.as_welcome()
+        limits["resume_grace_ms"] = int(self.resume_grace * 1000)
+        return m.Welcome(
+            m.PROTOCOL_VERSION, session_id, token, self.peer_id, limits, dict(self.extensions)
+        )
+
+    def serve_fetch(self, frame: bytes, peer_id: str) -> tuple[bytes, BulkSend | None]:
+        """Source side of a server-to-server move: Fetch frame in, (Data frame, transfer)
+        out; the transfer reads the tensor's memory (no copy on the CPU backend)."""
         try:
             (msg,) = m.decode(frame)
             if not isinstance(msg, m.Fetch):
@@ -190,8 +214,8 @@ class ServerState:
             return m.encode(m.Error(m.CAPABILITY, str(exc), -1, 0)), None
         host = np.ascontiguousarray(self.backend.to_numpy(array))
         name = dtypes.from_numpy(host.dtype)
-        payload = host.tobytes()
-        return m.encode(m.Data(0, name, host.shape, b"", 1)), payload
+        send = BulkSend(1, byte_view(host), self.limits.bulk_chunk)
+        return m.encode(m.Data(0, name, host.shape, b"", 1)), send
 
 
 __all__ = ["LimitExceeded", "Limits", "ServerState"]

@@ -232,7 +232,10 @@ class BlockingConnection:
                         if room <= 0:
                             self._changed.wait()
                             continue
-                    quic.send_stream_data(stream_id, part[written : written + room])
+                    try:
+                        quic.send_stream_data(stream_id, part[written : written + room])
+                    except (RuntimeError, ValueError) as exc:  # the peer stopped or reset it
+                        raise TransportError(f"stream {stream_id} is closed: {exc}") from None
                     written += room
                     self._transmit()
 
@@ -240,7 +243,10 @@ class BlockingConnection:
         """End our side of a stream (the peer's side stays open until the peer ends it)."""
         with self._lock:
             self._check_open()
-            self._quic.send_stream_data(stream_id, b"", end_stream=True)
+            try:
+                self._quic.finish_stream(stream_id)
+            except (RuntimeError, ValueError) as exc:  # the peer stopped or reset it
+                raise TransportError(f"stream {stream_id} is closed: {exc}") from None
             self._transmit()
 
     def close(self, reason: str = "", *, flush_timeout: float = 5.0) -> None:

@@ -27,6 +27,7 @@ FRAME_PREFIX_SIZE = _PREFIX.size
 """Bytes of the length prefix in front of every frame."""
 
 _ERROR_FRAME_TOO_LARGE = 0x1
+_ERROR_REFUSED = 0x2
 
 
 class FrameStream:
@@ -98,10 +99,23 @@ class FrameStream:
                 await conn._send_space.park()
                 continue
             end = min(total, written + room)
-            quic.send_stream_data(self.stream_id, view[written:end])
+            try:
+                quic.send_stream_data(self.stream_id, view[written:end])
+            except (RuntimeError, ValueError) as exc:  # the peer stopped or reset it
+                raise TransportError(f"stream {self.stream_id} is closed: {exc}") from None
             self._partial = True
             written = end
             conn._transmit()
+
+    def stop_reading(self) -> None:
+        """Refuse the rest of this stream: the peer is asked to stop sending (STOP_SENDING)
+        and what it already sent is dropped; later reads raise TransportError."""
+        if self._error is None:
+            self._error = TransportError(f"stream {self.stream_id}: we stopped reading")
+            self._discard()
+            if self._conn._is_open():
+                self._conn._quic.stop_stream(self.stream_id, _ERROR_REFUSED)
+                self._conn._transmit()
 
     def _abort_send(self) -> None:
         if not self._send_closed and self._conn._is_open():
