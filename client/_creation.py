@@ -16,6 +16,25 @@ def _dev(device: Any) -> Device:
     return Device.cpu() if device is None else Device.parse(device)
 
 
+def device(spec: Any) -> Device:
+    """A device from its name: "cpu", "cuda:0", "opencl", or a server ("PEER@HOST:PORT",
+    or a peer id the address book knows), as `torch.device` is spelt."""
+    if isinstance(spec, Device):
+        return spec
+    if isinstance(spec, str) and spec.partition(":")[0] in _LOCAL_KINDS:
+        return Device.parse(spec)
+    from ._remote import RemoteDevice
+
+    return RemoteDevice(spec)
+
+
+_LOCAL_KINDS = ("cpu", "cuda", "opencl")
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return x.flatten(start_dim, end_dim)
+
+
 def manual_seed(seed: int) -> None:
     """Reset the default generator: weight init, unkeyed random draws, dropout keys and
     DataLoader shuffles all repeat after the same seed."""
