@@ -162,6 +162,6 @@ def test_not_exportable_ops_are_refused_with_their_reason(name):
     from burn_remote.onnx._trace import Trace, TraceNode
 
     tr = Trace({0: ((4,), "float32")}, [TraceNode(name, (0,), {}, (1,), (((4,), "float32"),))],
-               [0], {}, {}, [1], 0, False)  # fmt: skip
+               [0], {}, {}, [1], None)  # fmt: skip
     with pytest.raises(ExportError, match=name):
         _lower(tr, ["input"], ["output"], {})

@@ -6,7 +6,8 @@
 The model is traced on its device without running (the recorder holds its ops), in eval
 mode with LoRA merged; each primitive op is lowered through one table (`LOWERINGS`, keyed by
 registry names; `NOT_EXPORTABLE` says why the others are not). Axis 0 of every input is a
-symbolic "batch": sizes that follow it are found by tracing at three batch sizes and become
+symbolic "batch" by default; `dynamic_axes={"ids": {0: "batch", 1: "sequence"}}` names any
+others. Sizes that follow them (B, T, B * T...) are found by tracing at a few sizes and become
 Shape-based computations (see `_trace`). Weights above 2 GiB go to external data.
 
 Needs the `onnx` package (the `onnx` extra); onnxruntime is only needed to run the result.

@@ -57,14 +57,15 @@ class Op:
 class Emitter:
     """Collects ONNX nodes and initializers; names are fresh and never collide."""
 
-    def __init__(self, batch_source: str | None = None) -> None:
+    def __init__(self, sources: dict[str, tuple[str, int]] | None = None) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
-        self.batch_source = batch_source
+        self.sources = sources or {}
+        """Dynamic axis name -> (model input, axis) whose runtime size it is."""
         self._count = 0
         self._consts: dict[tuple, str] = {}
-        self._batch: str | None = None
-        self._dyn: dict[tuple[int, int], str] = {}
+        self._symbols: dict[str, str] = {}
+        self._dyn: dict[Any, str] = {}
         self._names: set[str] = set()
 
     def fresh(self, hint: str) -> str:
@@ -112,24 +113,30 @@ class Emitter:
             return name
         return self.node("Cast", [name], to=ONNX_DTYPES[dst])
 
-    def batch(self) -> str:
-        """A 1-element int64 tensor holding the runtime batch size."""
-        if self._batch is None:
-            if self.batch_source is None:
-                raise RuntimeError("a batch-dependent size needs a dynamic model input")
-            self._batch = self.node("Shape", [self.batch_source], start=0, end=1)
-        return self._batch
+    def symbol(self, name: str) -> str:
+        """A 1-element int64 tensor holding the runtime size of dynamic axis `name`."""
+        if name not in self._symbols:
+            if name not in self.sources:
+                raise RuntimeError(f"a size that follows {name!r} needs that dynamic input axis")
+            source, axis = self.sources[name]
+            self._symbols[name] = self.node("Shape", [source], start=axis, end=axis + 1)
+        return self._symbols[name]
 
     def _dyn_piece(self, d: Dyn) -> str:
-        key = (d.scale, d.offset)
-        if key not in self._dyn:
-            x = self.batch()
-            if d.scale != 1:
-                x = self.node("Mul", [x, self.const(np.array([d.scale], np.int64))])
-            if d.offset:
-                x = self.node("Add", [x, self.const(np.array([d.offset], np.int64))])
-            self._dyn[key] = x
-        return self._dyn[key]
+        """sum of coef * product of symbols, as a 1-element int64 tensor."""
+        if d.terms not in self._dyn:
+            total = None
+            for symbols, coef in d.terms:
+                x = None
+                for name in symbols:
+                    x = self.symbol(name) if x is None else self.node("Mul", [x, self.symbol(name)])
+                if x is None:
+                    x = self.const(np.array([coef], np.int64))
+                elif coef != 1:
+                    x = self.node("Mul", [x, self.const(np.array([coef], np.int64))])
+                total = x if total is None else self.node("Add", [total, x])
+            self._dyn[d.terms] = total
+        return self._dyn[d.terms]
 
     def ints(self, values: Sequence[Any]) -> str:
         """A 1-d int64 tensor of `values`; `Dyn` entries are computed from the batch size."""
@@ -156,6 +163,6 @@ def static(values: Sequence[Any], where: str) -> list[int]:
     out = []
     for v in values:
         if isinstance(v, Dyn):
-            raise ValueError(f"{where}: a size that follows the batch cannot be an attribute")
+            raise ValueError(f"{where}: a size that follows a dynamic axis cannot be an attribute")
         out.append(int(v))
     return out

@@ -24,7 +24,7 @@ from .._device import Device
 from .._tensor import Tensor
 from ._emit import ONNX_DTYPES, Emitter, Op
 from ._lowering import LOWERINGS, NOT_EXPORTABLE
-from ._trace import Dyn, ExportError, Trace, trace
+from ._trace import Axes, Dyn, ExportError, Trace, trace
 
 MIN_OPSET = 18
 MAX_INLINE_BYTES = 2**31
@@ -116,17 +116,44 @@ def _weight_names(model: Any, tr: Trace) -> dict[int, str]:
 
 
 def _value_info(name: str, spec: tuple[tuple[Any, ...], str]) -> onnx.ValueInfoProto:
-    shape = [
-        ("batch" if (d.scale, d.offset) == (1, 0) else None) if isinstance(d, Dyn) else d
-        for d in spec[0]
-    ]
+    """Dims that are exactly one dynamic axis carry its name; other moving dims none."""
+    shape = [d.symbol if isinstance(d, Dyn) else d for d in spec[0]]
     return helper.make_tensor_value_info(name, ONNX_DTYPES[spec[1]], shape)
+
+
+def _axes(
+    dynamic_axes: Any, dynamic_batch: bool, names: Sequence[str], arrays: Sequence[np.ndarray]
+) -> Axes | None:
+    """Per input, axis -> name: from `dynamic_axes` (keyed by input name or position; a
+    list of axes names them "<input>_dim<k>"), else axis 0 "batch" when `dynamic_batch`."""
+    if dynamic_axes is None:
+        return Axes(tuple({0: "batch"} for _ in arrays)) if dynamic_batch else None
+    unknown = [k for k in dynamic_axes if k not in names and k not in range(len(names))]
+    if unknown:
+        raise ExportError(f"dynamic_axes: no model input {unknown[0]!r}; inputs are {list(names)}")
+    per_input = []
+    for i, (name, a) in enumerate(zip(names, arrays)):
+        given = dynamic_axes.get(name, dynamic_axes.get(i, {}))
+        if not isinstance(given, dict):
+            given = {int(k): f"{name}_dim{int(k)}" for k in given}
+        axes = {}
+        for k, v in given.items():
+            if not -a.ndim <= int(k) < a.ndim:
+                raise ExportError(f"dynamic_axes: input {name!r} has no axis {k} (shape {a.shape})")
+            axes[int(k) % a.ndim] = str(v)
+        per_input.append(axes)
+    return Axes(tuple(per_input)) if any(per_input) else None
 
 
 def _lower(
     tr: Trace, input_names: Sequence[str], output_names: Sequence[str], weights: dict[int, str]
 ) -> onnx.GraphProto:
-    e = Emitter(batch_source=input_names[0] if tr.dynamic else None)
+    sources: dict[str, tuple[str, int]] = {}
+    if tr.axes is not None:
+        for name, axes in zip(input_names, tr.axes.per_input):
+            for axis, symbol in axes.items():
+                sources.setdefault(symbol, (name, axis))
+    e = Emitter(sources)
     names: dict[int, str] = {}
     for rel, name in zip(tr.model_inputs, input_names):
         e.reserve(name)
@@ -179,19 +206,23 @@ def to_onnx(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     dynamic_batch: bool = True,
+    dynamic_axes: dict[Any, Any] | None = None,
     opset: int = MIN_OPSET,
 ) -> onnx.ModelProto:
     """Trace `model_or_fn(*example)` and return the ONNX model (in memory, unchecked).
 
     Args:
         model_or_fn: an `nn.Module` or any function of tensors returning a tensor or a tuple.
-        example: one input (Tensor or array-like) or a tuple of them; axis 0 is the batch.
-        dynamic_batch: give axis 0 of every input the symbolic size "batch".
+        example: one input (Tensor or array-like) or a tuple of them.
+        dynamic_batch: without `dynamic_axes`, give axis 0 of every input the size "batch".
+        dynamic_axes: as torch.onnx.export's: input name (or position) -> {axis: name}, e.g.
+            `{"ids": {0: "batch", 1: "sequence"}}`; axes of one name share one size. The
+            outputs' dims that follow an axis carry its name.
         opset: the ONNX opset (18 or later: reductions take axes as inputs).
 
     Raises:
-        ExportError: an op has no lowering, or the graph depends on the batch in a way a
-            dynamic axis cannot express (then export with dynamic_batch=False).
+        ExportError: an op has no lowering, or the graph depends on a dynamic axis in a way
+            ONNX shapes cannot express (then export with fewer dynamic axes).
     """
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: the lowering needs {MIN_OPSET} or later")
@@ -199,10 +230,11 @@ def to_onnx(
     dev = _device_of(model_or_fn, examples)
     arrays = [np.asarray(x.numpy() if isinstance(x, Tensor) else x) for x in examples]
     arrays = [a.astype(np.float32) if a.dtype == np.float64 else a for a in arrays]
+    ins = _default_names(input_names, len(arrays), "input", "input_names")
+    axes = _axes(dynamic_axes, dynamic_batch, ins, arrays)
     with _inference_form(model_or_fn) as fn:
-        tr = trace(fn, dev, arrays, dynamic_batch)
+        tr = trace(fn, dev, arrays, axes)
         weights = _weight_names(fn, tr)
-    ins = _default_names(input_names, len(tr.model_inputs), "input", "input_names")
     outs = _default_names(output_names, len(tr.outputs), "output", "output_names")
     if set(ins) & set(outs) or set(ins + outs) & set(weights.values()):
         raise ExportError("input, output and weight names must all differ")
@@ -239,6 +271,7 @@ def export(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     dynamic_batch: bool = True,
+    dynamic_axes: dict[Any, Any] | None = None,
     opset: int = MIN_OPSET,
     max_inline_bytes: int = MAX_INLINE_BYTES,
 ) -> Path:
@@ -254,6 +287,7 @@ def export(
         input_names=input_names,
         output_names=output_names,
         dynamic_batch=dynamic_batch,
+        dynamic_axes=dynamic_axes,
         opset=opset,
     )
     save(model, path, max_inline_bytes)

@@ -1,13 +1,15 @@
-"""Tracing a model into a primitive graph for export, and finding which sizes follow the batch.
+"""Tracing a model into a primitive graph for export, and finding which sizes follow the
+dynamic axes.
 
-The recorded graph bakes the example's batch size into shape attributes (reshape, expand,
-full, slice bounds). To export a dynamic batch axis, the model is traced three times, at
-batches B, B+1 and B+2 (the example's rows repeated), and the three graphs are compared leaf
-by leaf: a value that is the same in all three is a constant; an integer that moves linearly
-with the batch becomes `Dyn(value, scale, offset)` (= scale * batch + offset), which the
-lowering turns into a Shape-based computation; anything else that moves (a float such as the
-1/B of a mean over the batch axis, or a graph whose structure changes) is refused with the
-op's name, since no static ONNX graph reproduces it.
+The recorded graph bakes the example's sizes into shape attributes (reshape, expand, full,
+slice bounds). Each dynamic axis has a name (a symbol: "batch", "sequence"); axes with the
+same name have the same size. To find what follows them, the model is traced again with each
+symbol one and two larger (the example's entries repeated along that axis) and with each pair
+of symbols one larger together, and the graphs are compared leaf by leaf: a value that never
+moves is a constant; an integer that moves linearly in each symbol (B, T, B * T...) becomes a
+`Dyn`, which the lowering turns into a Shape-based computation; anything else that moves (a
+float such as the 1/B of a mean over the batch axis, or a graph whose structure changes) is
+refused with the op's name, since no static ONNX graph reproduces it.
 """
 
 from __future__ import annotations
@@ -27,13 +29,63 @@ class ExportError(ValueError):
     """The model cannot be exported as asked; the message names the op and the reason."""
 
 
+Terms = tuple[tuple[tuple[str, ...], int], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Dyn:
-    """An integer that follows the batch size: scale * batch + offset (`value` at the example)."""
+    """An integer that follows the dynamic axes: the sum of coef * (product of the symbols)
+    over `terms` (the empty product is the constant); `value` is its size at the example."""
 
     value: int
-    scale: int
-    offset: int
+    terms: Terms
+
+    @property
+    def symbol(self) -> str | None:
+        """The axis name when this size is exactly one symbol (an ONNX dim_param)."""
+        if len(self.terms) == 1 and len(self.terms[0][0]) == 1 and self.terms[0][1] == 1:
+            return self.terms[0][0][0]
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Axes:
+    """The dynamic axes of the model inputs: per input, axis -> symbol name."""
+
+    per_input: tuple[dict[int, str], ...]
+
+    @property
+    def symbols(self) -> list[str]:
+        return sorted({s for axes in self.per_input for s in axes.values()})
+
+    def sizes(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
+        """Each symbol's size in the example; refuses axes of one name that differ."""
+        out: dict[str, int] = {}
+        for i, (a, axes) in enumerate(zip(arrays, self.per_input)):
+            for axis, name in axes.items():
+                if not -a.ndim <= axis < a.ndim:
+                    raise ExportError(f"dynamic axis {axis} of input {i}: it has {a.ndim} axes")
+                n = a.shape[axis]
+                if out.setdefault(name, n) != n:
+                    raise ExportError(
+                        f"dynamic axis {name!r} has size {out[name]} on one input and {n} on "
+                        f"input {i}: axes with one name must have one size"
+                    )
+                if n == 0:
+                    raise ExportError(f"dynamic axis {name!r} needs a non-empty example")
+        return out
+
+    def grow(self, arrays: Sequence[np.ndarray], delta: dict[str, int]) -> list[np.ndarray]:
+        """The example with each symbol's axes `delta[symbol]` longer (entries repeated)."""
+        out = []
+        for a, axes in zip(arrays, self.per_input):
+            for axis, name in axes.items():
+                extra = delta.get(name, 0)
+                if extra:
+                    n = a.shape[axis]
+                    a = np.take(a, np.arange(n + extra) % n, axis=axis)
+            out.append(a)
+        return out
 
 
 @dataclass(slots=True)
@@ -60,8 +112,8 @@ class Trace:
     weight_tensors: dict[int, int]
     """Relative id -> concrete tensor id of each weight (to name it after its parameter)."""
     outputs: list[int]
-    batch: int
-    dynamic: bool
+    axes: Axes | None
+    """The dynamic axes of the model inputs (None: every size fixed)."""
 
 
 def _flatten(out: Any) -> list[Tensor]:
@@ -97,75 +149,126 @@ def _record(fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray]):
     return capture, in_rel, out_rel
 
 
-def _merge(where: str, leaves: Sequence[Any], batch: int) -> Any:
-    """One leaf of the three traces: a constant, a `Dyn`, or an ExportError."""
-    v0, v1, v2 = leaves
+Point = tuple[int, ...]
+"""How much larger each symbol is in one trace (in `Axes.symbols` order)."""
+
+
+def _points(k: int) -> list[Point]:
+    """The example, each symbol +1 and +2, each pair of symbols +1 together."""
+    unit = [tuple(int(j == i) for j in range(k)) for i in range(k)]
+    pts: list[Point] = [(0,) * k]
+    pts += unit + [tuple(2 * x for x in u) for u in unit]
+    pts += [
+        tuple(a + b for a, b in zip(unit[i], unit[j])) for i in range(k) for j in range(i + 1, k)
+    ]
+    return pts
+
+
+def _fit(where: str, leaves: dict[Point, Any], names: Sequence[str], sizes: Sequence[int]) -> Any:
+    """One leaf over the traces: a constant, a `Dyn`, or an ExportError."""
+    zero = (0,) * len(names)
+    v0 = leaves[zero]
+    values = list(leaves.values())
     if isinstance(v0, tuple):
-        if not all(isinstance(v, tuple) and len(v) == len(v0) for v in leaves):
-            raise ExportError(f"{where}: changes shape with the batch size")
-        return tuple(_merge(where, parts, batch) for parts in zip(v0, v1, v2))
-    if type(v0) is type(v1) is type(v2) and v0 == v1 == v2:
+        if not all(isinstance(v, tuple) and len(v) == len(v0) for v in values):
+            raise ExportError(f"{where}: changes shape with a dynamic axis")
+        return tuple(
+            _fit(where, {p: v[i] for p, v in leaves.items()}, names, sizes) for i in range(len(v0))
+        )
+    if all(type(v) is type(v0) and v == v0 for v in values):
         return v0
-    if all(type(v) is int for v in leaves):
-        scale = v1 - v0
-        offset = v0 - scale * batch
-        if v2 == scale * (batch + 2) + offset:
-            return Dyn(v0, scale, offset)
-    raise ExportError(
-        f"{where}: {v0!r} at batch {batch} becomes {v1!r} at batch {batch + 1}, which a "
-        "dynamic batch axis cannot express; export with dynamic_batch=False"
+    if not all(type(v) is int for v in values):
+        moved = next(p for p, v in leaves.items() if v != v0)
+        raise _unexpressible(where, v0, leaves[moved], names, moved)
+    k = len(names)
+    unit = [tuple(int(j == i) for j in range(k)) for i in range(k)]
+    slope = [leaves[u] - v0 for u in unit]
+    for i, u in enumerate(unit):
+        two = tuple(2 * x for x in u)
+        if leaves[two] != v0 + 2 * slope[i]:
+            raise _unexpressible(where, v0, leaves[two], names, two)
+    cross = {}
+    for i in range(k):
+        for j in range(i + 1, k):
+            both = tuple(a + b for a, b in zip(unit[i], unit[j]))
+            c = leaves[both] - v0 - slope[i] - slope[j]
+            if c:
+                cross[(i, j)] = c
+    # v = c0 + sum a_i x_i + sum c_ij x_i x_j, with x = sizes + point (exact when multilinear)
+    linear = list(slope)
+    for (i, j), c in cross.items():
+        linear[i] -= c * sizes[j]
+        linear[j] -= c * sizes[i]
+    const = v0 - sum(a * n for a, n in zip(linear, sizes))
+    const -= sum(c * sizes[i] * sizes[j] for (i, j), c in cross.items())
+    terms = [((names[i],), a) for i, a in enumerate(linear) if a]
+    terms += [((names[i], names[j]), c) for (i, j), c in cross.items()]
+    if const:
+        terms.append(((), const))
+    return Dyn(v0, tuple(terms))
+
+
+def _unexpressible(where: str, v0: Any, v: Any, names: Sequence[str], p: Point) -> ExportError:
+    grown = ", ".join(f"{n}+{d}" for n, d in zip(names, p) if d)
+    return ExportError(
+        f"{where}: {v0!r} at the example becomes {v!r} at {grown}, which dynamic axes cannot "
+        "express; export with fewer dynamic axes (dynamic_batch=False for none)"
     )
 
 
-def _rows(a: np.ndarray, n: int) -> np.ndarray:
-    return np.take(a, np.arange(n) % a.shape[0], axis=0)
-
-
-def trace(fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray], dynamic: bool) -> Trace:
-    """Record `fn(*arrays)` without running it; with `dynamic`, find what follows the batch."""
-    batch = 0
-    if dynamic:
-        if any(a.ndim == 0 for a in arrays) or len({a.shape[0] for a in arrays}) != 1:
-            raise ExportError("dynamic_batch needs every model input to share a leading axis")
-        batch = arrays[0].shape[0]
-        if batch == 0:
-            raise ExportError("dynamic_batch needs a non-empty example batch")
+def trace(
+    fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray], axes: Axes | None
+) -> Trace:
+    """Record `fn(*arrays)` without running it; with dynamic `axes`, find what follows them."""
+    names = axes.symbols if axes is not None else []
+    sizes = axes.sizes(arrays) if axes is not None else {}
     capture, in_rel, out_rel = _record(fn, dev, arrays)
-    graphs = [capture.graph]
-    if dynamic:
-        for extra in (1, 2):
-            more, in_more, out_more = _record(fn, dev, [_rows(a, batch + extra) for a in arrays])
-            if (in_more, out_more) != (in_rel, out_rel):
-                raise ExportError("the model's graph changes with the batch size")
-            graphs.append(more.graph)
-    g0 = graphs[0]
-    if any(len(g.nodes) != len(g0.nodes) or len(g.inputs) != len(g0.inputs) for g in graphs[1:]):
-        raise ExportError("the model's graph changes with the batch size")
+    points = _points(len(names))
+    graphs = {points[0]: capture.graph}
+    for p in points[1:]:
+        delta = dict(zip(names, p))
+        try:
+            more, in_more, out_more = _record(fn, dev, axes.grow(arrays, delta))
+        except ExportError:
+            raise
+        except Exception as exc:
+            grown = ", ".join(f"{n}+{d}" for n, d in delta.items() if d)
+            raise ExportError(
+                f"tracing the model at {grown} (to find what follows the dynamic axes) "
+                f"failed: {exc}; export from an example that leaves room on those axes"
+            ) from None
+        if (in_more, out_more) != (in_rel, out_rel):
+            raise ExportError("the model's graph changes with a dynamic axis")
+        graphs[p] = more.graph
+    g0 = capture.graph
+    gs = list(graphs.values())
+    if any(len(g.nodes) != len(g0.nodes) or len(g.inputs) != len(g0.inputs) for g in gs[1:]):
+        raise ExportError("the model's graph changes with a dynamic axis")
+    n_list = [sizes[n] for n in names]
+    fit = lambda where, leaves: _fit(where, dict(zip(graphs, leaves)), names, n_list)  # noqa: E731
     specs: dict[int, tuple[tuple[Any, ...], str]] = {}
     for i in range(len(g0.inputs)):
-        specs[i] = _merge_spec(f"input {i}", [g.inputs[i] for g in graphs], batch)
+        specs[i] = _merge_spec(f"input {i}", [g.inputs[i] for g in gs], fit)
     nodes = []
     rel = len(g0.inputs)
     values = iter(capture.values)
     for index, node in enumerate(g0.nodes):
         where = f"node {index} ({node.op})"
-        others = [g.nodes[index] for g in graphs]
+        others = [g.nodes[index] for g in gs]
         if any(
             (o.op, o.inputs, [k for k, _ in o.attrs])
             != (node.op, node.inputs, [k for k, _ in node.attrs])
             for o in others
         ):
-            raise ExportError(f"{where}: the model's graph changes with the batch size")
+            raise ExportError(f"{where}: the model's graph changes with a dynamic axis")
         attrs = {
-            key: _merge(f"{where} attribute {key!r}", [dict(o.attrs)[key] for o in others], batch)
-            if dynamic
-            else value
-            for key, value in node.attrs
+            key: fit(f"{where} attribute {key!r}", [dict(o.attrs)[key] for o in others])
+            for key, _ in node.attrs
         }
         outs = tuple(range(rel, rel + len(node.outputs)))
         rel += len(node.outputs)
         out_specs = tuple(
-            _merge_spec(where, [o.outputs[k] for o in others], batch)
+            _merge_spec(where, [o.outputs[k] for o in others], fit)
             for k in range(len(node.outputs))
         )
         specs.update(zip(outs, out_specs))
@@ -178,15 +281,15 @@ def trace(fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray], dynami
     }
     rec = dev._rec
     weights = {i: np.asarray(rec.read(tid)) for i, tid in weight_tensors.items()}
-    return Trace(specs, nodes, in_rel, weights, weight_tensors, out_rel, batch, dynamic)
+    return Trace(specs, nodes, in_rel, weights, weight_tensors, out_rel, axes)
 
 
-def _merge_spec(where: str, specs: Sequence[Any], batch: int) -> tuple[tuple[Any, ...], str]:
+def _merge_spec(where: str, specs: Sequence[Any], fit: Any) -> tuple[tuple[Any, ...], str]:
     if len(specs) == 1:
         return tuple(specs[0][0]), specs[0][1]
     if len({s[1] for s in specs}) != 1:
-        raise ExportError(f"{where}: the dtype changes with the batch size")
-    return _merge(where, [tuple(s[0]) for s in specs], batch), specs[0][1]
+        raise ExportError(f"{where}: the dtype changes with a dynamic axis")
+    return fit(where, [tuple(s[0]) for s in specs]), specs[0][1]
 
 
 def _prune(nodes: list[TraceNode], outputs: Sequence[int]) -> list[TraceNode]:

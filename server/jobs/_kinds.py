@@ -83,7 +83,7 @@ def run_training(ctx: Any) -> dict[str, Path]:
 
 def run_export(ctx: Any) -> dict[str, Path]:
     """onnx_export: the model (with its adapter merged) traced on an example of the given
-    shape; axis 0 is the dynamic batch."""
+    shape; the spec's `dynamic_axes` (default: axis 0, "batch") may follow at run time."""
     from burn_remote.onnx import export
 
     spec, dev = ctx.spec, ctx.device
@@ -99,7 +99,9 @@ def run_export(ctx: Any) -> dict[str, Path]:
         example = example.astype(np.float32)
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
-    kwargs = {"opset": spec["opset"]} if spec["opset"] else {}
+    kwargs: dict = {"opset": spec["opset"]} if spec["opset"] else {}
+    if spec["dynamic_axes"]:
+        kwargs["dynamic_axes"] = {0: {int(k): v for k, v in spec["dynamic_axes"].items()}}
     export(model, example, out / "model.onnx", **kwargs)
     ctx.progress(1, None)
     return {p.name: p for p in sorted(out.iterdir())}

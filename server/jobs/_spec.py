@@ -131,6 +131,17 @@ def str_or_list(v: Any, path: str) -> str | list[str]:
     raise _fail(path, "a string or an array of strings", v)
 
 
+def axis_names(v: Any, path: str) -> dict[str, str]:
+    """Dynamic axes of the example: {"0" = "batch", "1" = "sequence"} (TOML keys are text)."""
+    if type(v) is not dict or not v or len(v) > 8:
+        raise _fail(path, 'a table of 1..8 axes such as {"0" = "batch", "1" = "sequence"}', v)
+    for k, name in v.items():
+        if not (type(k) is str and k.isdigit() and int(k) < 8):
+            raise _fail(f"{path}.{k}", "an axis number 0..7 as the key", k)
+        string(name, f"{path}.{k}")
+    return dict(v)
+
+
 def opt(check: Check) -> Check:
     """None (absent) allowed."""
     return lambda v, path: None if v is None else check(v, path)
@@ -296,6 +307,7 @@ SCHEMAS: dict[str, Check] = {
             "model": (MODEL, _REQUIRED),
             "example_shape": (list_of(pos_int, 1, 8), _REQUIRED),
             "example_dtype": (opt(one_of("float32", "int64")), None),
+            "dynamic_axes": (opt(axis_names), None),
             "opset": (opt(pos_int), None),
         }
     ),

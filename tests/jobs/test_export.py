@@ -22,14 +22,15 @@ def run_onnx(path, x):
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
 
-def export_job(jobs, model_ref, example_shape, tmp, **model):
-    job = jobs.submit(
-        {
-            "kind": "onnx_export",
-            "model": {"weights": model_ref, **model},
-            "example_shape": example_shape,
-        }
-    )
+def export_job(jobs, model_ref, example_shape, tmp, dynamic_axes=None, **model):
+    spec = {
+        "kind": "onnx_export",
+        "model": {"weights": model_ref, **model},
+        "example_shape": example_shape,
+    }
+    if dynamic_axes is not None:
+        spec["dynamic_axes"] = dynamic_axes
+    job = jobs.submit(spec)
     assert job.wait(timeout=60)["state"] == "succeeded"
     return job.fetch(tmp)["model.onnx"]
 
@@ -127,3 +128,9 @@ def test_lora_job_then_export_tiny_gpt_with_the_adapter(base, spawn, tmp_path):
     ref = model(DEV.tensor(ids)).numpy()
     assert np.abs(ref).max() > 0
     assert np.abs(run_onnx(onnx_path, ids) - ref).max() <= TOL
+    # named dynamic axes: exported at length 8, run at 12
+    axes = {"0": "batch", "1": "sequence"}
+    onnx_path = export_job(jobs, weights_ref, [2, 8], tmp_path / "gpt-dyn", axes, n_head=2,
+                           adapter=f"job:{tune.id}")  # fmt: skip
+    short = ids[:, :12]
+    assert np.abs(run_onnx(onnx_path, short) - model(DEV.tensor(short)).numpy()).max() <= TOL
