@@ -191,6 +191,9 @@ class Link:
         if send.done or self._out.get(send.bulk_id) is not send:
             return
         send.chunk = self._bulk_chunk()
+        if send.acked:
+            with self.cond:
+                self.protocol.counters.bulk_resumed += 1
         try:
             sid = conn.open_stream()
             self._out_streams[sid] = send

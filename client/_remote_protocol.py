@@ -45,6 +45,8 @@ class Counters:
     replays: int = 0
     reregistrations: int = 0
     errors: int = 0
+    bulk_resumed: int = 0
+    """Transfers continued on a new connection after a lost link (from their last ack)."""
 
 
 @dataclass(slots=True)

@@ -47,7 +47,7 @@ server whose frame limit is smaller announces a smaller threshold in Welcome.lim
 BULK_CHUNK = 1024 * 1024
 """Largest raw-bytes frame on a bulk stream: a tensor moves as a sequence of these, each
 written into its destination buffer as it arrives."""
-BULK_ACK_EVERY = 8 * 1024 * 1024
+BULK_ACK_EVERY = 2 * 1024 * 1024
 """The receiver of a bulk transfer sends BulkAck at least this often (in bytes) and at the
 end; after a lost link the sender continues from the last acknowledged offset."""
 
