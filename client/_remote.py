@@ -12,7 +12,7 @@ import os
 import threading
 import tomllib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +118,31 @@ class RemoteRuntime:
 
     def _call(self, kind: type, *fields: Any) -> Any:
         """Queue a request, send everything pending, wait for the reply; raise server errors."""
+        return self._wait(self._ask(kind, *fields))
+
+    def call_many(self, calls: Iterable[tuple[Any, ...]], window: int) -> Iterator[Any]:
+        """Pipelined requests ``(kind, *fields)``: up to ``window`` in flight at once (a
+        round trip per window, not per request); yields the replies in order and raises the
+        first error (requests after it may have been sent)."""
+        waiting: deque[int] = deque()
+        calls = iter(calls)
+        while True:
+            while len(waiting) < window and (call := next(calls, None)) is not None:
+                waiting.append(self._ask(*call))
+            if not waiting:
+                return
+            yield self._wait(waiting.popleft())
+
+    def _ask(self, kind: type, *fields: Any) -> int:
+        """Queue a request and send everything pending; its request id."""
         with self.cond:
             self._check()
             rid = self.proto.request(kind, *fields)
         self.link.kick()
+        return rid
+
+    def _wait(self, rid: int) -> Any:
+        """The reply to request ``rid`` (server errors raised)."""
         with self.cond:
             proto = self.proto
             done = self.cond.wait_for(
