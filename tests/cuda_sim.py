@@ -529,6 +529,9 @@ def simulated_cuda(devices: int = 1):
     try:
         yield state
     finally:
+        from burn_remote.engine import extensions
+
+        extensions._LIVE[:] = [b for b in extensions._LIVE if not isinstance(b, SimCupyBackend)]
         memory_cupy._INSTALLED = None
         for k, v in saved.items():
             if v is None:

@@ -1,0 +1,89 @@
+"""The shared op suites (forward, gradients, indexing, dtypes) on the simulated GPU.
+
+Every test of those files that takes the `device` fixture runs here once more, with each of
+its parameter sets, on the real CUDA backend over tests/cuda_sim.py: the NumPy-shaped
+kernels then make their array-module calls as they would on CuPy, and each call is checked
+against CuPy's own signature (a keyword CuPy lacks, a ufunc method it lacks or a dtype
+`scatter_add` refuses fails the case). The results are checked by the suites' own oracles.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cupy", reason="CuPy is not installed (make test installs it)")
+
+SUITES = (
+    "test_ops_forward",
+    "test_ops_forward_nn",
+    "test_ops_forward_shape",
+    "test_ops_grad",
+    "test_indexing",
+    "test_dtypes",
+)
+FIXTURES = {"device", "rng", "close"}
+"""Fixtures the simulated runs provide; tests that need others are left to their suites."""
+
+
+def _param_sets(fn) -> list[dict]:
+    sets: list[list[dict]] = []
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names, values = mark.args[0], mark.args[1]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        rows = []
+        for v in values:
+            v = v.values if hasattr(v, "values") and not isinstance(v, dict) else v
+            v = v if len(names) > 1 else (v[0] if isinstance(v, tuple) and len(v) == 1 else v,)
+            rows.append(dict(zip(names, v)))
+        sets.append(rows)
+    return [
+        dict(itertools.chain.from_iterable(d.items() for d in combo))
+        for combo in itertools.product(*sets)
+    ] or [{}]
+
+
+def _cases() -> list:
+    cases = []
+    for module_name in SUITES:
+        module = importlib.import_module(module_name)
+        for name, fn in sorted(vars(module).items()):
+            if not name.startswith("test_") or not callable(fn):
+                continue
+            params = set(inspect.signature(fn).parameters)
+            for n, kwargs in enumerate(_param_sets(fn)):
+                if "device" not in params or not params - set(kwargs) <= FIXTURES:
+                    continue
+                marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "skip"]
+                cases.append(
+                    pytest.param(fn, kwargs, id=f"{module_name}::{name}[{n}]", marks=marks)
+                )
+    return cases
+
+
+CASES = _cases()
+
+
+def test_the_suites_are_collected():
+    assert len(CASES) > 150, len(CASES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn,kwargs", CASES)
+def test_suite_case_on_simulated_cuda(fn, kwargs, monkeypatch):
+    from conftest import assert_close
+    from cuda_sim import SimCupyBackend, sim_device, simulated_cuda
+
+    monkeypatch.delenv("BURN_REMOTE_POOL", raising=False)
+    with simulated_cuda():
+        dev = sim_device(SimCupyBackend(0, cupy=sys.modules["cupy"]))
+        fixtures = {"device": dev, "rng": np.random.default_rng(1234), "close": assert_close}
+        wanted = set(inspect.signature(fn).parameters) - set(kwargs)
+        fn(**kwargs, **{k: fixtures[k] for k in wanted})
