@@ -42,7 +42,8 @@ bench: $(STAMP)
 # Without a GPU it runs the offline checks, says that it needs one and exits non-zero.
 gpu-check: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[cuda,onnx]'
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_cuda_offline.py tests/test_cuda_sim.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_cuda_offline.py tests/test_cuda_sim.py \
+		tests/test_cuda_sim_suites.py
 	@$(BIN)/python bench/gpu.py --need-gpu || { \
 		echo "make gpu-check: the offline CUDA checks passed; the rest needs a CUDA GPU."; exit 2; }
 	BURN_REMOTE_REQUIRE_CUDA=1 timeout 330 $(BIN)/python -m pytest -q -p no:cacheprovider \

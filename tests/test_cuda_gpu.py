@@ -61,6 +61,10 @@ def test_replayed_steps_reserve_no_device_memory(gpu):
         counts.append(sum(r.page_allocs + r.page_releases for r in stats.pools))
         if step == 20:
             break
+    from burn_remote.engine.memory import installed_allocator
+
+    assert gpu._rec.runtime.backend.memory is installed_allocator().memories[0]
+    assert counts[0] > 0, "the pool reserved nothing: is it CuPy's allocator?"
     assert counts[-1] == counts[0], f"page reservations/releases per step: {counts}"
 
 

@@ -119,3 +119,16 @@ def test_the_check_fails_on_a_broken_kernel(monkeypatch):
     assert broken and all(label.startswith("exp(") for label in broken), broken
     assert any(label.startswith("log(") for label in (s.label for s in sources))
     assert all('identifier "expp" is undefined' in f.log for f in failures)
+
+
+def test_bench_gpu_names_why_a_run_failed():
+    """bench/gpu.py prints `error[n]` in a cell and the child's reason under the table."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import gpu as bench_gpu
+
+    result = bench_gpu.spawn("cuda:7", "mlp", "smoke", 1, True, True)
+    assert "error" in result and "mlp on cuda:7" in result["error"]
+    assert "cuda:7" in result["error"].split(":", 2)[-1], result["error"]
+    table = bench_gpu.Table()
+    assert table.cell(result, "ms") == "error[1]" and table.errors == [result["error"]]
+    assert table.cell({"ms": 1.5, "peak": 2**20}, "ms") == "1.50 ms"

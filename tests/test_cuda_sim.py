@@ -147,6 +147,23 @@ def test_other_streams_reuse_freed_blocks_only_after_their_work(sim, gpu):
     assert alloc.pending() == 0
 
 
+def test_a_pool_installed_for_a_while_gives_the_device_back(sim, gpu):
+    from burn_remote.engine.memory import (
+        CupyPageAllocator,
+        DeviceMemory,
+        install_cupy_allocator,
+        installed_allocator,
+        uninstall_cupy_allocator,
+    )
+
+    backend = gpu._rec.runtime.backend
+    other = DeviceMemory("cuda:0", CupyPageAllocator(0))
+    install_cupy_allocator(other)
+    assert installed_allocator().memories[0] is other
+    uninstall_cupy_allocator(other)
+    assert installed_allocator().memories[0] is backend.memory
+
+
 def test_two_devices_keep_their_pools_and_streams_apart(sim, monkeypatch):
     sim.devices = 2
     cp = sys.modules["cupy"]

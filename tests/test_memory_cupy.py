@@ -44,4 +44,4 @@ def test_cupy_kernels_allocate_from_the_pool(memory):
         del a, b
         assert memory.memory_stats().in_use == 0
     finally:
-        uninstall_cupy_allocator()
+        uninstall_cupy_allocator(memory)  # a CUDA backend's own pool stays installed

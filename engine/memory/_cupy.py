@@ -104,6 +104,8 @@ class CupyAllocator:
     def __init__(self, cp: Any) -> None:
         self.cp = cp
         self.memories: dict[int, Any] = {}
+        """Device id -> the pool CuPy allocates from there (the last installed)."""
+        self._installed: dict[int, list[Any]] = {}
         self.lock = threading.Lock()
         self._frees: dict[int, _StreamFrees] = {}
         self.cross_stream_waits = 0
@@ -200,7 +202,9 @@ def install_cupy_allocator(memory: Any) -> CupyAllocator:
     cp = _cupy()
     if _INSTALLED is None or _INSTALLED.cp is not cp:
         _INSTALLED = CupyAllocator(cp)
-    _INSTALLED.memories[memory.source.pages.device_id] = memory
+    device_id = memory.source.pages.device_id
+    _INSTALLED._installed.setdefault(device_id, []).append(memory)
+    _INSTALLED.memories[device_id] = memory
     cp.cuda.set_allocator(_INSTALLED.malloc)
     return _INSTALLED
 
@@ -211,15 +215,18 @@ def installed_allocator() -> CupyAllocator | None:
 
 
 def uninstall_cupy_allocator(memory: Any = None) -> None:
-    """Take `memory`'s device off the dispatcher (every device if None); with none left,
-    give CuPy its default memory pool back."""
+    """Take `memory` off the dispatcher (its device goes back to the pool installed before
+    it, if any); None takes every pool off. With none left, CuPy gets its default pool."""
     global _INSTALLED
     cp = _cupy()
     if _INSTALLED is not None:
         if memory is None:
-            _INSTALLED.memories.clear()
+            _INSTALLED._installed.clear()
         else:
-            _INSTALLED.memories.pop(memory.source.pages.device_id, None)
+            stack = _INSTALLED._installed.get(memory.source.pages.device_id, [])
+            if memory in stack:
+                stack.remove(memory)
+        _INSTALLED.memories = {d: s[-1] for d, s in _INSTALLED._installed.items() if s}
         if _INSTALLED.memories:
             return
     _INSTALLED = None
