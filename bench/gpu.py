@@ -223,6 +223,10 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(out))
 
 
+DEADLINE: list[float] = []
+"""Monotonic time by which the table must be done (--budget); empty: no limit."""
+
+
 def spawn(device: str, model: str, sizes: str, steps: int, fusion: bool, pool: bool):
     env = {**os.environ, "BURN_REMOTE_FUSION": "1" if fusion else "0"}
     env["BURN_REMOTE_POOL"] = "1" if pool else "0"
@@ -230,10 +234,15 @@ def spawn(device: str, model: str, sizes: str, steps: int, fusion: bool, pool: b
     cmd += ["--sizes", sizes, "--steps", str(steps)]
     what = f"{model} on {device} (fusion {'on' if fusion else 'off'}, "
     what += f"{'adaptive' if pool else 'default'} pool)"
+    limit = float(CHILD_TIMEOUT_S)
+    if DEADLINE:
+        limit = min(limit, DEADLINE[0] - time.monotonic())
+        if limit < 5:
+            return {"error": "not run: the time budget (--budget) was spent"}
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
     except subprocess.TimeoutExpired:
-        return {"error": f"{what}: no result within {CHILD_TIMEOUT_S} s"}
+        return {"error": f"{what}: no result within {limit:.0f} s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -271,6 +280,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--smoke", action="store_true", help="small models on OpenCL/CPU")
     ap.add_argument("--need-gpu", action="store_true", help="exit 2 (and say why) without CUDA")
+    ap.add_argument(
+        "--budget", type=float, default=None, metavar="S", help="finish the table within S seconds"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda:0", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
@@ -286,6 +298,8 @@ def main() -> int:
             return 2
         return 0
     smoke = args.smoke or why is not None
+    if args.budget is not None:
+        DEADLINE.append(time.monotonic() + args.budget)
     if why is not None:
         print(f"bench/gpu.py: no CUDA here ({why}); running the OpenCL/CPU parts only.\n")
     sizes = "smoke" if smoke else "full"
