@@ -27,9 +27,6 @@ from ._pages import Page, _CountingAllocator
 _CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
 """cudaMemcpyKind value for device-to-device copies."""
 
-_DEFAULT_STREAM_PTRS = (0, 1, 2)
-"""Stream handles of CUDA's legacy (0, 1) and per-thread (2) default streams."""
-
 
 def _cupy() -> Any:
     try:
