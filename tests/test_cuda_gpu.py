@@ -138,6 +138,20 @@ def test_linalg_and_signal_on_cuda_match_the_cpu(gpu, rng):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_host_fallback_reads_what_the_plan_wrote(gpu, rng):
+    """An extension op with only a NumPy kernel runs as a host copy in the middle of a plan:
+    the copy must wait for the matmuls queued before it on the plan's stream."""
+    from extdemo_ops import scale_shift
+
+    x = (rng.standard_normal((1024, 1024)) / 32).astype(np.float32)
+    out = {}
+    for dev in (gpu, Device.cpu()):
+        t = dev.tensor(x)
+        y = t @ t @ t @ t  # keeps the stream busy when the fallback copies
+        out[dev.spec] = (scale_shift(y, scale=3.0, shift=1.0) @ t).numpy()
+    np.testing.assert_allclose(out["cuda:0"], out["cpu"], rtol=1e-4, atol=1e-4)
+
+
 def test_sessions_on_other_streams_share_plans_and_constants(gpu):
     """One plan (with a constant) compiled by one session and replayed concurrently by
     others on their own streams: every result is right."""

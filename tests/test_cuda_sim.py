@@ -125,6 +125,15 @@ def test_every_constant_upload_and_read_is_on_the_plans_stream(sim, gpu):
         sim.log.clear()
         fallback(backend.from_numpy(np.ones(3, np.float32)))
     assert {s for _, s, _ in sim.log} == {stream}
+    # end to end: an extension op with only a NumPy kernel inside a plan
+    from extdemo_ops import scale_shift
+
+    extensions.install(base)
+    assert getattr(base.kernels[scale_shift.wire], "host_fallback", False)
+    sim.log.clear()
+    y = scale_shift(t * 2.0, scale=3.0, shift=1.0) + 1.0
+    np.testing.assert_array_equal(y.numpy(), np.arange(6) * 6.0 + 2.0)
+    assert {s for e, s, _ in sim.log if e != "record"} == {stream}
 
 
 def test_other_streams_reuse_freed_blocks_only_after_their_work(sim, gpu):
