@@ -141,7 +141,7 @@ class ClientProtocol:
             if len(self.known) >= MAX_KNOWN_GRAPHS:
                 self.known.clear()
             graph = capture.graph.encode()
-            self._queue(m.RegisterGraph(digest, graph), size=len(graph))
+            self._queue(m.RegisterGraph(self._next_rid(), digest, graph), size=len(graph))
             self.known.add(digest)
             self.counters.graphs_registered += 1
         else:
@@ -306,7 +306,8 @@ class ClientProtocol:
         keep = entries[:start]
         resend = [e for e in entries[start:] if not isinstance(e.msg, m.Upload)]
         self.journal = deque(keep)
-        head = [_Entry(m.Resync()), _Entry(m.RegisterGraph(digest, sent.graph.encode()))]
+        register = m.RegisterGraph(self._next_rid(), digest, sent.graph.encode())
+        head = [_Entry(m.Resync()), _Entry(register)]
         self.pending = head + resend + self.pending
         self.known.add(digest)
         self._resend = True

@@ -70,6 +70,17 @@ class Graph:
         return hashlib.sha256(self.encode()).hexdigest()
 
 
+def canonical(graph: Graph) -> Graph:
+    """The canonical form of a validated graph: every declared attribute present (defaults
+    filled in) and attributes sorted by name. Equal graphs have equal canonical encodings,
+    hence one digest: a server computes the digest of this form, never of the bytes sent."""
+    nodes = tuple(
+        GraphNode(n.op, n.inputs, canonical_attrs(OPS[n.op].bind_attrs(dict(n.attrs))), n.outputs)
+        for n in graph.nodes
+    )
+    return Graph(graph.inputs, nodes, graph.outputs)
+
+
 def _tuples(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return tuple(_tuples(x) for x in obj)

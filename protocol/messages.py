@@ -138,13 +138,17 @@ class Upload:
 
 @dataclass(frozen=True, slots=True)
 class RegisterGraph:
-    """Make a graph known under its digest; the server recomputes the digest. No reply."""
+    """Make a graph known under its digest; the server recomputes the digest. No reply
+    (Error naming ``request_id`` when it is refused)."""
 
     TAG: ClassVar[int] = 4
+    request_id: int
+    """Client-chosen id that an Error about this registration names."""
     digest: bytes
     """sha256 (32 bytes) of the canonical graph encoding."""
     graph: bytes
-    """The canonical graph encoding (protocol/graph.py ``Graph.encode``)."""
+    """The graph encoding (protocol/graph.py ``Graph.encode``); the server re-encodes it
+    canonically and registers it under the canonical digest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -708,8 +712,50 @@ def decode_message(raw: Any, where: str = "message") -> Message:
     return cls(**kwargs)
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A message of a frame that did not decode (``decode_each``): answered by
+    Error(MALFORMED) in its place while the frame's other messages are processed."""
+
+    reason: str
+    """What was wrong (the DecodeError's text)."""
+    request_id: int
+    """The message's request id when it could be read, else 0."""
+
+
+def decode_each(frame: bytes | bytearray | memoryview) -> list[Message | Undecodable]:
+    """Decode a control frame message by message: one bad message does not cost the others.
+
+    Raises:
+        DecodeError: the frame itself is not a msgpack array of 1..MAX_BATCH messages.
+    """
+    out: list[Message | Undecodable] = []
+    for i, raw in enumerate(_unpack_frame(frame)):
+        try:
+            out.append(decode_message(raw, f"message {i}"))
+        except DecodeError as exc:
+            out.append(Undecodable(str(exc), _readable_request_id(raw)))
+    return out
+
+
+def _readable_request_id(raw: Any) -> int:
+    """The request id of a message that failed to decode, if its tag and first field say."""
+    if type(raw) is not list or len(raw) < 2 or type(raw[0]) is not int:
+        return 0
+    cls = MESSAGES.get(raw[0])
+    fields = dataclasses.fields(cls) if cls is not None else ()
+    rid = raw[1]
+    ok = fields and fields[0].name == "request_id" and type(rid) is int and 0 <= rid <= U64_MAX
+    return rid if ok else 0
+
+
 def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
     """Decode a control frame into its messages; raises DecodeError, never anything else."""
+    return [decode_message(one, f"message {i}") for i, one in enumerate(_unpack_frame(frame))]
+
+
+def _unpack_frame(frame: bytes | bytearray | memoryview) -> list[Any]:
+    """The raw message arrays of a control frame, within the decoder limits."""
     if len(frame) > MAX_FRAME:
         raise DecodeError(f"frame of {len(frame)} bytes exceeds MAX_FRAME {MAX_FRAME}")
     try:
@@ -730,7 +776,7 @@ def decode(frame: bytes | bytearray | memoryview) -> list[Message]:
         raise DecodeError(f"frame is not valid msgpack: {type(exc).__name__}: {exc}") from None
     if type(raw) is not list or not 1 <= len(raw) <= MAX_BATCH:
         raise DecodeError(f"frame: expected an array of 1..{MAX_BATCH} messages, got {_show(raw)}")
-    return [decode_message(one, f"message {i}") for i, one in enumerate(raw)]
+    return raw
 
 
 def digest_bytes(hex_digest: str) -> bytes:

@@ -17,6 +17,7 @@ from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import byte_view
 from ..protocol.graph import GraphError
+from ..protocol.transport import PeerId
 from ._replies import Failure, Handler, Place, Reply, SendBulk, StartFetch, Wait
 from ._state import LimitExceeded
 from .jobs._wire import JOB_HANDLERS
@@ -94,7 +95,7 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
         a = s.get(tid)
         if tuple(a.shape) != shape or a.dtype != dtypes.to_numpy(dt):
             raise Failure(
-                m.MISSING_TENSOR,
+                m.MALFORMED,
                 f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
                 f"{dt}{list(shape)}",
             )
@@ -162,7 +163,11 @@ def resync(s: Any, msg: m.Resync, now: float) -> Reply:
 
 
 def expose(s: Any, msg: m.Expose, now: float) -> Reply:
-    return [m.Token(msg.request_id, s.state.grant(msg.peer_id, s.get(msg.tensor_id)))]
+    try:
+        peer = str(PeerId.parse(msg.peer_id))
+    except ValueError as exc:
+        raise Failure(m.MALFORMED, f"Expose.peer_id: {exc}") from None
+    return [m.Token(msg.request_id, s.state.grant(peer, s.get(msg.tensor_id)))]
 
 
 def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:

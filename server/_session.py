@@ -101,7 +101,7 @@ class Session:
     def feed_control(self, frame: bytes) -> None:
         """Queue a control frame's messages; a malformed frame is answered and skipped."""
         try:
-            msgs = m.decode(frame)
+            msgs = m.decode_each(frame)  # a bad message is answered in its place
         except m.DecodeError as exc:
             self._replies.append(m.Error(m.MALFORMED, str(exc), -1, 0))
             return
@@ -288,6 +288,8 @@ class Session:
         return self._bulk_ids
 
     def _dispatch(self, msg: m.Message, now: float) -> Any:
+        if isinstance(msg, m.Undecodable):
+            raise Failure(m.MALFORMED, msg.reason)
         if not self.greeted:
             return self._hello(msg)
         if self.stalled and not isinstance(msg, m.Resync | m.Upload):

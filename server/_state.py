@@ -4,6 +4,7 @@ engine work in worker threads."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import threading
@@ -19,7 +20,7 @@ from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
-from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, decode, validate
+from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
 
 
 @dataclass(frozen=True)
@@ -148,8 +149,14 @@ class ServerState:
         graph = decode(graph_bytes, self.limits.max_graph_nodes)
         check_graph_extensions(graph, self.extensions)  # names what this server lacks
         validate(graph)
+        graph = canonical(graph)  # equal graphs, one digest: the cache is shared
         actual = graph.digest()
         if actual != digest:
+            if hashlib.sha256(graph_bytes).hexdigest() == digest:
+                raise GraphError(
+                    f"graph is not in canonical form (protocol/README.md, Canonical form): "
+                    f"its canonical encoding hashes to {actual}; register it under that digest"
+                )
             raise GraphError(f"digest mismatch: the graph hashes to {actual}, not {digest}")
         with self.lock:
             plan = self.executor.plan(digest)

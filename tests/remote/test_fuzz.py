@@ -22,7 +22,7 @@ _VALID = [
     m.encode(m.Upload(1, "float32", (2,), b"\0" * 8, 0)),
     m.encode([m.Read(3, 1), m.Sync(4)]),
     m.encode(m.ExecuteGraph(5, b"\1" * 32, (1,), (0.5,), (2,), (1,))),
-    m.encode(m.RegisterGraph(b"\2" * 32, b"\x94\x01\x90\x90\x90")),
+    m.encode(m.RegisterGraph(7, b"\2" * 32, b"\x94\x01\x90\x90\x90")),
     m.encode([m.Drop((1, 2)), m.MemoryStats(6, 0, 0, 0, 0, 0, 0, 0)]),
 ]
 _scalars = (
