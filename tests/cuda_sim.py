@@ -183,6 +183,47 @@ def _cupy_counterpart(func: Any) -> Any:
     return getattr(obj, func.__name__, None)
 
 
+_METHODS = (
+    "astype", "max", "min", "sum", "mean", "prod", "argmax", "argmin", "reshape", "transpose",
+    "copy", "take", "any", "all", "cumsum", "clip", "ravel", "squeeze", "repeat", "fill",
+    "swapaxes", "nonzero",
+)  # fmt: skip
+"""ndarray methods whose calls are checked against cupy.ndarray's (from its docstrings:
+Cython methods have no introspectable signature, but CuPy embeds one as the first line)."""
+
+
+def _method_signature(name: str) -> inspect.Signature | None:
+    doc = (getattr(real_cupy.ndarray, name).__doc__ or "").strip().splitlines()
+    head = doc[0].split(" -> ")[0] if doc else ""
+    if "(" not in head:
+        return None
+    params = []
+    for part in head[head.index("(") + 1 : head.rindex(")")].split(","):
+        name, eq, default = part.strip().partition("=")
+        params.append(name.split()[-1] + eq + default)  # drop Cython types ("int axis")
+    params = ", ".join(params)
+    namespace: dict[str, Any] = {}
+    exec(f"def _m({params}): pass", namespace)  # the text is CuPy's own docstring
+    return inspect.signature(namespace["_m"])
+
+
+def _checked_method(name: str) -> Any:
+    numpy_method = getattr(np.ndarray, name)
+    sig = _method_signature(name)
+
+    def method(self: SimArray, *args: Any, **kwargs: Any) -> Any:
+        if sig is not None:
+            try:
+                sig.bind(self, *args, **kwargs)
+            except TypeError as exc:
+                raise NotOnCupy(f"cupy.ndarray.{name}{sig}: {exc}") from None
+        _sim().calls.add(f"cupy.ndarray.{name}")
+        return _wrap(numpy_method(self, *args, **kwargs))
+
+    method.__name__ = name
+    return method
+
+
 class SimArray(np.ndarray):
     """A "device" array: NumPy memory standing for CUDA memory."""
 
@@ -215,6 +256,10 @@ class SimArray(np.ndarray):
         if out is not None:
             return out[0] if isinstance(out, tuple) and len(out) == 1 else out
         return _wrap(result)
+
+    for _name in _METHODS:
+        locals()[_name] = _checked_method(_name)
+    del _name
 
     # device -> host conversions are syncs on a GPU
     def _sync(self) -> None:

@@ -241,5 +241,8 @@ def test_kernels_that_cupy_would_refuse_are_caught(sim):
         cp.indices((2, 3), sparse=True)
     with pytest.raises(NotOnCupy, match="int8"):
         sys.modules["cupyx"].scatter_add(a, (cp.arange(2),), cp.ones((2, 3), dtype=np.int8))
+    with pytest.raises(NotOnCupy, match="initial"):
+        a.max(axis=0, initial=0)  # NumPy's max has `initial`, CuPy's has not
+    assert a.astype(np.float32, copy=False).dtype == np.float32
     with pytest.raises(TypeError, match="writeable"):
         cp.lib.stride_tricks.as_strided(a, shape=(2,), strides=(1,), writeable=False)
