@@ -71,6 +71,8 @@ def _cases() -> list:
 
 
 CASES = _cases()
+RECORDED: list = []
+"""Every kernel program the CUDA backend generated for the cases (compiled at the end)."""
 
 
 def test_the_suites_are_collected():
@@ -84,8 +86,27 @@ def test_suite_case_on_simulated_cuda(fn, kwargs, monkeypatch):
     from cuda_sim import SimCupyBackend, sim_device, simulated_cuda
 
     monkeypatch.delenv("BURN_REMOTE_POOL", raising=False)
-    with simulated_cuda():
+    with simulated_cuda() as sim:
         dev = sim_device(SimCupyBackend(0, cupy=sys.modules["cupy"]))
         fixtures = {"device": dev, "rng": np.random.default_rng(1234), "close": assert_close}
         wanted = set(inspect.signature(fn).parameters) - set(kwargs)
-        fn(**kwargs, **{k: fixtures[k] for k in wanted})
+        try:
+            fn(**kwargs, **{k: fixtures[k] for k in wanted})
+        finally:
+            RECORDED.extend(sim.programs)
+
+
+@pytest.mark.slow
+def test_every_kernel_the_suites_generated_compiles_with_nvrtc():
+    """The programs (fused chains included) that the cases above made the CUDA backend
+    generate, compiled for sm_80 and sm_90 (runs after them: pytest keeps file order)."""
+    import cuda_nvrtc
+
+    if not RECORDED:
+        pytest.skip("no simulated suite case ran in this session (deselected)")
+    if cuda_nvrtc.cuda_headers_found() is not None and os.environ.get("CI") != "true":
+        pytest.skip(f"NVRTC: {cuda_nvrtc.cuda_headers_found()}")
+    sources = list(cuda_nvrtc.recorded_programs(RECORDED))
+    assert any(len(p.instructions) > 1 for p in RECORDED), "no fused chain was recorded"
+    count, failures = cuda_nvrtc.compile_all(sources, variants=False)
+    assert not failures, "\n\n".join(f"{f.label} sm_{f.arch}:\n{f.log[:600]}" for f in failures)
