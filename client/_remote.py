@@ -328,6 +328,18 @@ class RemoteDevice(Device):
             None, rows,
         )  # fmt: skip
 
+    def server_status(self) -> dict[str, Any]:
+        """The server's sessions, memory, plan cache, jobs and error counts (what
+        ``burn-remote status`` prints). Only for admins and the server's own key.
+
+        Raises:
+            OpFailed: the server refused (FORBIDDEN: this peer is not an admin).
+        """
+        import json
+
+        self._rec.flush()
+        return json.loads(self._rt._call(m.ServerStatus).info)
+
     @property
     def jobs(self) -> Any:
         """Long-running jobs on this server (fine-tuning, export): see ``burn_remote.Jobs``."""

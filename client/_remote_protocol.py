@@ -258,7 +258,14 @@ class ClientProtocol:
                 self.counters.data_bytes_received += len(msg.data)
                 self._complete(msg, msg.data)
         elif isinstance(
-            msg, m.Ack | m.Token | m.MemoryStats | m.JobInfo | m.JobEvents | m.ArtifactChunk
+            msg,
+            m.Ack
+            | m.Token
+            | m.MemoryStats
+            | m.JobInfo
+            | m.JobEvents
+            | m.ArtifactChunk
+            | m.StatusInfo,
         ):
             self._answered(msg.request_id)
             self.results[msg.request_id] = msg
@@ -329,7 +336,15 @@ class ClientProtocol:
 
 
 def _is_request(err: m.Error) -> bool:
-    return err.code in (m.MISSING_TENSOR, m.LIMIT, m.CAPABILITY, m.INTERNAL, m.MALFORMED, m.JOB)
+    return err.code in (
+        m.MISSING_TENSOR,
+        m.LIMIT,
+        m.CAPABILITY,
+        m.INTERNAL,
+        m.MALFORMED,
+        m.JOB,
+        m.FORBIDDEN,
+    )
 
 
 __all__ = ["Batch", "ClientProtocol", "Counters"]

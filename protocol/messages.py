@@ -79,6 +79,8 @@ unknown job or artifact, checksum mismatch, jobs not enabled, disk full. Nothing
 accepted is lost."""
 SESSION_EXPIRED = 12
 """A resume token names no parked session (its grace period is over, or it never existed)."""
+FORBIDDEN = 13
+"""The request needs the ``admin`` role (authorised-peers file) or the server's own key."""
 
 
 class DecodeError(ValueError):
@@ -490,6 +492,28 @@ class ArtifactChunk:
     """The chunk."""
 
 
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    """Ask for the server's status (sessions, memory, plan cache, jobs, errors); answered by
+    StatusInfo, or Error(FORBIDDEN) unless the peer is an admin or the server itself."""
+
+    TAG: ClassVar[int] = 50
+    request_id: int
+    """Client-chosen id the reply repeats."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusInfo:
+    """Server -> client: answer to ServerStatus."""
+
+    TAG: ClassVar[int] = 51
+    request_id: int
+    """The request's id."""
+    info: bytes
+    """UTF-8 JSON object: ``peer_id``, ``device``, ``uptime_s``, ``sessions`` (one row each),
+    ``memory``, ``plan_cache``, ``jobs``, ``errors`` (see ``server/_status.py``)."""
+
+
 JOB_MESSAGES = (
     JobSubmit,
     JobInfo,
@@ -534,6 +558,8 @@ Message = (
     | ArtifactPut
     | ArtifactGet
     | ArtifactChunk
+    | ServerStatus
+    | StatusInfo
 )
 MESSAGES: dict[int, type] = {
     c.TAG: c
@@ -557,6 +583,8 @@ MESSAGES: dict[int, type] = {
         Bulk,
         BulkAck,
         *JOB_MESSAGES,
+        ServerStatus,
+        StatusInfo,
     )
 }
 
@@ -578,6 +606,7 @@ CLIENT_REQUESTS: tuple[type, ...] = (
     JobWatch,
     ArtifactPut,
     ArtifactGet,
+    ServerStatus,
 )
 """What a client may send on its control stream after Hello: the server's handler table has
 exactly one entry for each (``server/_handlers.py``; a test checks)."""

@@ -10,6 +10,7 @@ Every later stream a client opens is a bulk stream: one transfer (``protocol/bul
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import numpy as np
 import trio
 
 from ..protocol import messages as m
+from ..protocol.addressing import format_host_port
 from ..protocol.bulk import BulkReceive, BulkSend, parse_header
 from ..protocol.transport import (
     AuthorizedPeers,
@@ -62,6 +64,10 @@ class ServeOptions:
     """Addresses for the record; default: the bound address."""
     resume_grace: float = 30.0
     """Seconds a session outlives its dead connection, waiting for its client to resume."""
+    http: tuple[str, int] | None = None
+    """Where to serve ``/healthz`` and ``/metrics`` (None: no operator port)."""
+    data_dir: str | None = None
+    """The data directory (shown in the banner)."""
 
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
@@ -91,9 +97,23 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         parking = Parking(opts.resume_grace)
         opts.state.resume_grace = opts.resume_grace
         nursery.start_soon(parking.sweep_loop)
+        nursery.start_soon(_heartbeat, opts.state)
         if on_ready is not None:
             on_ready(ep)
         await ep.serve(lambda conn: _connection(opts.state, ep, conn, parking))
+
+
+HEARTBEAT = 0.5
+"""Seconds between the network loop's ticks that ``/healthz`` checks."""
+
+
+async def _heartbeat(state: ServerState) -> None:
+    """Tick while the loop turns: a handler that blocked the loop would stop the ticks."""
+    import time
+
+    while True:
+        state.heartbeat = time.monotonic()
+        await trio.sleep(HEARTBEAT)
 
 
 async def _connection(
@@ -108,9 +128,15 @@ async def _connection(
             await _serve_fetch(state, conn, control, first)
             return
         await run_session(state, ep, conn, control, first, _SessionPump, parking or Parking(0))
-        log.info("connection of %s ended", str(conn.peer_id)[:12])
+        log.debug(
+            "connection ended", extra={"event": "connection_ended", "peer": str(conn.peer_id)}
+        )
     except* TransportError as group:  # the client went away, or the server is stopping
-        log.info("connection from %s ended: %s", str(conn.peer_id)[:12], group.exceptions[0])
+        log.info(
+            "connection ended: %s",
+            group.exceptions[0],
+            extra={"event": "connection_lost", "peer": str(conn.peer_id)},
+        )
 
 
 def _is_fetch(frame: bytes) -> bool:
@@ -383,6 +409,17 @@ def run(opts: ServeOptions, device: str) -> int:
     address that cannot be bound (busy, not local) is one line on stderr and status 1."""
     listening = False
 
+    port_http = None
+    if opts.http is not None:
+        from ._http import OperatorPort
+
+        try:
+            port_http = OperatorPort(opts.state, opts.http)
+        except OSError as exc:
+            where = format_host_port(*opts.http)
+            print(f"burn-remote serve: cannot serve --http on {where}: {exc}", file=sys.stderr)
+            return 1
+
     def ready(ep: Endpoint) -> None:
         nonlocal listening
         listening = True
@@ -391,7 +428,19 @@ def run(opts: ServeOptions, device: str) -> int:
         print(f"burn-remote serve: device {device}", flush=True)
         print(f"peer id: {ep.peer_id}", flush=True)
         print(f"listening on: {host}:{port}", flush=True)
+        print(f"auth: {_auth_mode(opts)}", flush=True)
+        jobs = "jobs on" if opts.state.jobs is not None else "jobs off"
+        print(f"data dir: {opts.data_dir or '(none)'} ({jobs})", flush=True)
+        if port_http is not None:
+            h, p = port_http.address
+            print(f"http: http://{format_host_port(h, p)} (/healthz, /metrics)", flush=True)
         print(f"connect with: RemoteDevice('{ep.peer_id}@{shown}:{port}')", flush=True)
+        log.info(
+            "serving on %s:%d",
+            host,
+            port,
+            extra={"event": "server_started", "peer": str(ep.peer_id)},
+        )
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -415,6 +464,10 @@ def run(opts: ServeOptions, device: str) -> int:
         why = bind_error.strerror or str(bind_error)
         print(f"burn-remote serve: cannot listen on {host}:{port}: {why}", file=sys.stderr)
         return 1
+    finally:
+        if port_http is not None:
+            port_http.close()
+    log.info("stopped", extra={"event": "server_stopped"})
     sys.stdout.flush()
     return 0
 
@@ -429,6 +482,18 @@ def _first_os_error(exc: BaseException) -> OSError | None:
             if found is not None:
                 return found
     return None
+
+
+def _auth_mode(opts: ServeOptions) -> str:
+    """The banner's one line on who is admitted."""
+    peers = opts.authorized_peers
+    if opts.allow_any or getattr(peers, "allow_any", False):
+        return "open: any authenticated peer is admitted (--allow-any)"
+    if isinstance(peers, AuthorizedPeers):
+        peers = peers._path
+    if isinstance(peers, str | os.PathLike):
+        return f"authorized peers from {peers}"
+    return "authorized peers given in-process"
 
 
 __all__ = ["ServeOptions", "run", "serve"]

@@ -8,6 +8,7 @@ handlers are below; the job and artifact handlers live in ``jobs/_wire.py``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ def upload(s: Any, msg: m.Upload, now: float) -> Reply:
             return Wait("bulk", msg.bulk_id)
         data = s.take_bulk(msg.bulk_id)
     s.put(msg.tensor_id, s.array(msg.dtype, msg.shape, data))
+    s.state.count(received=int(getattr(data, "nbytes", None) or len(data)))
     return None
 
 
@@ -74,6 +76,7 @@ def execute(s: Any, msg: m.ExecuteGraph, now: float) -> Reply:
         _run(s, plan, msg)
     finally:
         s.drop(msg.drops)
+    s.state.count(steps=1)
     return None
 
 
@@ -126,6 +129,7 @@ def read(s: Any, msg: m.Read, now: float) -> Reply:
     host = np.ascontiguousarray(s.state.backend.to_numpy(s.get(msg.tensor_id)))
     name = dtypes.from_numpy(host.dtype)
     limits = s.state.limits
+    s.state.count(sent=host.nbytes)
     if host.nbytes > limits.bulk_threshold:
         send = s.send_bulk(byte_view(host), limits.bulk_chunk)
         return [m.Data(msg.request_id, name, host.shape, b"", send.bulk_id), SendBulk(send)]
@@ -201,6 +205,19 @@ def _inline_read(s: Any, msg: m.Read) -> float | None:
     return 0.0 if a is None or small else None
 
 
+def status(s: Any, msg: m.ServerStatus, now: float) -> Reply:
+    """The operator's view (``burn-remote status``): admins and the server's own key only."""
+    if s.peer_id != s.state.peer_id and not s.state.is_admin(s.peer_id):
+        raise Failure(
+            m.FORBIDDEN,
+            "server status is for admins: give this peer role=admin in the server's "
+            "authorized_peers file, or ask with the server's own key",
+        )
+    from ._status import snapshot
+
+    return [m.StatusInfo(msg.request_id, json.dumps(snapshot(s.state, now)).encode())]
+
+
 HANDLERS: dict[type, Handler] = {
     m.Upload: Handler(upload, Place.ENGINE, _inline_upload),
     m.RegisterGraph: Handler(register, Place.ENGINE),
@@ -212,6 +229,7 @@ HANDLERS: dict[type, Handler] = {
     m.Resync: Handler(resync, Place.LOOP),
     m.Expose: Handler(expose, Place.LOOP),
     m.Fetch: Handler(fetch, Place.ENGINE),
+    m.ServerStatus: Handler(status, Place.JOBS),  # reads the job store
     **JOB_HANDLERS,
 }
 """Every client request after Hello (Hello itself opens the session: ``Session._hello``)."""

@@ -133,7 +133,12 @@ class Parking:
             session.close()
             return
         self._parked[token] = (session, control, peer, trio.current_time() + self.grace)
-        log.info("session %d parked for %.0f s", session.id, self.grace)
+        log.info(
+            "session %d parked for %.0f s",
+            session.id,
+            self.grace,
+            extra={"event": "session_parked", "session": session.id, "peer": peer},
+        )
 
     async def claim(self, token: bytes, peer: str) -> tuple[Any, SequencedControl] | None:
         """Take over a parked session of ``peer``; waits briefly for a connection that died
@@ -158,7 +163,11 @@ class Parking:
             if deadline < now:
                 del self._parked[token]
                 session.close()
-                log.info("session %d expired after its grace period", session.id)
+                log.info(
+                    "session %d expired after its grace period",
+                    session.id,
+                    extra={"event": "session_expired", "session": session.id},
+                )
 
     async def sweep_loop(self) -> None:
         while True:
@@ -224,7 +233,12 @@ async def run_session(
         await control.send_frame(wrap(0, sc.applied, m.encode(welcome)))
         for frame in frames:
             await control.send_frame(frame)
-        log.info("session %d resumed (%d frames resent)", session.id, len(frames))
+        log.info(
+            "session %d resumed (%d frames resent)",
+            session.id,
+            len(frames),
+            extra={"event": "session_resumed", "session": session.id, "peer": peer},
+        )
         start: bytes | None = None
     else:
         session = Session(state, peer)

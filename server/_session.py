@@ -42,6 +42,15 @@ MAX_BULK_DONE = 4096
 """Consumed bulk ids a session remembers, so a transfer resent after a lost final BulkAck is
 acknowledged instead of stored again."""
 
+ERROR_NAMES = {
+    getattr(m, name): name.lower()
+    for name in (
+        "MALFORMED", "VERSION", "UNKNOWN_GRAPH", "BAD_GRAPH", "EXECUTION", "MISSING_TENSOR",
+        "LIMIT", "STALLED", "CAPABILITY", "INTERNAL", "JOB", "SESSION_EXPIRED", "FORBIDDEN",
+    )
+}  # fmt: skip
+"""Error code -> the kind metrics and logs name it by."""
+
 _RUNS_AT = {
     None: frozenset(Place),
     Place.LOOP: frozenset({Place.LOOP}),
@@ -252,8 +261,11 @@ class Session:
             except LimitExceeded as exc:
                 reply = [m.Error(m.LIMIT, str(exc), -1, _request_id(msg))]
             except Exception as exc:  # a bug must not end the server or the session
-                log.exception("internal error on %s", type(msg).__name__)
-                self.state.count_error("internal")
+                log.exception(
+                    "internal error on %s",
+                    type(msg).__name__,
+                    extra={"event": "internal_error", "session": self.id, "peer": self.peer_id},
+                )
                 reply = [m.Error(m.INTERNAL, f"{type(exc).__name__}: {exc}", -1, _request_id(msg))]
             if isinstance(reply, Wait):
                 self.queue.appendleft(msg)
@@ -268,8 +280,21 @@ class Session:
                 if isinstance(out, SendBulk):
                     self._out.append(out)
                 else:
+                    if type(out) is m.Error:
+                        self._count(out)
                     self._replies.append(out)
         return self._flush()
+
+    def _count(self, err: m.Error) -> None:
+        """Every error answered is counted by code (metrics) and logged at debug level."""
+        kind = ERROR_NAMES.get(err.code, str(err.code))
+        self.state.count_error(kind)
+        log.debug(
+            "error %s: %s",
+            kind,
+            err.message,
+            extra={"event": "error_reply", "session": self.id, "error": kind},
+        )
 
     def place_cost(self, msg: m.Message) -> float:
         handler = HANDLERS.get(type(msg))
@@ -314,6 +339,11 @@ class Session:
             self.closed = True
             raise
         self.greeted = True
+        log.info(
+            "session %d opened",
+            self.id,
+            extra={"event": "session_opened", "session": self.id, "peer": self.peer_id},
+        )
         return [self.state.welcome(self.id, self.resume_token)]
 
     # --- tensor store -----------------------------------------------------------------------
@@ -362,6 +392,7 @@ class Session:
 
     def close(self) -> None:
         """Free everything this session holds (the client went away)."""
+        freed = self.nbytes
         self.drop(tuple(self.store))
         self.bulk_in.clear()
         self.bulk_partial.clear()
@@ -369,6 +400,15 @@ class Session:
         self.fetched.clear()
         self.bulk_reserved = 0
         self.state.close_session(self.id)
+        if self.greeted:
+            log.info(
+                "session %d closed after %d messages, %d bytes freed",
+                self.id,
+                self.messages,
+                freed,
+                extra={"event": "session_closed", "session": self.id, "peer": self.peer_id},
+            )
+            self.greeted = False  # closing twice logs once
 
     def array(self, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
         """A backend array from wire bytes: a bulk buffer becomes the tensor as it is (no

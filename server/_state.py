@@ -88,6 +88,16 @@ class ServerState:
         self.peak_bytes = 0
         self.extensions: dict[str, str] = installed_extensions()
         """Op extensions this server runs (entry points loaded by `serve`), name -> version."""
+        self.started = time.monotonic()
+        self.heartbeat = self.started
+        """When the network loop last ticked (``/healthz`` reports a stalled loop)."""
+        self.steps = 0
+        """ExecuteGraph messages run for sessions (metrics)."""
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        """Tensor bytes uploaded by clients and read back by them (metrics)."""
+        self.messages_closed = 0
+        """Messages handled by sessions that have ended (live ones count their own)."""
         self.errors: dict[str, int] = {}
         """Errors by kind since start (``count_error``)."""
         self.resume_grace = 0.0
@@ -118,7 +128,16 @@ class ServerState:
 
     def close_session(self, sid: int) -> None:
         with self.lock:
-            self.sessions.pop(sid, None)
+            session = self.sessions.pop(sid, None)
+            if session is not None:
+                self.messages_closed += session.messages
+
+    def count(self, steps: int = 0, received: int = 0, sent: int = 0) -> None:
+        """Add to the traffic counters (metrics)."""
+        with self.lock:
+            self.steps += steps
+            self.bytes_received += received
+            self.bytes_sent += sent
 
     def account(self, tensors: int, nbytes: int, owner_bytes: int, owner: str = "session") -> None:
         """Charge (or, negative, refund) memory of one owner (a session, or ``job <id>``)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def cmd_id(args: argparse.Namespace) -> int:
@@ -46,28 +47,11 @@ def _add_id(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_id)
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` (port 0: any free one) -> (host, port).
-
-    Raises:
-        ValueError: one line naming what is wrong (no port, a bad port, bare IPv6).
-    """
-    host, sep, port = text.strip().rpartition(":")
-    if not sep:
-        raise ValueError(f"--listen {text!r}: no port; use HOST:PORT (port 0 picks a free one)")
-    if host.count(":") and not (host.startswith("[") and host.endswith("]")):
-        raise ValueError(f"--listen {text!r}: write an IPv6 address in brackets, [::1]:PORT")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen {text!r}: the port must be a number from 0 to 65535")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the daemon: sessions over QUIC on one engine device until SIGINT/SIGTERM. Every
     start-up failure (key, address, authorised-peers file, data dir, busy port) is one line
     on stderr and exit status 1."""
-    from pathlib import Path
-
+    from burn_remote.protocol.addressing import parse_host_port
     from burn_remote.protocol.extensions import format_extensions, load_entry_point_extensions
     from burn_remote.protocol.transport import (
         AuthorizedPeers,
@@ -78,6 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     from burn_remote.server._daemon import ServeOptions, run
     from burn_remote.server._files import DataDirError, make_private
+    from burn_remote.server._logging import configure
     from burn_remote.server._state import Limits, ServerState
     from burn_remote.server.jobs import StoreError
 
@@ -85,15 +70,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"burn-remote serve: {exc}", file=sys.stderr)
         return 1
 
+    configure(args.log_level, args.log_format)
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     try:
-        bind = parse_listen(args.listen)
+        bind = _host_port("--listen", args.listen, parse_host_port)
+        http = _host_port("--http", args.http, parse_host_port) if args.http else None
         if args.data_dir:  # before anything is written there: keys, job store, artifacts
             make_private(args.data_dir)
-        if not args.allow_any and args.authorized_peers is None:
-            from burn_remote.protocol.transport import default_authorized_peers_path
-
-            args.authorized_peers = default_authorized_peers_path()
+        if not args.allow_any:
+            args.authorized_peers = _authorized_peers_file(args.authorized_peers)
         policy = AuthorizedPeers(args.authorized_peers, allow_any=args.allow_any)
     except (ValueError, DataDirError, TransportError) as exc:
         return fail(exc)
@@ -130,12 +115,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
         relay=args.relay,
         advertise=args.advertise,
         resume_grace=args.resume_grace,
+        http=http,
+        data_dir=args.data_dir,
     )
     try:
         return run(opts, args.device)
+    except OSError as exc:  # the --http port is taken
+        return fail(exc)
     finally:
-        if getattr(state, "jobs", None) is not None:
+        if state.jobs is not None:
             state.jobs.close()
+
+
+def _host_port(flag: str, text: str, parse: Callable[..., tuple[str, int]]) -> tuple[str, int]:
+    """A listening address (``:PORT`` means 127.0.0.1; port 0 picks a free one)."""
+    try:
+        return parse(text, default_host="127.0.0.1")
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+
+
+def _authorized_peers_file(given: str | None) -> str:
+    """The authorised-peers file: it must exist (a server that admits no one is a mistake;
+    ``--allow-any`` is the explicit open mode)."""
+    from burn_remote.protocol.transport import default_authorized_peers_path
+
+    path = Path(given) if given else default_authorized_peers_path()
+    if not path.is_file():
+        how = "--authorized-peers" if given else "the default authorized_peers file"
+        raise ValueError(
+            f"{how} {path} does not exist: create it (one peer id a line, see `burn-remote id`) "
+            "or pass --allow-any to admit any authenticated peer"
+        )
+    return str(path)
+
+
+def _size(text: str) -> int:
+    """argparse type for byte sizes: ``1G``, ``512MiB``, ``1.5GB`` or plain bytes."""
+    from burn_remote.engine.memory import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -147,20 +169,83 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         description="Serve remote sessions on one device. Prints the peer id and addresses.",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda:N or opencl (default cpu)")
-    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="UDP address to serve QUIC on ([v6]:port for IPv6; port 0 picks one; "
+        "default 127.0.0.1:0)",
+    )
     p.add_argument("--key", metavar="FILE", help="key file (default: DATA_DIR/key or the node key)")
-    p.add_argument("--authorized-peers", metavar="FILE", help="peer ids admitted (one a line)")
+    p.add_argument(
+        "--authorized-peers",
+        metavar="FILE",
+        help="peer ids admitted, one a line (`role=admin` after an id makes it an admin); "
+        "default $BURN_REMOTE_AUTHORIZED_PEERS or ~/.config/burn-remote/authorized_peers; "
+        "it must exist",
+    )
     p.add_argument("--allow-any", action="store_true", help="admit any authenticated peer")
-    p.add_argument("--data-dir", metavar="DIR", help="server state directory (holds the key)")
+    p.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="server state directory: the key, and the job store (jobs are off without it)",
+    )
     gib = 2**30
-    p.add_argument("--memory-limit", type=int, default=32 * gib, metavar="BYTES")
-    p.add_argument("--session-memory", type=int, default=0, metavar="BYTES")
-    p.add_argument("--max-sessions", type=int, default=64)
-    p.add_argument("--max-tensors", type=int, default=100_000)
-    p.add_argument("--max-graphs", type=int, default=4096)
-    p.add_argument("--max-frame", type=int, default=MAX_FRAME, metavar="BYTES")
-    p.add_argument("--plan-cache", type=int, default=256, help="compiled graphs kept (LRU)")
-    p.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS")
+    p.add_argument(
+        "--memory-limit",
+        type=_size,
+        default=32 * gib,
+        metavar="SIZE",
+        help="bytes all sessions and jobs together may hold (1G, 512MiB, 1.5GB or bytes; "
+        "default 32GiB)",
+    )
+    p.add_argument(
+        "--session-memory",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="bytes one session (or one job) may hold (default: the memory limit)",
+    )
+    p.add_argument("--max-sessions", type=int, default=64, help="concurrent sessions (64)")
+    p.add_argument(
+        "--max-tensors", type=int, default=100_000, help="tensors one session may hold (100000)"
+    )
+    p.add_argument(
+        "--max-graphs", type=int, default=4096, help="graphs one session may register (4096)"
+    )
+    p.add_argument(
+        "--max-frame",
+        type=_size,
+        default=MAX_FRAME,
+        metavar="SIZE",
+        help="largest frame accepted on any stream (default 64MiB)",
+    )
+    p.add_argument("--plan-cache", type=int, default=256, help="compiled graphs kept (LRU, 256)")
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="drop a connection silent this long (keep-alives every third of it; default 30)",
+    )
+    p.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve /healthz and Prometheus /metrics over HTTP here (off by default; "
+        "port 0 picks one, printed as `http:`)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="least severe log events shown on stderr (default info)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text or one JSON object each (default text); UTC timestamps",
+    )
     p.add_argument(
         "--job-path",
         action="append",
@@ -198,16 +283,14 @@ def _add_jobs(sub: argparse._SubParsersAction) -> None:
 
 def cmd_relay(args: argparse.Namespace) -> int:
     """Run the discovery and relay node until SIGINT/SIGTERM."""
-    from pathlib import Path
-
-    from burn_remote.protocol.relay._wire import parse_hostport
+    from burn_remote.protocol.addressing import parse_host_port
     from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
     from burn_remote.server._relay import run_relay
 
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     try:
         identity = Identity.load_or_create(key)
-        bind = parse_hostport(args.listen)
+        bind = parse_host_port(args.listen, default_host="127.0.0.1")
     except (KeyFileError, ValueError) as exc:
         print(f"burn-remote relay: {exc}", file=sys.stderr)
         return 1
@@ -231,19 +314,131 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_relay)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print a server's status (admins, or the server's own key)."""
+    import json
+
+    from burn_remote import RemoteDevice, RemoteError
+    from burn_remote._recorder import OpFailed
+
+    try:
+        dev = RemoteDevice(args.peer, key=args.key)
+        info = dev.server_status()
+        dev.close()
+    except (OpFailed, RemoteError, OSError, ValueError) as exc:
+        print(f"burn-remote status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        print(format_status(info))
+    return 0
+
+
+def format_status(info: dict) -> str:
+    """The human form of a ServerStatus answer."""
+    from burn_remote.engine.memory import fmt_bytes
+
+    mem, cache, traffic = info["memory"], info["plan_cache"], info["traffic"]
+    lines = [
+        f"server {info['peer_id']} on {info['device']}, up {info['uptime_s']:.0f} s",
+        f"memory: {fmt_bytes(mem['in_use'])} in use (peak {fmt_bytes(mem['peak'])}) of "
+        f"{fmt_bytes(mem['limit'])}, {mem['tensors']} tensors",
+    ]
+    lines += [
+        f"  pool {p['pool']}: {fmt_bytes(p['reserved'])} reserved, {fmt_bytes(p['in_use'])} in use"
+        for p in mem["pools"]
+    ]
+    lines.append(
+        f"plan cache: {cache['plans']}/{cache['capacity']} plans, {cache['compiled']} compiled, "
+        f"{cache['replays']} replays"
+    )
+    lines.append(
+        f"traffic: {traffic['messages']} messages, {traffic['steps']} steps, "
+        f"{fmt_bytes(traffic['bytes_received'])} in, {fmt_bytes(traffic['bytes_sent'])} out"
+    )
+    lines.append(f"sessions: {len(info['sessions'])}")
+    for s in info["sessions"]:
+        lines.append(
+            f"  {s['id']:>4}  {s['peer'][:12]}...  {s['tensors']} tensors  "
+            f"{fmt_bytes(s['bytes'])}  {s['messages']} messages  idle {s['idle_s']:.0f} s"
+        )
+    jobs = info["jobs"]
+    if jobs is None:
+        lines.append("jobs: off (no --data-dir)")
+    else:
+        counts = ", ".join(f"{n} {state}" for state, n in jobs["by_state"].items() if n)
+        lines.append(f"jobs: {counts or 'none'}")
+        if jobs["storage_error"]:
+            lines.append(f"  job runner waiting for storage: {jobs['storage_error']}")
+    if info["errors"]:
+        errs = ", ".join(f"{k} {n}" for k, n in sorted(info["errors"].items()))
+        lines.append(f"errors: {errs}")
+    return "\n".join(lines)
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "status",
+        help="show a server's sessions, memory, plan cache and jobs (admins)",
+        description=(
+            "Ask a running server for its status. Only admins (role=admin in the server's "
+            "authorized_peers file) and the server's own key may: run it on the server with "
+            "--key DATA_DIR/key, or from an admin's machine."
+        ),
+    )
+    p.add_argument("peer", metavar="PEER", help=TARGET_HELP)
+    p.add_argument("--key", metavar="FILE", help="this client's key file")
+    p.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    p.set_defaults(func=cmd_status)
+
+
+TARGET_HELP = (
+    "the server: PEER@HOST:PORT, or a peer id or name from the address book "
+    "($BURN_REMOTE_ADDRESS_BOOK, default ~/.config/burn-remote/addresses.toml)"
+)
+
+ENVIRONMENT = """\
+environment variables:
+  BURN_REMOTE_HOME              config directory (default ~/.config/burn-remote): key,
+                                authorized_peers, addresses.toml
+  BURN_REMOTE_KEY               this node's key file (default $BURN_REMOTE_HOME/key)
+  BURN_REMOTE_AUTHORIZED_PEERS  serve: admitted peers file (default $BURN_REMOTE_HOME/...)
+  BURN_REMOTE_ADDRESS_BOOK      address book (default $BURN_REMOTE_HOME/addresses.toml)
+  BURN_REMOTE_RELAY             client: relay HOST:PORT to find peers not in the book
+  BURN_REMOTE_IDLE_TIMEOUT      client: seconds of silence before a connection is lost (30)
+  BURN_REMOTE_RESUME_TIMEOUT    client: seconds spent reconnecting to resume a session (30)
+  BURN_REMOTE_WAIT_TIMEOUT      client: seconds a read waits for its reply (300)
+  BURN_REMOTE_POOL              local CPU devices: 1 pools every tensor, 0 never
+  BURN_REMOTE_FUSION            CUDA/OpenCL: 0 turns kernel fusion off
+  BURN_REMOTE_PROBE_TIMEOUT     seconds a direct address gets before the relay is used (3)
+See README.md, "Configuration", for the full list with every flag."""
+
+
 _REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_id,
     _add_serve,
     _add_relay,
     _add_jobs,
+    _add_status,
 ]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser; separate from :func:`main` so tests can inspect it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("burn-remote")
+    except PackageNotFoundError:  # running from a source tree without an install
+        ours = "unknown (not installed)"
     parser = argparse.ArgumentParser(
-        prog="burn-remote", description="burn-remote node: identity, server, relay and jobs."
+        prog="burn-remote",
+        description="burn-remote node: identity, server, relay, jobs and status.",
+        epilog=ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"burn-remote {ours}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in _REGISTRARS:
         register(sub)

@@ -27,6 +27,8 @@ class Daemon:
 
     def __init__(self, proc: subprocess.Popen, peer_id: str, address: str, lines: list[str]):
         self.proc, self.peer_id, self.address = proc, peer_id, address
+        self.http: str | None = None
+        """``http://host:port`` of the operator port (``--http``), if it has one."""
         self._lines = lines
         self._drain = threading.Thread(target=self._read, daemon=True)
         self._drain.start()
@@ -79,10 +81,11 @@ def start_daemon(
         text=True,
         env=None if env is None else dict(env),
     )
-    peer = address = None
+    peer = address = http = None
     lines: list[str] = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (peer is None or address is None):
+    banner_done = command != "serve"  # serve's banner ends with "connect with:"
+    while time.monotonic() < deadline and (peer is None or address is None or not banner_done):
         line = proc.stdout.readline() if proc.stdout else ""
         if not line:
             break
@@ -91,11 +94,16 @@ def start_daemon(
             peer = mt.group(1)
         if mt := re.match(r"listening on: (\S+)", line):
             address = mt.group(1)
+        if mt := re.match(r"http: (\S+)", line):
+            http = mt.group(1)
+        banner_done = banner_done or line.startswith("connect with:")
     if peer is None or address is None:
         proc.kill()
         proc.wait()
         raise RuntimeError(f"burn-remote {command} did not start:\n" + "".join(lines))
-    return Daemon(proc, peer, address, lines)
+    daemon = Daemon(proc, peer, address, lines)
+    daemon.http = http
+    return daemon
 
 
 def start_server(data_dir: str | Path, *args: str, device: str = "cpu", **kw: object) -> Daemon:

@@ -153,7 +153,11 @@ class JobService:
         """The storage error the runner is waiting out, or None (health and status)."""
         resumed = self.store.requeue_interrupted(self.device)
         if resumed:
-            log.info("jobs %s were interrupted; queued again to resume", resumed)
+            log.info(
+                "jobs %s were interrupted; queued again to resume",
+                resumed,
+                extra={"event": "jobs_requeued"},
+            )
         self._thread = threading.Thread(target=self._loop, name=f"jobs-{self.device}", daemon=True)
         self._thread.start()
 
@@ -346,6 +350,12 @@ class JobService:
         from ._runtime import JobRuntime
 
         job_id = job["id"]
+        log.info(
+            "job %d started (%s)",
+            job_id,
+            job["kind"],
+            extra={"event": "job_started", "job": job_id, "kind": job["kind"]},
+        )
         self.store.update(job_id, state="running", started=time.time())
         self._event(job_id, {"state": "running", "step": job["step"], "total": job["total"]})
         runtime = JobRuntime(self.state, f"job {job_id}")
@@ -370,6 +380,15 @@ class JobService:
             owner = job.get("owner") or ""
             outputs = {name: self.store.put_artifact_file(p, owner) for name, p in files.items()}
         except _Stop as stop:
+            log.info(
+                "job %d %s",
+                job_id,
+                "cancelled" if stop.cancel else "interrupted by shutdown (queued again)",
+                extra={
+                    "event": "job_cancelled" if stop.cancel else "job_interrupted",
+                    "job": job_id,
+                },
+            )
             if stop.cancel:
                 self._cancel.discard(job_id)
                 self.store.update(job_id, state="cancelled", finished=time.time())
@@ -386,6 +405,7 @@ class JobService:
             self.store.update(job_id, state="failed", error=error, finished=time.time())
             self._event(job_id, {"state": "failed", "error": error})
             return
+        log.info("job %d succeeded", job_id, extra={"event": "job_succeeded", "job": job_id})
         self.store.update(job_id, state="succeeded", outputs=outputs, finished=time.time())
         self._event(job_id, {"state": "succeeded", "outputs": outputs})
         shutil.rmtree(self.store.root / "work" / str(job_id), ignore_errors=True)

@@ -229,6 +229,13 @@ class JobStore:
                 ).fetchall()
         return [_row(r) for r in rows]
 
+    def counts(self) -> dict[str, int]:
+        """Jobs by state (every state listed, zeros included)."""
+        with self.lock:
+            rows = self.db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        found = {state: int(n) for state, n in rows}
+        return {state: found.get(state, 0) for state in STATES}
+
     def jobs_page(self, after: int, limit: int, owner: str | None = None) -> list[dict[str, Any]]:
         """Up to ``limit`` jobs with ids above ``after``, oldest first (with ``owner``, only
         that peer's)."""

@@ -95,10 +95,15 @@ def test_k8s_manifests_agree_with_the_cli() -> None:
         (argv,) = _commands(container["command"])
         ns = _parse(argv)
         assert ns.command == kind
-        ports = {p["containerPort"] for p in container["ports"]}
-        assert ports == {_listen_port(ns)}
-        assert all(p["protocol"] == "UDP" for p in container["ports"])
+        udp = {p["containerPort"] for p in container["ports"] if p["protocol"] == "UDP"}
+        assert udp == {_listen_port(ns)}
         if kind == "serve":
+            (http,) = [p for p in container["ports"] if p["protocol"] == "TCP"]
+            assert http["containerPort"] == int(ns.http.rpartition(":")[2])
+            for probe in ("livenessProbe", "readinessProbe"):
+                get = container[probe]["httpGet"]
+                assert get["path"] == "/healthz" and get["port"] == http["name"], probe
+            assert ns.data_dir and ns.log_format == "json"
             assert container["resources"]["requests"]["nvidia.com/gpu"] == 1
             assert ns.device.startswith("cuda")
             secrets = [v for v in workload["spec"]["template"]["spec"]["volumes"] if "secret" in v]

@@ -1,0 +1,52 @@
+"""The one ``host:port`` parser and printer (every flag, target and record uses these).
+
+Forms: ``host:port``, ``[v6-address]:port``, and (where a default host is given, as for
+``--listen``) ``:port``. A bare IPv6 address without brackets is refused: its last colon
+cannot be told from the port's. A target is ``PEER@HOST:PORT`` or just ``PEER`` (a peer id
+or an address-book name; see ``transport/_addressing.py`` for the book).
+"""
+
+from __future__ import annotations
+
+Address = tuple[str, int]
+
+
+def parse_host_port(text: str, default_host: str | None = None) -> Address:
+    """``host:port`` or ``[v6]:port`` (or ``:port`` with a ``default_host``) -> (host, port).
+
+    Raises:
+        ValueError: the text names what is wrong and the forms accepted.
+    """
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":") or not host:
+            raise ValueError(f"bad address {text!r}: expected [v6-address]:port")
+        port_text = rest[1:]
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep or ":" in host or not (host or default_host):
+            raise ValueError(f"bad address {text!r}: expected host:port or [v6-address]:port")
+    host = host or default_host or ""
+    if not port_text.isdigit():
+        raise ValueError(f"bad port in {text!r}: expected a number")
+    port = int(port_text)
+    if not 0 <= port < 65536:
+        raise ValueError(f"port out of range in {text!r}")
+    return host, port
+
+
+def format_host_port(host: str, port: int) -> str:
+    """The text :func:`parse_host_port` reads back (IPv6 in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_target(text: str) -> tuple[str, Address | None]:
+    """``PEER@HOST:PORT`` -> (``PEER``, address); ``PEER`` -> (``PEER``, None)."""
+    peer, sep, addr = text.strip().partition("@")
+    if not peer:
+        raise ValueError(f"bad target {text!r}: expected PEER@HOST:PORT or PEER")
+    return peer, (parse_host_port(addr) if sep else None)
+
+
+__all__ = ["Address", "format_host_port", "parse_host_port", "split_target"]

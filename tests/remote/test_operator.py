@@ -1,0 +1,147 @@
+"""The operator's view of a real server: structured logs, /healthz, Prometheus /metrics
+(scraped with prometheus_client's own parser), `burn-remote status` for admins only, and the
+CLI's --version, human sizes and refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from burn_remote import OpFailed, RemoteDevice
+from burn_remote.protocol.transport import Identity
+from burn_remote.server.testing import start_daemon, start_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.remote.conftest import env_with_home
+
+EXE = str(Path(sys.executable).with_name("burn-remote"))
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _metrics(server) -> dict[str, list]:  # type: ignore[no-untyped-def]
+    status, text = _get(server.http + "/metrics")
+    assert status == 200
+    return {
+        f.name: [(s.name, s.labels, s.value) for s in f.samples]
+        for f in text_string_to_metric_families(text)
+    }
+
+
+def _value(metrics, family, **labels):  # type: ignore[no-untyped-def]
+    for name, got, value in metrics[family]:
+        if all(got.get(k) == v for k, v in labels.items()) and not name.endswith("_created"):
+            return value
+    raise KeyError(f"{family} {labels}")
+
+
+def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [EXE, *args], capture_output=True, text=True, env=env_with_home(home), timeout=60
+    )
+
+
+def test_logs_health_metrics_and_status(tmp_path: Path, client_home: Path) -> None:
+    data = tmp_path / "server"
+    server = start_server(
+        data, "--http", "127.0.0.1:0", "--log-format", "json", "--memory-limit", "1G"
+    )
+    try:
+        assert server.http and server.http.startswith("http://127.0.0.1:")
+        banner = server.output()
+        assert "auth: open: any authenticated peer is admitted (--allow-any)" in banner
+        assert f"data dir: {data} (jobs on)" in banner
+
+        status, body = _get(server.http + "/healthz")
+        assert status == 200 and json.loads(body)["status"] == "ok"
+
+        dev = RemoteDevice(server.target)
+        x = dev.tensor(np.ones(1000, np.float32))
+        for k in range(5):
+            assert (x * k).sum().item() == 1000.0 * k
+        with pytest.raises(OpFailed, match="FORBIDDEN|admins"):
+            dev.server_status()  # an ordinary peer is not an admin
+        metrics = _metrics(server)
+        assert _value(metrics, "burn_remote_sessions") == 1
+        assert _value(metrics, "burn_remote_steps") == 5
+        assert _value(metrics, "burn_remote_replays") >= 5
+        assert _value(metrics, "burn_remote_graphs_compiled") >= 1
+        assert _value(metrics, "burn_remote_received_bytes") == 4000
+        assert _value(metrics, "burn_remote_sent_bytes") == 5 * 4
+        assert _value(metrics, "burn_remote_memory_limit_bytes") == 2**30
+        assert _value(metrics, "burn_remote_memory_bytes", pool="tensors", kind="in_use") > 0
+        assert _value(metrics, "burn_remote_jobs", state="queued") == 0
+        assert _value(metrics, "burn_remote_errors", kind="forbidden") == 1
+
+        # status with the server's own key: sessions, memory, plan cache, jobs
+        out = _cli("status", server.target, "--key", str(data / "key"), "--json", home=client_home)
+        assert out.returncode == 0, out.stderr
+        info = json.loads(out.stdout)
+        assert info["peer_id"] == server.peer_id and info["device"] == "cpu"
+        mine = [s for s in info["sessions"] if s["peer"] == dev.peer_id or s["tensors"] > 0]
+        assert mine and mine[0]["tensors"] >= 1
+        assert info["memory"]["limit"] == 2**30
+        assert info["plan_cache"]["plans"] >= 1
+        assert info["jobs"]["by_state"]["succeeded"] == 0
+        text = _cli("status", server.target, "--key", str(data / "key"), home=client_home)
+        assert (
+            text.returncode == 0 and "plan cache:" in text.stdout and "sessions: 2" in text.stdout
+        )
+        refused = _cli("status", server.target, home=client_home)
+        assert refused.returncode == 1 and "admins" in refused.stderr
+        dev.close()
+    finally:
+        assert server.stop() == 0
+    logs = [json.loads(line) for line in server.output().splitlines() if line.startswith("{")]
+    events = [e.get("event") for e in logs]
+    assert "session_opened" in events and "session_closed" in events
+    assert "server_started" in events
+    opened = next(e for e in logs if e.get("event") == "session_opened")
+    assert opened["ts"].endswith("Z") and "T" in opened["ts"] and opened["level"] == "info"
+    assert opened["session"] >= 1 and len(opened["peer"]) == 52
+
+
+def test_an_admin_from_the_authorized_peers_file_may_ask_for_status(tmp_path: Path) -> None:
+    admin_key, user_key = tmp_path / "admin.key", tmp_path / "user.key"
+    admin = Identity.load_or_create(admin_key).peer_id
+    user = Identity.load_or_create(user_key).peer_id
+    peers = tmp_path / "authorized_peers"
+    peers.write_text(f"{admin}  ops  role=admin\n{user}  alice\n")
+    server = start_daemon("serve", tmp_path / "s", "--authorized-peers", str(peers))
+    try:
+        assert f"auth: authorized peers from {peers}" in server.output()
+        info = RemoteDevice(server.target, key=admin_key).server_status()
+        assert info["jobs"]["by_state"]["running"] == 0
+        with pytest.raises(OpFailed, match="admins"):
+            RemoteDevice(server.target, key=user_key).server_status()
+    finally:
+        server.stop()
+    text = server.output()
+    assert "INFO    server: session 1 opened" in text and "event=session_opened" in text
+
+
+def test_cli_version_sizes_and_refusals(tmp_path: Path, client_home: Path) -> None:
+    out = _cli("--version", home=client_home)
+    assert out.returncode == 0 and out.stdout.startswith("burn-remote ")
+    bad = _cli("serve", "--allow-any", "--memory-limit", "lots", home=client_home)
+    assert bad.returncode == 2 and "not a byte size: 'lots'" in bad.stderr
+    missing = _cli("serve", "--authorized-peers", str(tmp_path / "nope"), home=client_home)
+    assert missing.returncode == 2
+    assert f"--authorized-peers {tmp_path / 'nope'} does not exist" in missing.stderr
+    default = _cli("serve", home=client_home)  # no file at the default path either
+    assert default.returncode == 2 and "authorized_peers file" in default.stderr
+    assert "--allow-any" in default.stderr
+    listen = _cli("serve", "--allow-any", "--listen", "::1:4433", home=client_home)
+    assert listen.returncode == 2 and "[v6-address]:port" in listen.stderr
