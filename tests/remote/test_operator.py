@@ -138,10 +138,11 @@ def test_cli_version_sizes_and_refusals(tmp_path: Path, client_home: Path) -> No
     bad = _cli("serve", "--allow-any", "--memory-limit", "lots", home=client_home)
     assert bad.returncode == 2 and "not a byte size: 'lots'" in bad.stderr
     missing = _cli("serve", "--authorized-peers", str(tmp_path / "nope"), home=client_home)
-    assert missing.returncode == 2
+    assert missing.returncode == 1
     assert f"--authorized-peers {tmp_path / 'nope'} does not exist" in missing.stderr
     default = _cli("serve", home=client_home)  # no file at the default path either
-    assert default.returncode == 2 and "authorized_peers file" in default.stderr
+    assert default.returncode == 1 and "authorized_peers file" in default.stderr
     assert "--allow-any" in default.stderr
     listen = _cli("serve", "--allow-any", "--listen", "::1:4433", home=client_home)
-    assert listen.returncode == 2 and "[v6-address]:port" in listen.stderr
+    assert listen.returncode == 1 and "--listen: bad address" in listen.stderr
+    assert "[v6-address]:port" in listen.stderr
