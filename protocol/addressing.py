@@ -21,18 +21,20 @@ def parse_host_port(text: str, default_host: str | None = None) -> Address:
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         if not sep or not rest.startswith(":") or not host:
-            raise ValueError(f"bad address {text!r}: expected [v6-address]:port")
+            raise ValueError(f"bad address {text!r}: expected [V6-ADDRESS]:PORT")
         port_text = rest[1:]
     else:
         host, sep, port_text = text.rpartition(":")
-        if not sep or ":" in host or not (host or default_host):
-            raise ValueError(f"bad address {text!r}: expected host:port or [v6-address]:port")
+        if not sep:
+            raise ValueError(f"bad address {text!r}: no port; use HOST:PORT or [V6]:PORT")
+        if ":" in host:
+            raise ValueError(f"bad address {text!r}: write an IPv6 address in brackets, [::1]:PORT")
+        if not (host or default_host):
+            raise ValueError(f"bad address {text!r}: no host; use HOST:PORT")
     host = host or default_host or ""
-    if not port_text.isdigit():
-        raise ValueError(f"bad port in {text!r}: expected a number")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"bad address {text!r}: the port must be a number from 0 to 65535")
     port = int(port_text)
-    if not 0 <= port < 65536:
-        raise ValueError(f"port out of range in {text!r}")
     return host, port
 
 

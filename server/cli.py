@@ -141,7 +141,7 @@ def _authorized_peers_file(given: str | None) -> str:
     from burn_remote.protocol.transport import default_authorized_peers_path
 
     path = Path(given) if given else default_authorized_peers_path()
-    if not path.is_file():
+    if not path.exists():  # anything else wrong with it is the policy's to say
         how = "--authorized-peers" if given else "the default authorized_peers file"
         raise ValueError(
             f"{how} {path} does not exist: create it (one peer id a line, see `burn-remote id`) "

@@ -145,4 +145,4 @@ def test_cli_version_sizes_and_refusals(tmp_path: Path, client_home: Path) -> No
     assert "--allow-any" in default.stderr
     listen = _cli("serve", "--allow-any", "--listen", "::1:4433", home=client_home)
     assert listen.returncode == 1 and "--listen: bad address" in listen.stderr
-    assert "[v6-address]:port" in listen.stderr
+    assert "in brackets, [::1]:PORT" in listen.stderr
