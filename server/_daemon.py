@@ -30,6 +30,7 @@ from ..protocol.transport import (
     Endpoint,
     EndpointConfig,
     FrameStream,
+    FrameTooLarge,
     Identity,
     TransportError,
 )
@@ -124,6 +125,7 @@ async def _connection(
         first = await control.receive_frame()
         if first is None:
             return
+        control.stop_oversized = False  # an oversized control frame is answered (LIMIT)
         if _is_fetch(first):
             await _serve_fetch(state, conn, control, first)
             return
@@ -201,6 +203,8 @@ class _SessionPump:
         self._arrived = trio.Event()
         self._progress = 0
         """Chunks received on any bulk stream (a long transfer that moves is not stalled)."""
+        self._why = "session refused"
+        """The reason the connection is closed with when the session must end."""
 
     async def run(self, first: bytes | None) -> None:
         """Serve the connection; ``first`` is None for a resumed session, whose queued
@@ -217,15 +221,16 @@ class _SessionPump:
                     break
                 try:
                     frame = await self.control.receive_frame()
-                except TransportError as exc:
-                    if "max_frame_size" in str(exc):
-                        await self.control.send_frame(m.encode(m.Error(m.LIMIT, str(exc), -1, 0)))
-                    raise
+                except FrameTooLarge as exc:  # frame boundaries are lost: say so, then end
+                    await self.control.send_frame(m.encode(m.Error(m.LIMIT, str(exc), -1, 0)))
+                    self.session.closed = True
+                    self._why = f"control frame too large: {exc}"
+                    break
                 if frame is None:
                     break
             nursery.cancel_scope.cancel()
         if self.session.closed:
-            await self.conn.close("session refused")
+            await self.conn.close(self._why)
 
     async def _process(self, frame: bytes | None) -> None:
         session = self.session

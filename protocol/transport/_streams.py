@@ -42,10 +42,15 @@ class FrameStream:
         self._buffered = 0  # unread bytes in self._chunks (minus _pos)
         self._eof = False
         self._error: TransportError | None = None
+        self._receive_only = False  # _error ended our reading only (we refused a frame)
         self._readable = trio.lowlevel.ParkingLot()
         self._send_closed = False
         self._need: int | None = None  # payload length of the frame being read
         self._partial = False  # part of the current outgoing frame is written
+        self.stop_oversized = True
+        """Answer an oversized incoming frame with STOP_SENDING. An application that
+        replies on the same stream before closing (a control stream) turns it off: a peer
+        may take STOP_SENDING for the end of the stream and miss the reply."""
 
     def __repr__(self) -> str:
         return f"<FrameStream {self.stream_id} of {self._conn!r}>"
@@ -92,7 +97,7 @@ class FrameStream:
         total = len(view)
         while written < total:
             conn._check_open()
-            if self._error is not None:
+            if self._error is not None and not self._receive_only:
                 raise self._error
             room = cap - quic.sender_buffered(self.stream_id)
             if room <= 0:
@@ -112,6 +117,7 @@ class FrameStream:
         and what it already sent is dropped; later reads raise TransportError."""
         if self._error is None:
             self._error = TransportError(f"stream {self.stream_id}: we stopped reading")
+            self._receive_only = True
             self._discard()
             if self._conn._is_open():
                 self._conn._quic.stop_stream(self.stream_id, _ERROR_REFUSED)
@@ -202,8 +208,9 @@ class FrameStream:
 
     def _fail_receive(self, error: TransportError) -> None:
         self._error = error
+        self._receive_only = True
         self._discard()
-        if self._conn._is_open():
+        if self._conn._is_open() and self.stop_oversized:
             self._conn._quic.stop_stream(self.stream_id, _ERROR_FRAME_TOO_LARGE)
             self._conn._transmit()
         raise error
@@ -230,8 +237,8 @@ class FrameStream:
             self._readable.unpark_all()
 
     def _fail(self, error: TransportError) -> None:
-        if self._error is None:
-            self._error = error
+        if self._error is None or self._receive_only:
+            self._error, self._receive_only = error, False
         self._discard()
         if self._readable:
             self._readable.unpark_all()
