@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OPENCL := $(VENV)/.opencl
 
-.PHONY: demo test lint format bench clean gpu-check
+.PHONY: demo test compose-test lint format bench clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ test: $(STAMP) $(OPENCL)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
+
+# The multi-node suite in docker-compose, with faults made from the host; needs root, no
+# registry (see deploy/compose/run.py). Installs Docker and debootstrap from Debian if missing.
+compose-test: $(BIN)/python
+	$(BIN)/python deploy/compose/run.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .

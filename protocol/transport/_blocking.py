@@ -17,7 +17,6 @@ everything: buffered data is bounded by one partial frame (``max_frame_size``) p
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import select
@@ -31,7 +30,7 @@ from aioquic.quic import events
 
 from ._config import EndpointConfig
 from ._connection import _termination_error
-from ._endpoint import _size_buffers
+from ._endpoint import SEND_LOSS_ERRNOS, _size_buffers
 from ._errors import FrameTooLarge, PeerGone, TransportError
 from ._identity import Identity, PeerId
 from ._quic import PeerQuicConnection, client_connection
@@ -47,7 +46,6 @@ _INLINE_FRAME = 65536
 _RECV_SIZE = 65536
 _RECV_BATCH = 256
 """Datagrams read per wake before the events are processed and replies sent."""
-_IGNORED_SEND_ERRORS = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
 class _FrameReader:
@@ -306,7 +304,7 @@ class BlockingConnection:
             try:
                 self._sock.send(data)
             except OSError as exc:  # ICMP errors from a gone peer surface here
-                if exc.errno not in _IGNORED_SEND_ERRORS:
+                if exc.errno not in SEND_LOSS_ERRNOS:
                     raise
         timer = quic.get_timer()
         if timer is not None and (self._armed is None or timer < self._armed):

@@ -48,6 +48,12 @@ _GSO_MAX_SEGMENTS = 64
 _GSO_MAX_BYTES = 65000
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(4)
 _SUPPORTED_VERSIONS = [0x00000001, 0x6B3343CF]
+SEND_LOSS_ERRNOS = frozenset(
+    {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPERM, errno.ENOBUFS}
+)
+"""Errors of a UDP send that only mean "this datagram is lost" (QUIC retransmits): ICMP
+errors from a gone or unreachable peer, a local firewall rule that drops it (netfilter
+answers EPERM), a full device queue. Anything else is a bug and is raised."""
 
 
 class Endpoint:
@@ -260,7 +266,7 @@ class Endpoint:
                 self._gso = False  # the route or device refuses GSO: send one by one
                 for data in parts:
                     self._sendto(data, addr)
-            elif exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+            elif exc.errno not in SEND_LOSS_ERRNOS:
                 raise
 
     def _sendto(self, data: bytes, addr: tuple) -> None:
@@ -273,7 +279,7 @@ class Endpoint:
             self._backlog.append((data, addr))
             self._writable.set()
         except OSError as exc:  # e.g. ECONNREFUSED from an ICMP error: the peer is gone
-            if exc.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+            if exc.errno not in SEND_LOSS_ERRNOS:
                 raise
 
     async def _backlog_loop(self) -> None:

@@ -57,7 +57,7 @@ def test_compose_services_commands_and_ports_agree_with_the_cli() -> None:
     assert {"relay", "s1", "s2", "tests"} <= set(services)
     kinds = {}
     for name, svc in services.items():
-        if "profiles" in svc:  # opt-in services (the gpu profile): tests/deploy/test_gpu_deploy
+        if "gpu" in svc.get("profiles", []):  # tests/deploy/test_gpu_deploy checks it
             continue
         assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
         assert (ROOT / svc["build"]["dockerfile"]).exists()
@@ -79,7 +79,7 @@ def test_compose_services_commands_and_ports_agree_with_the_cli() -> None:
             assert host in services and kinds.get(host, "relay") == "relay"
             relay_ns = _parse(_commands(services[host]["command"])[0])
             assert int(port) == _listen_port(relay_ns)
-    assert kinds == {"relay": "relay", "s1": "serve", "s2": "serve"}
+    assert kinds == {"relay": "relay", "s1": "serve", "s2": "serve", "s3": "serve"}
 
 
 def test_k8s_manifests_agree_with_the_cli() -> None:

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,8 +111,42 @@ def external_lab(env: Mapping[str, str]) -> Lab:
     if len(paths) != 2:
         raise ValueError(f"BURN_REMOTE_LAB_PEERS names {len(paths)} files, not 2: {paths}")
     for node, path in zip(("s1", "s2"), paths):
-        lab.servers[node] = Service(Path(path).read_text().strip(), "")
+        lab.servers[node] = Service(_wait_for_id(Path(path)), "")
     return lab
+
+
+SERVICE_WAIT = 90.0
+"""Seconds the runner waits for a compose service's peer id and relay record."""
+
+
+def _wait_for_id(path: Path) -> str:
+    """The peer id a server's entrypoint writes before it starts (services start in any
+    order; the runner may be first)."""
+    deadline = time.monotonic() + SERVICE_WAIT
+    while not (path.exists() and path.read_text().strip()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no peer id in {path} after {SERVICE_WAIT:g} s")
+        time.sleep(0.2)
+    return path.read_text().strip()
+
+
+def _wait_for_records(lab: Lab) -> None:
+    """Until the relay holds every server's record (each publishes once it listens)."""
+    from burn_remote.protocol.relay import RelayAgent, RelayError
+    from burn_remote.protocol.transport import PeerId
+
+    assert lab.relay is not None
+    deadline = time.monotonic() + SERVICE_WAIT
+    for node in lab.servers.values():
+        while True:
+            try:
+                if RelayAgent.get(lab.relay.address).lookup(PeerId.parse(node.peer_id)):
+                    break
+            except RelayError:
+                pass  # the relay is still starting
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the relay has no record of {node.peer_id} yet")
+            time.sleep(0.5)
 
 
 def _teardown(lab: Lab) -> None:
@@ -125,7 +160,9 @@ def _teardown(lab: Lab) -> None:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if os.environ.get("BURN_REMOTE_LAB") == "external":
-        yield external_lab(os.environ)
+        lab = external_lab(os.environ)
+        _wait_for_records(lab)
+        yield lab
         return
     reason = netns_refusal()
     if reason is not None:
