@@ -1,11 +1,17 @@
-"""Transport benchmark: bulk upload over burn-remote QUIC vs. Python's asyncio TLS over TCP.
+"""Transport benchmark: bulk rates and round trips, burn-remote beside plain baselines.
 
-Prints, in one run: upload MB/s at the loopback default datagram size and at 1452-byte
-datagrams, the asyncio TLS-over-TCP baseline on loopback, their ratios, and handshake
-latency. Server and client run in separate processes (as they would on two machines), for
-both transports. Usage::
+Prints, in one run (separate server and client processes, as on two machines):
+- bulk upload MB/s over the transport at the loopback datagram size and at 1452-byte
+  datagrams, beside asyncio TLS over TCP, and handshake latency;
+- a large tensor's upload and read-back rates through a `RemoteDevice` and a real
+  `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate;
+- the `item()` round trip (median of interleaved runs) beside a 64-byte echo over the
+  transport and over a plain asyncio TCP socket, for the QUIC engine in use (aioquic).
+
+Usage::
 
     .venv/bin/python bench/transport.py [--mib 256] [--frame-kib 1024] [--handshakes 20]
+        [--tensor-mib 256] [--trips 300]
 """
 
 from __future__ import annotations
@@ -180,11 +186,95 @@ def bench_tls(total: int, frame: int, handshakes: int) -> dict:
     return result
 
 
+# -- through a RemoteDevice -------------------------------------------------------------------
+
+
+def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
+    """Upload and read-back MB/s of one large tensor, and item() beside the echoes."""
+    from pathlib import Path
+
+    import numpy as np
+    from burn_remote import RemoteDevice
+    from burn_remote.server.testing import start_server
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from remote import item_round_trip, transport_echo
+
+    home = tempfile.mkdtemp(prefix="burn-remote-bench-")
+    os.chmod(home, 0o700)
+    os.environ["BURN_REMOTE_HOME"] = home
+    server = start_server(Path(home) / "server")
+    result: dict = {}
+    try:
+        dev = RemoteDevice(server.target)
+        dev.sync()
+        x = np.random.default_rng(0).standard_normal(tensor_mib * MiB // 4).astype(np.float32)
+        ups, downs = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            t = dev.tensor(x)
+            dev.sync()
+            t1 = time.perf_counter()
+            back = t.numpy()
+            t2 = time.perf_counter()
+            assert back.shape == x.shape
+            ups.append(x.nbytes / (t1 - t0) / 1e6)
+            downs.append(x.nbytes / (t2 - t1) / 1e6)
+            del t, back
+        result["upload_mb_s"] = statistics.median(ups)
+        result["read_mb_s"] = statistics.median(downs)
+        items, echoes, tcp = [], [], []
+        for _ in range(5):  # interleaved, medians: a shared machine is noisy
+            items.append(item_round_trip(dev, trips))
+            echoes.append(transport_echo(trips))
+            tcp.append(tcp_echo(trips))
+        result["item_us"] = statistics.median(items) * 1e6
+        result["echo_us"] = statistics.median(echoes) * 1e6
+        result["tcp_us"] = statistics.median(tcp) * 1e6
+        dev.close()
+    finally:
+        server.stop()
+    return result
+
+
+def tcp_echo(n: int, warm_up: int = 50) -> float:
+    """Seconds per 64-byte round trip over a plain asyncio TCP socket (no TLS): the floor."""
+
+    async def main() -> float:
+        async def handle(reader, writer):
+            while data := await reader.read(64):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        host, port = server.sockets[0].getsockname()[:2]
+        reader, writer = await asyncio.open_connection(host, port)
+        payload = b"x" * 64
+        for i in range(warm_up + n):
+            if i == warm_up:
+                t0 = time.perf_counter()
+            writer.write(payload)
+            await writer.drain()
+            await reader.readexactly(64)
+        dt = (time.perf_counter() - t0) / n
+        writer.close()
+        await writer.wait_closed()
+        await asyncio.sleep(0.01)  # the handler sees the end and returns
+        server.close()
+        await server.wait_closed()
+        return dt
+
+    return asyncio.run(main())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256, help="upload size in MiB")
     ap.add_argument("--frame-kib", type=int, default=1024, help="frame size in KiB")
     ap.add_argument("--handshakes", type=int, default=20, help="handshakes to time")
+    ap.add_argument("--tensor-mib", type=int, default=256, help="tensor size for RemoteDevice")
+    ap.add_argument("--trips", type=int, default=300, help="round trips per latency run")
     args = ap.parse_args(argv)
     total, frame = args.mib * MiB, args.frame_kib * 1024
 
@@ -206,6 +296,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  handshake (median of {args.handshakes}): QUIC {big['handshake_ms']:.2f} ms,"
         f" TLS/TCP {tls['handshake_ms']:.2f} ms"
+    )
+    r = bench_remote(args.tensor_mib, args.trips)
+    print(f"RemoteDevice, one {args.tensor_mib} MiB float32 tensor (median of 3), engine aioquic:")
+    print(
+        f"  upload  {r['upload_mb_s']:8.1f} MB/s   ratio to the transport's bulk rate "
+        f"{r['upload_mb_s'] / big['mb_s']:.2f}x"
+    )
+    print(
+        f"  read    {r['read_mb_s']:8.1f} MB/s   ratio to the transport's bulk rate "
+        f"{r['read_mb_s'] / big['mb_s']:.2f}x"
+    )
+    print(
+        f"round trips (medians of 5 interleaved runs of {args.trips}), engine aioquic: item() "
+        f"{r['item_us']:.0f} us; 64-byte echo over the transport {r['echo_us']:.0f} us; over "
+        f"plain asyncio TCP {r['tcp_us']:.0f} us; item()/TCP {r['item_us'] / r['tcp_us']:.1f}x"
     )
     return 0
 
