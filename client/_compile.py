@@ -282,6 +282,7 @@ class _Replay:
                     retain(o)
                     release(x._id)
                     x._id = o
+                    x._version += 1  # as _assign: a tape that saved it refuses to run
                 elif kind == _SINK_GRAD:
                     x.grad = make_tensor(dev, o, shape, dtype)
                 else:  # an argument the body assigned to
@@ -289,6 +290,7 @@ class _Replay:
                     retain(o)
                     release(t._id)
                     t._id = o
+                    t._version += 1
         refs = rec.refs
         cap.donated = [k for k, i in enumerate(ids) if i not in refs]
         rec.submit(cap)

@@ -55,8 +55,11 @@ class RemoteRuntime:
         self._syncs: deque[tuple[int, int]] = deque()
         """(request id, steps it covers) of each Sync a compiled step queued, oldest first."""
         self._steps = 0
-        self._synced = 0
+        """Compiled steps queued so far."""
+        self._sent = 0
+        """Of those, how many have been handed to the link."""
         self._acked = 0
+        """Of those, how many the server is known to have run (a Sync's Ack or any reply)."""
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
@@ -76,22 +79,29 @@ class RemoteRuntime:
             self.link.kick()
 
     def step_done(self) -> None:
-        """A compiled step was queued: send now if the server is idle, else every
-        STEPS_PER_PACKET steps; wait while more than MAX_STEPS_AHEAD are unacknowledged.
-        A failed step is not raised here: its error comes with the next read or sync."""
+        """A compiled step was queued: send it now if the server has none of ours to run,
+        else every STEPS_PER_PACKET steps with a Sync; wait while more than MAX_STEPS_AHEAD
+        are unacknowledged. A failed step is not raised here: its error comes with the next
+        read or sync, as in an uncompiled loop."""
         wait_for = None
         with self.cond:
             self._check()
             proto, syncs = self.proto, self._syncs
             self._steps += 1
             while syncs and syncs[0][0] in proto.results:
-                rid, self._acked = syncs.popleft()
+                rid, steps = syncs.popleft()
                 proto.results.pop(rid)
-            send = not syncs or self._steps - self._synced >= STEPS_PER_PACKET
-            if send:
+                self._acked = max(self._acked, steps)
+            send = self._sent == self._acked  # the server is idle: start it on this step
+            if not send and self._steps - self._sent >= STEPS_PER_PACKET:
                 syncs.append((proto.request(m.Sync), self._steps))
-                self._synced = self._steps
+                send = True
+            if send:
+                self._sent = self._steps
             if self._steps - self._acked > MAX_STEPS_AHEAD:
+                if not syncs:
+                    syncs.append((proto.request(m.Sync), self._steps))
+                    send, self._sent = True, self._steps
                 wait_for = syncs[0][0]
         if send:
             self.link.kick()
@@ -138,6 +148,7 @@ class RemoteRuntime:
         with self.cond:
             self._check()
             rid = self.proto.request(kind, *fields)
+            steps = self._sent = self._steps
         self.link.kick()
         return rid
 
@@ -150,6 +161,8 @@ class RemoteRuntime:
             )
             result = proto.results.pop(rid, None)
             error = proto.take_errors()
+            if done:  # the server ran every step queued before this request
+                self._acked = max(self._acked, steps)
             if not done:
                 raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
             if result is None:

@@ -98,6 +98,8 @@ class Tensor:
         try:
             body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
         except Exception as exc:  # a failed graph still prints, naming why
+            if self._dev._rec.log is not None:  # but inside a compiled step a read fails loudly
+                raise
             body = f"<unreadable: {type(exc).__name__}>"
         shape = f", shape={self.shape}" if self.size > _REPR_ALL_BELOW else ""
         return f"tensor({body}{shape}, dtype={self.dtype}, device={self._dev}{grad})"

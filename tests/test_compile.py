@@ -125,6 +125,18 @@ def test_state_replaced_outside_is_read_on_the_next_replay():
     assert np.abs(w.numpy()).max() <= 0.011
 
 
+def test_a_replay_updates_state_in_place_as_autograd_sees_it():
+    net, _, step = _mlp()
+    compiled = br.compile(step)
+    for i in range(4):
+        compiled(*_batch(8, i))
+    x, y = _batch(8, 0)
+    loss = F.cross_entropy(net(x), y)  # the tape saves the weights
+    compiled(*_batch(8, 1))  # a replay updates them, as opt.step() would
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        loss.backward()
+
+
 def test_train_eval_switch_recaptures():
     nn.seed(0)
     drop = nn.Dropout(0.5)
@@ -172,6 +184,18 @@ def test_reading_a_value_inside_fails_with_the_line():
         return -y
 
     @br.compile
+    def with_print(x):
+        y = x * 3
+        print("y is", y)
+        return y
+
+    @br.compile
+    def with_format(x):
+        y = x.sum()
+        print(f"y is {y:.3f}")
+        return y
+
+    @br.compile
     def with_sync(x):
         y = x + 1
         DEV.sync()
@@ -184,6 +208,8 @@ def test_reading_a_value_inside_fails_with_the_line():
     _raises(with_numpy, x, pattern=r"numpy\(\) on a tensor")
     _raises(with_branch, x, pattern=r"Python branch on a tensor value")
     _raises(with_sync, x, pattern=r"sync")
+    _raises(with_print, x, pattern=r"printing a tensor's value")
+    _raises(with_format, x, pattern=r"printing a tensor's value")
     assert (x + 1).numpy().tolist() == [2, 2, 2]  # the device still works after the errors
 
 
@@ -288,3 +314,45 @@ def test_captured_training_on_opencl_equals_plain_training_bitwise(kind):
     captured = train(dev, MODELS[kind], 100, compiled=True)
     assert captured["__stats__"]["replays"] >= 95
     _same(plain, captured)
+
+
+@pytest.mark.slow
+def test_gpt2_small_sized_lora_step_captures_and_matches():
+    """GPT-2-small-sized weights (124M parameters, ~500 MB): the state scan and the replay
+    bind ~150 frozen base tensors and the adapters; captured steps equal plain ones."""
+    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=32)
+
+    def build(dev):
+        nn.seed(5)
+        model = br.lora.apply_lora(
+            nn.GPT(cfg, device=dev), br.lora.LoraConfig(r=4, alpha=8, target_modules=["c_attn"])
+        )
+        opt = optim.AdamW(model, lr=1e-3, schedule=optim.cosine(10, warmup_steps=2))
+        ids = np.random.default_rng(6).integers(0, cfg.vocab, (6, 1, cfg.context + 1))
+
+        def step(x, y):
+            loss = model.loss(x, y)
+            loss.backward()
+            optim.clip_grad_norm(model, 1.0)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        def batch(i):
+            return DEV.tensor(ids[i, :, :-1]), DEV.tensor(ids[i, :, 1:])
+
+        return model, step, batch
+
+    results = []
+    for compiled in (False, True):
+        model, step, batch = build(DEV)
+        run = br.compile(step) if compiled else step
+        for i in range(6):
+            run(*batch(i))
+            DEV.flush()
+        if compiled:
+            assert run.stats()["replays"] == 3
+        results.append({n: t.numpy() for n, t in model.named_parameters() if ".lora_" in n})
+        del model, step, run
+        gc.collect()
+    _same(*results)
