@@ -331,6 +331,7 @@ class Compiled:
         where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
         self.name = f"{getattr(fn, '__qualname__', repr(fn))}{where}"
         self._entries: OrderedDict[Any, _Entry] = OrderedDict()
+        self._last: tuple[Any, Any] = (None, None)
         self.recordings = 0
         """Calls that ran the body (recorded); the rest replayed."""
         self.replays = 0
@@ -358,11 +359,17 @@ class Compiled:
         for e in self._entries.values():
             e.clear()
         self._entries.clear()
+        self._last = (None, None)
 
     # --- calls --------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat: list[Any] = []
-        spec = _flatten((args, kwargs) if kwargs else args, flat, "argument")
+        try:
+            spec = _flatten((args, kwargs) if kwargs else args, flat, "argument")
+        except CaptureError as exc:
+            raise CaptureError(
+                f"{self.name} called at {fmt_location(user_location())}: {exc}"
+            ) from None
         dev = self.device
         for leaf in flat:
             if type(leaf) is Tensor:
@@ -380,12 +387,17 @@ class Compiled:
             _autograd.enabled(),
             id(dev),
         )
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._new_entry(key)
-        elif entry.replay is not None:
-            if entry.epoch == epoch():
+        if key == self._last[0]:  # the common case: the same signature as the last call
+            entry = self._last[1]
+        else:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._new_entry(key)
+            else:
                 self._entries.move_to_end(key)
+            self._last = (key, entry)
+        if entry.replay is not None:
+            if entry.epoch == epoch():
                 try:
                     out = entry.replay.run(flat)
                 except _Miss as miss:

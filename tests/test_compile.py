@@ -216,7 +216,8 @@ def test_reading_a_value_inside_fails_with_the_line():
 def test_unsupported_arguments_and_results_are_refused():
     x = DEV.tensor(np.ones(3, np.float32))
     f = br.compile(lambda a: a * 2)
-    _raises(f, np.ones(3), pattern=r"argument\[0\] is a ndarray.*dev.tensor")
+    msg = _raises(f, np.ones(3), pattern=r"argument\[0\] is a ndarray.*dev.tensor")
+    assert re.search(r"called at .*test_compile.py:\d+", msg)  # the line that called it
     _raises(f, object(), pattern=r"argument\[0\] is a object")
     g = br.compile(lambda a: (a * 2, 3.5))
     _raises(g, x, pattern=r"returns a Python float")
