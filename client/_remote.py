@@ -60,6 +60,8 @@ class RemoteRuntime:
         """Of those, how many have been handed to the link."""
         self._acked = 0
         """Of those, how many the server is known to have run (a Sync's Ack or any reply)."""
+        self._asked: dict[int, int] = {}
+        """Request id -> compiled steps queued before it (its reply acknowledges them)."""
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
@@ -148,7 +150,7 @@ class RemoteRuntime:
         with self.cond:
             self._check()
             rid = self.proto.request(kind, *fields)
-            steps = self._sent = self._steps
+            self._asked[rid] = self._sent = self._steps
         self.link.kick()
         return rid
 
@@ -161,6 +163,7 @@ class RemoteRuntime:
             )
             result = proto.results.pop(rid, None)
             error = proto.take_errors()
+            steps = self._asked.pop(rid, 0)
             if done:  # the server ran every step queued before this request
                 self._acked = max(self._acked, steps)
             if not done:
