@@ -63,6 +63,9 @@ class Plan:
     a replay may run on its network loop)."""
     runs: int = 0
     """Executions so far; the first is the dry run that GPU pools size their pages from."""
+    peak_bytes: int = 0
+    """Most bytes of intermediates alive at once (from declared shapes; set by the server,
+    which reserves them in its memory ledger for each run)."""
 
 
 def compile_graph(graph: Graph, backend: Backend) -> Plan:
@@ -179,6 +182,10 @@ class Executor:
         while len(self._plans) > self.cache_size:
             self._plans.popitem(last=False)
         return plan
+
+    def evict(self, digest: str) -> None:
+        """Drop a cached plan (and the constants it holds)."""
+        self._plans.pop(digest, None)
 
     def __contains__(self, digest: str) -> bool:
         return digest in self._plans

@@ -9,6 +9,7 @@ training step replays the same graph with new bindings.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,12 @@ from .registry import OPS, ShapeError
 GRAPH_FORMAT = 1
 MAX_GRAPH_NODES = 100_000
 """A graph larger than this is refused (the client flushes long before: MAX_PENDING_OPS)."""
+
+MAX_GRAPH_NDIM = 32
+"""Dimensions of any tensor a graph declares."""
+MAX_GRAPH_ELEMENTS = 2**48
+"""Elements of any tensor a graph declares (a shape like 2**62 is refused when decoded,
+before any size is computed from it; the server's memory limits refuse far less)."""
 
 Spec = tuple[tuple[int, ...], str]
 
@@ -91,6 +98,12 @@ def _spec(raw: Any) -> Spec:
     shape, dtype = raw
     if not isinstance(dtype, str) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise GraphError(f"bad tensor spec {raw!r}")
+    if len(shape) > MAX_GRAPH_NDIM:
+        raise GraphError(f"tensor of {len(shape)} dimensions; the limit is {MAX_GRAPH_NDIM}")
+    if math.prod(shape) > MAX_GRAPH_ELEMENTS:
+        raise GraphError(
+            f"tensor of shape {list(shape)} has more than {MAX_GRAPH_ELEMENTS} elements"
+        )
     return tuple(shape), dtype
 
 

@@ -46,9 +46,11 @@ def register(s: Any, msg: m.RegisterGraph, now: float) -> Reply:
             s, digest, m.LIMIT, f"session registered {len(s.graphs)} graphs (max_graphs {limit})"
         )
     try:
-        s.state.register(digest, msg.graph)
+        s.state.register(digest, msg.graph, s.id, s.nbytes + s.bulk_reserved)
     except GraphError as exc:
         _refuse(s, digest, m.BAD_GRAPH, f"graph refused: {exc}", exc.node)
+    except LimitExceeded as exc:
+        _refuse(s, digest, m.LIMIT, f"graph refused: {exc}")
     s.refused.pop(digest, None)
     s.graphs.add(digest)
     return None
@@ -111,7 +113,9 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
     ]
     s.drop(tuple(msg.input_ids[k] for k in donated))
     try:
-        outs = s.state.run(plan, inputs, msg.values, donated)
+        outs = s.state.run(
+            plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
+        )
     except ExecutionError as exc:
         raise Failure(m.EXECUTION, str(exc), exc.node) from None
     except (TypeError, ValueError, OverflowError) as exc:
@@ -171,7 +175,8 @@ def expose(s: Any, msg: m.Expose, now: float) -> Reply:
         peer = str(PeerId.parse(msg.peer_id))
     except ValueError as exc:
         raise Failure(m.MALFORMED, f"Expose.peer_id: {exc}") from None
-    return [m.Token(msg.request_id, s.state.grant(peer, s.get(msg.tensor_id)))]
+    token = s.state.grant(peer, s.get(msg.tensor_id), s.id, s.nbytes + s.bulk_reserved)
+    return [m.Token(msg.request_id, token)]
 
 
 def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:

@@ -11,6 +11,7 @@ object in memory.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -138,7 +139,7 @@ class Session:
         Raises:
             LimitExceeded: they would not fit in the session's or the server's memory.
         """
-        limits, st = self.state.limits, self.state
+        limits = self.state.limits
         with self._bulk_lock:
             held = self.nbytes + self.bulk_reserved
             if held + size > limits.session_memory:
@@ -146,15 +147,14 @@ class Session:
                     f"a {size}-byte transfer exceeds the session memory quota: {held} bytes "
                     f"held or arriving, session_memory {limits.session_memory}"
                 )
-            if st.bytes + size > limits.memory_limit:
-                raise LimitExceeded(
-                    f"a {size}-byte transfer exceeds the server memory limit {limits.memory_limit}"
-                )
+            # in the server's ledger too: every session's transfers count against the limit
+            self.state.hold(size, held, f"a {size}-byte transfer of session {self.id}")
             self.bulk_reserved += size
 
     def release(self, size: int) -> None:
         with self._bulk_lock:
             self.bulk_reserved -= size
+            self.state.hold(-size)
 
     def feed_bulk(self, bulk_id: int, buffer: Any) -> None:
         """A transfer is whole (``buffer``), or the glue gave up waiting for it (None: what
@@ -398,7 +398,10 @@ class Session:
         self.bulk_partial.clear()
         self.bulk_out.clear()
         self.fetched.clear()
-        self.bulk_reserved = 0
+        with self._bulk_lock:
+            self.state.hold(-self.bulk_reserved)
+            self.bulk_reserved = 0
+        self.state.release_plans(self.id, self.graphs)
         self.state.close_session(self.id)
         if self.greeted:
             log.info(
@@ -417,7 +420,7 @@ class Session:
             dt = dtypes.to_numpy(dtype)
         except TypeError as exc:
             raise Failure(m.MALFORMED, str(exc)) from None
-        count = int(np.prod(shape, dtype=np.uint64)) if shape else 1
+        count = math.prod(shape)  # Python ints: a product past 2**64 cannot wrap to a match
         if count * dt.itemsize != len(data):
             raise Failure(
                 m.MALFORMED,

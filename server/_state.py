@@ -21,6 +21,7 @@ from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
+from ._footprint import footprint
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,12 @@ class Limits:
         }
 
 
+CAPABILITY_TTL = 600.0
+"""Seconds an unredeemed capability (and the tensor it pins) lives."""
+MAX_CAPABILITIES = 64
+"""Unredeemed capabilities one session may hold."""
+
+
 class LimitExceeded(Exception):
     """A limit was hit; the message says which."""
 
@@ -85,6 +92,9 @@ class ServerState:
         self.sessions: dict[int, Any] = {}
         self.tensors = 0
         self.bytes = 0
+        self.held = 0
+        """Bytes charged that are not tensors (``hold``): bulk in flight, capabilities,
+        plan constants, arenas."""
         self.peak_bytes = 0
         self.extensions: dict[str, str] = installed_extensions()
         """Op extensions this server runs (entry points loaded by `serve`), name -> version."""
@@ -107,7 +117,12 @@ class ServerState:
         self.authorized: Any = None
         """The admission policy (an ``AuthorizedPeers``; set by ``serve``): peer roles."""
         self._ids = itertools.count(1)
-        self._caps: dict[bytes, tuple[str, Any]] = {}
+        self._plan_bytes: dict[str, int] = {}
+        """digest -> constant bytes charged for a cached plan."""
+        self._plan_users: dict[str, set[int]] = {}
+        """digest -> sessions that registered it (the plan is released with the last)."""
+        self._caps: dict[bytes, tuple[str, Any, int, int, float]] = {}
+        """token -> (peer allowed, array, granting session, bytes charged, deadline)."""
 
     def is_admin(self, peer_id: str) -> bool:
         """Whether the authorised-peers file gives ``peer_id`` the ``admin`` role."""
@@ -127,6 +142,7 @@ class ServerState:
             return sid
 
     def close_session(self, sid: int) -> None:
+        self.revoke(sid)
         with self.lock:
             session = self.sessions.pop(sid, None)
             if session is not None:
@@ -149,22 +165,47 @@ class ServerState:
                         f"{owner} memory quota exceeded: {owner_bytes} + {nbytes} bytes > "
                         f"{self.limits.session_memory} (--session-memory)"
                     )
-                if self.bytes + nbytes > self.limits.memory_limit:
+                if self.bytes + self.held + nbytes > self.limits.memory_limit:
                     raise LimitExceeded(
-                        f"server memory limit exceeded by {owner}: {self.bytes} + {nbytes} "
+                        f"server memory limit exceeded by {owner}: {self.bytes + self.held} + {nbytes} "
                         f"bytes > {self.limits.memory_limit} (--memory-limit)"
                     )
             self.tensors += tensors
             self.bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.bytes)
 
+    def hold(self, nbytes: int, owner_bytes: int = 0, owner: str = "session") -> None:
+        """Charge (or, negative, refund) bytes that are not a session's tensors but that a
+        peer made the server hold: bulk streams in flight, exposed tensors, plan constants,
+        arenas of running plans. They count against the owner's quota and the server's
+        limit like tensors (``held``, beside ``bytes``)."""
+        with self.lock:
+            if nbytes > 0:
+                if owner_bytes + nbytes > self.limits.session_memory:
+                    raise LimitExceeded(
+                        f"{owner} memory quota exceeded: {owner_bytes} + {nbytes} bytes > "
+                        f"{self.limits.session_memory} (--session-memory)"
+                    )
+                if self.bytes + self.held + nbytes > self.limits.memory_limit:
+                    raise LimitExceeded(
+                        f"server memory limit exceeded by {owner}: "
+                        f"{self.bytes + self.held} + {nbytes} bytes > "
+                        f"{self.limits.memory_limit} (--memory-limit)"
+                    )
+            self.held += nbytes
+
     # --- graphs -----------------------------------------------------------------------------
     def plan(self, digest: str) -> Plan | None:
         with self.lock:
             return self.executor.plan(digest)
 
-    def register(self, digest: str, graph_bytes: bytes) -> Plan:
-        """Decode, validate and compile; refuses a graph whose recomputed digest differs."""
+    def register(
+        self, digest: str, graph_bytes: bytes, session_id: int = 0, session_bytes: int = 0
+    ) -> Plan:
+        """Decode, validate and compile; refuses a graph whose recomputed digest differs.
+        The graph's constants are charged to the registering session before they are
+        computed (LimitExceeded past its quota or the server's limit) and stay charged while
+        any session that registered it is open; its arena must fit the server's limit."""
         graph = decode(graph_bytes, self.limits.max_graph_nodes)
         check_graph_extensions(graph, self.extensions)  # names what this server lacks
         validate(graph)
@@ -177,18 +218,74 @@ class ServerState:
                     f"its canonical encoding hashes to {actual}; register it under that digest"
                 )
             raise GraphError(f"digest mismatch: the graph hashes to {actual}, not {digest}")
+        constants, peak = footprint(graph)
+        if constants + peak > self.limits.memory_limit:
+            raise LimitExceeded(
+                f"graph needs {constants} bytes of constants and up to {peak} bytes of "
+                f"intermediates; the server's memory limit is {self.limits.memory_limit}"
+            )
         with self.lock:
             plan = self.executor.plan(digest)
-            if plan is None:
-                plan = self.executor.register(digest, graph)
-            return plan
+            known = plan is not None and digest in self._plan_bytes
+        if not known:
+            self.hold(constants, session_bytes, f"session {session_id}")
+        try:
+            with self.lock:
+                plan = self.executor.plan(digest)
+                if plan is None:
+                    plan = self.executor.register(digest, graph)
+                plan.peak_bytes = peak
+                if digest in self._plan_bytes:
+                    self.held -= constants  # charged twice by a race: once is enough
+                self._plan_bytes[digest] = constants
+                self._plan_users.setdefault(digest, set()).add(session_id)
+                self._forget_evicted_plans()
+        except BaseException:
+            with self.lock:
+                if digest not in self._plan_bytes:
+                    self.held -= constants
+            raise
+        return plan
 
-    def run(self, plan: Plan, inputs: list[Any], values: Any, donated: list[int]) -> list[Any]:
+    def release_plans(self, session_id: int, digests: Any) -> None:
+        """A session ended: plans no open session registered leave the cache, and their
+        constants leave the ledger."""
+        with self.lock:
+            for digest in digests:
+                users = self._plan_users.get(digest)
+                if users is None:
+                    continue
+                users.discard(session_id)
+                if not users:
+                    self.executor.evict(digest)
+            self._forget_evicted_plans()
+
+    def _forget_evicted_plans(self) -> None:
+        """Refund the constants of plans the cache no longer holds (LRU or released)."""
+        for digest in [d for d in self._plan_bytes if d not in self.executor]:
+            self.held -= self._plan_bytes.pop(digest)
+            self._plan_users.pop(digest, None)
+
+    def run(
+        self,
+        plan: Plan,
+        inputs: list[Any],
+        values: Any,
+        donated: list[int],
+        owner_bytes: int = 0,
+        owner: str = "session",
+    ) -> list[Any]:
         """Run a plan on the server's engine, timing it (``Plan.seconds``: whether its next
-        replay fits on the network loop)."""
-        start = time.perf_counter()
-        outs = self.executor.run(plan, inputs, values, donated)
-        plan.seconds = time.perf_counter() - start
+        replay fits on the network loop). Its arena (``Plan.peak_bytes``) is reserved in
+        the ledger for the run: a run that does not fit is refused before it allocates."""
+        peak = getattr(plan, "peak_bytes", 0)
+        self.hold(peak, owner_bytes, owner)
+        try:
+            start = time.perf_counter()
+            outs = self.executor.run(plan, inputs, values, donated)
+            plan.seconds = time.perf_counter() - start
+        finally:
+            self.hold(-peak)
         return outs
 
     def count_error(self, kind: str) -> None:
@@ -202,22 +299,38 @@ class ServerState:
             return self.executor.plan(digest) or self.executor.register(digest, graph)
 
     # --- capabilities -----------------------------------------------------------------------
-    def grant(self, peer_id: str, array: Any) -> bytes:
-        """A one-time token that lets ``peer_id`` (only) fetch ``array``."""
-        token = os.urandom(32)
+    def grant(self, peer_id: str, array: Any, session_id: int = 0, session_bytes: int = 0) -> bytes:
+        """A one-time token that lets ``peer_id`` (only) fetch ``array``. The array stays
+        charged to the exposing session (its quota, the server's limit) until the token is
+        redeemed, the session ends or ``CAPABILITY_TTL`` passes, whatever comes first."""
+        nbytes = int(getattr(array, "nbytes", 0))
         with self.lock:
-            self._caps[token] = (peer_id, array)
+            self._expire_caps()
+            held = [c for c in self._caps.values() if c[2] == session_id]
+            if len(held) >= MAX_CAPABILITIES:
+                raise LimitExceeded(
+                    f"session {session_id} has {len(held)} unredeemed capabilities "
+                    f"(MAX_CAPABILITIES {MAX_CAPABILITIES})"
+                )
+            exposed = sum(c[3] for c in held)
+        self.hold(nbytes, session_bytes + exposed, f"session {session_id}")
+        token = os.urandom(32)
+        deadline = time.monotonic() + CAPABILITY_TTL
+        with self.lock:
+            self._caps[token] = (peer_id, array, session_id, nbytes, deadline)
         return token
 
     def redeem(self, token: bytes, peer_id: str) -> Any:
         """The exposed array, once; raises LookupError for a wrong token or peer."""
         with self.lock:
+            self._expire_caps()
             entry = self._caps.get(token)
             if entry is None:
-                raise LookupError("unknown or already used capability token")
+                raise LookupError("unknown, expired or already used capability token")
             if entry[0] != peer_id:
                 raise LookupError("this capability token is bound to another peer")
             del self._caps[token]
+            self.held -= entry[3]  # the bytes leave with the reply
         return entry[1]
 
     def welcome(self, session_id: int, token: bytes) -> m.Welcome:
@@ -227,6 +340,21 @@ class ServerState:
         return m.Welcome(
             m.PROTOCOL_VERSION, session_id, token, self.peer_id, limits, dict(self.extensions)
         )
+
+    def revoke(self, session_id: int) -> None:
+        """Drop the capabilities a session granted (it ended): their arrays are freed."""
+        with self.lock:
+            for token, cap in list(self._caps.items()):
+                if cap[2] == session_id:
+                    del self._caps[token]
+                    self.held -= cap[3]
+
+    def _expire_caps(self) -> None:
+        now = time.monotonic()
+        for token, cap in list(self._caps.items()):
+            if cap[4] < now:
+                del self._caps[token]
+                self.held -= cap[3]
 
     def serve_fetch(self, frame: bytes, peer_id: str) -> tuple[bytes, BulkSend | None]:
         """Source side of a server-to-server move: Fetch frame in, (Data frame, transfer)

@@ -231,10 +231,12 @@ class RawClient:
         assert len(got) == 1, got
         return got[0]
 
-    def bulk(self, bulk_id: int, payload: bytes, size: int | None = None) -> int:
+    def bulk(self, bulk_id: int, payload: bytes) -> int:
+        """Send a whole bulk transfer (header, then BULK_CHUNK frames) on a new stream."""
         sid = self.conn.open_stream()
-        self.conn.send_frame(sid, m.encode(m.Bulk(bulk_id, len(payload) if size is None else size)))
-        self.conn.send_frame(sid, payload)
+        self.conn.send_frame(sid, m.encode(m.Bulk(bulk_id, len(payload), 0)))
+        for k in range(0, len(payload), m.BULK_CHUNK):
+            self.conn.send_frame(sid, payload[k : k + m.BULK_CHUNK])
         return sid
 
     def close(self) -> None:
