@@ -201,8 +201,8 @@ class PeerQuicConnection(QuicConnection):
     def sender_buffered(self, stream_id: int) -> int:
         """Bytes written to a stream and not yet acknowledged by the peer."""
         stream = self._streams.get(stream_id)
-        if stream is None:
-            return 0
+        if stream is None or stream.sender._reset_error_code is not None:
+            return 0  # reset (the peer sent STOP_SENDING): a writer must not wait on it
         return stream.sender._buffer_stop - stream.sender._buffer_start
 
     def finish_stream(self, stream_id: int) -> None:
