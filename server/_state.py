@@ -227,8 +227,8 @@ class ServerState:
         with self.lock:
             plan = self.executor.plan(digest)
             known = plan is not None and digest in self._plan_bytes
-        if not known:
-            self.hold(constants, session_bytes, f"session {session_id}")
+        charged = 0 if known else constants
+        self.hold(charged, session_bytes, f"session {session_id}")
         try:
             with self.lock:
                 plan = self.executor.plan(digest)
@@ -236,14 +236,13 @@ class ServerState:
                     plan = self.executor.register(digest, graph)
                 plan.peak_bytes = peak
                 if digest in self._plan_bytes:
-                    self.held -= constants  # charged twice by a race: once is enough
-                self._plan_bytes[digest] = constants
+                    self.held -= charged  # charged already (another session, a race)
+                else:
+                    self._plan_bytes[digest] = constants
                 self._plan_users.setdefault(digest, set()).add(session_id)
                 self._forget_evicted_plans()
         except BaseException:
-            with self.lock:
-                if digest not in self._plan_bytes:
-                    self.held -= constants
+            self.hold(-charged)
             raise
         return plan
 
