@@ -1,6 +1,6 @@
 """GPU check: training-step time and peak reserved memory, side by side, in one table.
 
-On one CUDA GPU (about 2 minutes) it prints, for an MLP, a small transformer and a
+On one CUDA GPU (about 2 minutes) it prints, for the digits MLP, a small transformer and a
 GPT-2-small LoRA step: the step time (median over steps) on cuda:0 fused and unfused,
 PyTorch CUDA on the same model when torch with CUDA is installed, and the peak reserved
 memory with the adaptive pool against CuPy's default pool. A run that fails shows `error[n]`
@@ -28,17 +28,17 @@ import numpy as np
 
 SIZES = {  # model -> (batch, width, layers, seq, vocab) ; the smoke sizes are for PoCL/CPU
     "full": {
-        "mlp": (256, 512, 0, 0, 0),
+        "digits-mlp": (64, 128, 0, 0, 0),  # examples/digits.py: 64-128-10, batch 64
         "transformer": (16, 256, 2, 64, 512),
         "gpt2-lora": (4, 768, 12, 128, 50257),  # GPT-2 small, LoRA r=8 on c_attn
     },
     "smoke": {
-        "mlp": (64, 128, 0, 0, 0),
+        "digits-mlp": (64, 128, 0, 0, 0),
         "transformer": (4, 32, 1, 16, 64),
         "gpt2-lora": (2, 32, 1, 16, 64),
     },
 }
-MODELS = ("mlp", "transformer", "gpt2-lora")
+MODELS = ("digits-mlp", "transformer", "gpt2-lora")
 CHILD_TIMEOUT_S = 240
 
 
@@ -80,7 +80,7 @@ def _burn_model(dev, kind: str, size: tuple[int, ...]):
             return F.cross_entropy(logits, dev.tensor(tgt))
 
         return gpt.parameters(), lm_loss
-    if kind == "mlp":
+    if kind == "digits-mlp":
         net = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, 10)).to(dev)
         x = rng.standard_normal((batch, 64)).astype(np.float32)
         y = rng.integers(0, 10, batch)
@@ -175,7 +175,7 @@ def run_torch(kind: str, size: tuple[int, ...], steps: int) -> dict | None:
         def loss_fn():
             logits = net(input_ids=ids).logits.reshape(-1, vocab)
             return torch.nn.functional.cross_entropy(logits, tgt)
-    elif kind == "mlp":
+    elif kind == "digits-mlp":
         net = torch.nn.Sequential(
             torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)
         ).to(dev)
@@ -285,7 +285,7 @@ def main() -> int:
     )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda:0", help=argparse.SUPPRESS)
-    ap.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="digits-mlp", help=argparse.SUPPRESS)
     ap.add_argument("--sizes", default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

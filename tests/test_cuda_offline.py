@@ -53,7 +53,7 @@ def _record_real_graphs(sim) -> list:
     import gpu as bench_gpu
 
     dev = sim_device(SimCupyBackend(0, cupy=sys.modules["cupy"]))
-    for kind in ("mlp", "transformer"):
+    for kind in ("digits-mlp", "transformer"):
         params, loss_fn = bench_gpu._burn_model(dev, kind, bench_gpu.SIZES["smoke"][kind])
         opt = optim.AdamW(params, lr=1e-3, weight_decay=0.01)
         for _ in range(2):
@@ -127,8 +127,8 @@ def test_bench_gpu_names_why_a_run_failed():
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
     import gpu as bench_gpu
 
-    result = bench_gpu.spawn("cuda:7", "mlp", "smoke", 1, True, True)
-    assert "error" in result and "mlp on cuda:7" in result["error"]
+    result = bench_gpu.spawn("cuda:7", "digits-mlp", "smoke", 1, True, True)
+    assert "error" in result and "digits-mlp on cuda:7" in result["error"]
     assert "cuda:7" in result["error"].split(":", 2)[-1], result["error"]
     table = bench_gpu.Table()
     assert table.cell(result, "ms") == "error[1]" and table.errors == [result["error"]]
