@@ -1,4 +1,5 @@
-"""The shared op suites (forward, gradients, indexing, dtypes) on the simulated GPU.
+"""The shared op suites (forward, gradients, indexing, dtypes) and the single-device GPU
+tests on the simulated GPU.
 
 Every test of those files that takes the `device` fixture runs here once more, with each of
 its parameter sets, on the real CUDA backend over tests/cuda_sim.py: the NumPy-shaped
@@ -89,6 +90,53 @@ def test_suite_case_on_simulated_cuda(fn, kwargs, monkeypatch):
     with simulated_cuda() as sim:
         dev = sim_device(SimCupyBackend(0, cupy=sys.modules["cupy"]))
         fixtures = {"device": dev, "rng": np.random.default_rng(1234), "close": assert_close}
+        wanted = set(inspect.signature(fn).parameters) - set(kwargs)
+        try:
+            fn(**kwargs, **{k: fixtures[k] for k in wanted})
+        finally:
+            RECORDED.extend(sim.programs)
+
+
+GPU_TESTS = (
+    "test_digits_mlp_trains_on_cuda",
+    "test_replayed_steps_reserve_no_device_memory",
+    "test_gradients_of_conv_pool_gather_scatter_match_the_cpu",
+    "test_scatter_add_small_dtypes_on_cuda",
+    "test_bfloat16_and_uniform_on_cuda",
+    "test_linalg_and_signal_on_cuda_match_the_cpu",
+    "test_a_host_fallback_reads_what_the_plan_wrote",
+)
+"""The tests of test_cuda_gpu.py that run in one process on one device: here they run on
+the simulated GPU too, so their logic is checked before a GPU ever runs them (the others
+start a server process, use threads or need two devices)."""
+
+
+def _gpu_cases() -> list:
+    import test_cuda_gpu
+
+    cases = []
+    for name in GPU_TESTS:
+        fn = getattr(test_cuda_gpu, name)
+        for n, kwargs in enumerate(_param_sets(fn)):
+            cases.append(pytest.param(fn, kwargs, id=f"{name}[{n}]"))
+    return cases
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fn,kwargs", _gpu_cases())
+def test_gpu_test_on_simulated_cuda(fn, kwargs, monkeypatch):
+    """`Device.cuda(0)` is the simulated device for the duration."""
+    from burn_remote import Device
+    from burn_remote.engine import backend as backend_mod
+    from cuda_sim import SimCupyBackend, sim_device, simulated_cuda
+
+    monkeypatch.delenv("BURN_REMOTE_POOL", raising=False)
+    with simulated_cuda() as sim:
+        backend = SimCupyBackend(0, cupy=sys.modules["cupy"])
+        dev = sim_device(backend)
+        monkeypatch.setitem(Device._instances, "cuda:0", dev)
+        monkeypatch.setitem(backend_mod._CACHE, ("cuda", 0), backend)
+        fixtures = {"gpu": dev, "rng": np.random.default_rng(1234)}
         wanted = set(inspect.signature(fn).parameters) - set(kwargs)
         try:
             fn(**kwargs, **{k: fixtures[k] for k in wanted})
