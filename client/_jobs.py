@@ -99,10 +99,19 @@ class Jobs:
                 raise JobError(f"spec: not valid TOML: {exc}") from None
         spec = json.loads(json.dumps(spec, default=str))  # a deep copy with paths as strings
         _expand_pretrained(spec)
+        local = []
         for section, key in _FILE_KEYS:
             value = spec.get(section, {}).get(key) if isinstance(spec.get(section), dict) else None
             if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):
-                spec[section][key] = self.upload(value)
+                local.append((section, key, value))
+        missing = [f"{s}.{k}: no such file: {v}" for s, k, v in local if not Path(v).is_file()]
+        if missing:  # refused before anything is uploaded
+            raise JobError(
+                "; ".join(missing) + " (a local path is uploaded; name server-side inputs as "
+                "sha256:<hex>, server:<path> or job:<id>)"
+            )
+        for section, key, value in local:
+            spec[section][key] = self.upload(value)
         info = self._call(m.JobSubmit, json.dumps(spec).encode())
         return Job(self, json.loads(info.info))
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-import tomllib
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -213,51 +212,54 @@ class RemoteRuntime:
 
 
 def parse_target(target: str) -> tuple[str, tuple[str, int] | None]:
-    """'peer@host:port' or 'peer@[v6]:port' -> (peer, (host, port)); 'peer' -> (peer, None)."""
-    peer, sep, addr = target.strip().partition("@")
-    if not sep:
-        return peer, None
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit():
-        raise ValueError(f"bad address {addr!r}: expected host:port")
-    return peer, (host, int(port))
+    """'peer@host:port' or 'peer@[v6]:port' -> (peer, (host, port)); 'peer' -> (peer, None).
+    (The one parser: ``burn_remote.protocol.addressing``.)"""
+    from burn_remote.protocol.addressing import split_target
+
+    return split_target(target)
 
 
 def lookup_address(
     peer: str, book: str | Path | None = None, key: str | Path | None = None
-) -> tuple[str, int]:
-    """The first address of ``peer`` in the address book (``addresses.toml``): a table mapping
-    peer ids to "host:port" strings (or lists of them), at top level or under ``[peers]``.
-    A peer not in the book is resolved by the transport's resolver hooks and relay."""
-    from burn_remote.protocol.transport import default_address_book_path
+) -> tuple[str, tuple[str, int]]:
+    """(peer id, first address) of ``peer`` -- a peer id or a name -- in the address book
+    (``$BURN_REMOTE_ADDRESS_BOOK``, else ``addresses.toml`` in the config home; its one
+    format is ``[[peer]]`` tables, see ``protocol/transport/_addressing.py``). A peer not in
+    the book is resolved by the transport's resolver hooks and relay.
+
+    Raises:
+        ValueError: the book is malformed, or no step knows an address for ``peer``.
+    """
+    from burn_remote.protocol.transport import (
+        AddressBook,
+        TransportError,
+        default_address_book_path,
+        resolve_peer,
+    )
 
     path = Path(book) if book else default_address_book_path()
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        data = None
-    entry = (data.get("peers", {}).get(peer) or data.get(peer)) if data else None
-    if isinstance(entry, list):
-        entry = entry[0] if entry else None
-    if not isinstance(entry, str):
-        # Not in the book: the transport's resolver hooks, then a configured relay.
-        from burn_remote.protocol.transport import resolve_peer
-
-        found = resolve_peer(peer, key_path=key)
-        if found is not None:
-            return found
-        if data is None:
-            raise ValueError(f"{peer[:12]}...: no address given and no address book at {path}")
-        raise ValueError(f"{peer[:12]}... is not in the address book {path}")
-    return parse_target(f"{peer}@{entry}")[1]  # type: ignore[return-value]
+        entry = AddressBook.load(path).lookup(peer)
+    except TransportError as exc:
+        raise ValueError(str(exc)) from None
+    if entry is not None and entry.addresses:
+        return str(entry.peer), entry.addresses[0]
+    peer_id = str(entry.peer) if entry is not None else peer
+    found = resolve_peer(peer_id, key_path=key)  # resolver hooks, then a configured relay
+    if found is not None:
+        return peer_id, found
+    if entry is not None:
+        raise ValueError(f"{peer}: the address book {path} lists it without addresses")
+    if not path.exists():
+        raise ValueError(f"{peer[:12]}...: no address given and no address book at {path}")
+    raise ValueError(f"{peer[:12]}... is not in the address book {path}")
 
 
 class RemoteDevice(Device):
     """A device whose tensors live on a `burn-remote serve` peer.
 
-    ``RemoteDevice("peer-id@host:port")`` dials that address; ``RemoteDevice("peer-id")``
-    looks the peer up in the address book. The same target (and key) gives the same device
+    ``RemoteDevice("peer-id@host:port")`` dials that address; ``RemoteDevice("peer-id")`` or
+    ``RemoteDevice("name")`` looks the peer up in the address book (``[[peer]]`` tables). The same target (and key) gives the same device
     object while it works; after ``close()`` or a lost session it gives a fresh one, which
     connects again. Another ``key`` (this client's identity file) gives a separate session.
     Nothing is sent until the first read or flush; the connection opens then, on a thread
@@ -279,8 +281,8 @@ class RemoteDevice(Device):
         from ._remote_link import Link
 
         peer, address = parse_target(target)
-        if address is None:
-            address = lookup_address(peer, key=key)
+        if address is None:  # a peer id or a name: the address book, then the relay
+            peer, address = lookup_address(peer, key=key)
         from burn_remote.protocol.transport import PeerId
 
         self.peer_id = str(PeerId.parse(peer))
@@ -377,9 +379,9 @@ class RemoteDevice(Device):
         src._rec.flush()
         token = src._rt.expose(t._id, self.peer_id)
         tid = self._rec.new_id()
-        host, port = src.address
-        addr = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self._rt.fetch(tid, src.peer_id, addr, token)
+        from burn_remote.protocol.addressing import format_host_port
+
+        self._rt.fetch(tid, src.peer_id, format_host_port(*src.address), token)
         self._rec.specs[tid] = (t.shape, t.dtype)
         out = make_tensor(self, tid, t.shape, t.dtype)
         if t.requires_grad:

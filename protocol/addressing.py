@@ -1,7 +1,7 @@
 """The one ``host:port`` parser and printer (every flag, target and record uses these).
 
-Forms: ``host:port``, ``[v6-address]:port``, and (where a default host is given, as for
-``--listen``) ``:port``. A bare IPv6 address without brackets is refused: its last colon
+Forms: ``host:port`` and ``[v6-address]:port``; an address to listen on may also be
+``:port`` (127.0.0.1) and use port 0 (any free port). A bare IPv6 address without brackets is refused: its last colon
 cannot be told from the port's. A target is ``PEER@HOST:PORT`` or just ``PEER`` (a peer id
 or an address-book name; see ``transport/_addressing.py`` for the book).
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 Address = tuple[str, int]
 
 
-def parse_host_port(text: str, default_host: str | None = None) -> Address:
-    """``host:port`` or ``[v6]:port`` (or ``:port`` with a ``default_host``) -> (host, port).
+def parse_host_port(text: str, *, listen: bool = False) -> Address:
+    """``host:port`` or ``[v6]:port`` -> (host, port). ``listen``: an address to bind, where
+    ``:port`` means 127.0.0.1 and port 0 picks a free port.
 
     Raises:
         ValueError: the text names what is wrong and the forms accepted.
@@ -29,13 +30,12 @@ def parse_host_port(text: str, default_host: str | None = None) -> Address:
             raise ValueError(f"bad address {text!r}: no port; use HOST:PORT or [V6]:PORT")
         if ":" in host:
             raise ValueError(f"bad address {text!r}: write an IPv6 address in brackets, [::1]:PORT")
-        if not (host or default_host):
+        if not (host or listen):
             raise ValueError(f"bad address {text!r}: no host; use HOST:PORT")
-    host = host or default_host or ""
-    if not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"bad address {text!r}: the port must be a number from 0 to 65535")
-    port = int(port_text)
-    return host, port
+    lowest = 0 if listen else 1
+    if not port_text.isdigit() or not lowest <= int(port_text) <= 65535:
+        raise ValueError(f"bad address {text!r}: the port must be a number from {lowest} to 65535")
+    return host or "127.0.0.1", int(port_text)
 
 
 def format_host_port(host: str, port: int) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 import trio
 
 from ..protocol import messages as m
-from ..protocol.addressing import format_host_port
+from ..protocol.addressing import format_host_port, parse_host_port
 from ..protocol.bulk import BulkReceive, BulkSend, parse_header
 from ..protocol.transport import (
     AuthorizedPeers,
@@ -375,8 +375,7 @@ async def fetch_from(ep: Endpoint, session: Session, out: StartFetch) -> Any:
     """Destination side of a server-to-server move: dial the source, redeem the token, and
     receive the tensor in chunks into a buffer charged to the session; (dtype, shape,
     buffer), or the source's refusal as a string."""
-    host, _, port = out.source_address.rpartition(":")
-    conn = await ep.connect(out.source_peer, (host.strip("[]"), int(port)))
+    conn = await ep.connect(out.source_peer, parse_host_port(out.source_address))
     try:
         s = await conn.open_stream()
         await s.send_frame(m.encode(m.Fetch(0, str(ep.peer_id), "", out.token)))

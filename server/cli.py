@@ -130,7 +130,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _host_port(flag: str, text: str, parse: Callable[..., tuple[str, int]]) -> tuple[str, int]:
     """A listening address (``:PORT`` means 127.0.0.1; port 0 picks a free one)."""
     try:
-        return parse(text, default_host="127.0.0.1")
+        return parse(text, listen=True)
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
 
@@ -290,7 +290,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     try:
         identity = Identity.load_or_create(key)
-        bind = parse_host_port(args.listen, default_host="127.0.0.1")
+        bind = parse_host_port(args.listen, listen=True)
     except (KeyFileError, ValueError) as exc:
         print(f"burn-remote relay: {exc}", file=sys.stderr)
         return 1

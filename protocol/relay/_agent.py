@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from ..addressing import parse_host_port
 from ..transport import (
     Endpoint,
     EndpointConfig,
@@ -30,7 +31,6 @@ from ..transport import (
     default_address_book_path,
     default_key_path,
 )
-from . import _wire as w
 from ._client import RelayClient, RelayError
 from ._records import AddressRecord
 
@@ -64,7 +64,7 @@ async def serve_via_relay(
 ) -> None:
     """Register with ``relay``, publish our record, and forward relayed peers to our QUIC
     port until cancelled. Republishes at a third of the TTL so the record never lapses."""
-    async with RelayClient.open(identity, w.parse_hostport(relay)) as client:
+    async with RelayClient.open(identity, parse_host_port(relay)) as client:
         client.serve_to = relayed_target(quic_address, client.local_host)
         await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
         task_status.started(client)
@@ -122,7 +122,7 @@ class RelayAgent:
     def _run(self) -> None:
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
-            async with RelayClient.open(self.identity, w.parse_hostport(self.relay)) as client:
+            async with RelayClient.open(self.identity, parse_host_port(self.relay)) as client:
                 self._client = client
                 self._ready.set()
                 await trio.sleep_forever()
@@ -189,7 +189,7 @@ def resolve_via_relay(
         return None
     for text in rec.addresses:
         try:
-            addr = w.parse_hostport(text)
+            addr = parse_host_port(text)
         except ValueError:
             continue
         if agent.probe(pid, addr):

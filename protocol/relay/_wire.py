@@ -26,6 +26,8 @@ it sent it to, once, so a signature is good for one relay, one challenge and one
 
 from __future__ import annotations
 
+from ..addressing import format_host_port, parse_host_port
+
 HELLO, CHALLENGE, AUTH, OK, ERR = 0x01, 0x02, 0x03, 0x04, 0x05
 PUBLISH, LOOKUP, RECORD, PING = 0x06, 0x07, 0x08, 0x09
 SEND, RECV = 0x10, 0x11
@@ -41,16 +43,11 @@ def auth_message(relay_peer: bytes, nonce: bytes) -> bytes:
 
 
 def addr_text(addr: tuple) -> str:
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_host_port(addr[0], addr[1])
 
 
-def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
-    """'host:port' or '[v6]:port' -> (host, port)."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"bad address {text!r}: expected host:port")
-    return host.strip("[]") or default_host, int(port)
+parse_hostport = parse_host_port
+"""The one ``host:port`` parser (``protocol/addressing.py``), under the name relay code used."""
 
 
 __all__ = [

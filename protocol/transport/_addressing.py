@@ -11,6 +11,10 @@ Address book: TOML at ``$BURN_REMOTE_ADDRESS_BOOK``, else ``<config_home>/addres
     id = "<52-character peer id>"
     name = "gpu-box"                      # optional; lets you dial "gpu-box"
     addresses = ["10.0.0.5:4433", "[fd00::5]:4433"]
+
+That is the only format (any other top-level key is refused with the fix); this is its only
+reader, used by ``RemoteDevice("peer or name")``, ``--peer`` of every command and the
+resolver. Addresses are parsed by ``protocol/addressing.py``, the one ``host:port`` parser.
 """
 
 from __future__ import annotations
@@ -21,46 +25,24 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..addressing import Address, format_host_port, parse_host_port, split_target
 from ._errors import TransportError
 from ._identity import PeerId
 from ._paths import default_address_book_path
 
-Address = tuple[str, int]
 ResolverHook = Callable[[PeerId], Awaitable[Sequence[Address]]]
 """An extra lookup step: given a peer id, return addresses to try (may be empty)."""
 
 
-def parse_host_port(text: str) -> Address:
-    """``host:port`` or ``[v6]:port`` -> (host, port)."""
-    text = text.strip()
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep or not rest.startswith(":"):
-            raise ValueError(f"bad address {text!r}: expected [v6-address]:port")
-        port_text = rest[1:]
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep or not host or ":" in host:
-            raise ValueError(f"bad address {text!r}: expected host:port or [v6]:port")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"bad port in {text!r}") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"port out of range in {text!r}")
-    return host, port
-
-
 def parse_peer_address(text: str) -> tuple[PeerId, Address | None]:
     """``peer`` or ``peer@host:port`` -> (peer id, address or ``None``)."""
-    peer, sep, addr = text.strip().partition("@")
-    return PeerId.parse(peer), (parse_host_port(addr) if sep else None)
+    peer, addr = split_target(text)
+    return PeerId.parse(peer), addr
 
 
 def format_peer_address(peer: PeerId, addr: Address) -> str:
     """The ``peer@host:port`` literal that :func:`parse_peer_address` reads back."""
-    host, port = addr
-    return f"{peer}@[{host}]:{port}" if ":" in host else f"{peer}@{host}:{port}"
+    return f"{peer}@{format_host_port(*addr)}"
 
 
 @dataclass(frozen=True)
@@ -91,6 +73,13 @@ class AddressBook:
             return cls()
         except tomllib.TOMLDecodeError as exc:
             raise TransportError(f"address book {p}: {exc}") from None
+        extra = sorted(set(data) - {"peer"})
+        if extra or not isinstance(data.get("peer", []), list):
+            raise TransportError(
+                f"address book {p}: {', '.join(repr(k) for k in extra) or 'peer'} is not part "
+                'of its format: write each peer as [[peer]] with id = "<peer id>", '
+                'addresses = ["host:port", ...] and an optional name = "..."'
+            )
         entries = []
         for i, item in enumerate(data.get("peer", [])):
             try:
@@ -108,7 +97,7 @@ class AddressBook:
     def lookup(self, key: PeerId | str) -> BookEntry | None:
         """Find by peer id or by name."""
         for entry in self.entries:
-            if entry.peer == key or (isinstance(key, str) and key == entry.name):
+            if entry.peer == key or (isinstance(key, str) and key in (entry.name, str(entry.peer))):
                 return entry
         return None
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
+from ..addressing import parse_host_port
+
 _MAX_DATAGRAM = 65535
 
 
@@ -374,8 +376,7 @@ class ProxyThread:
 
 
 def _hostport(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
+    return parse_host_port(text, listen=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -106,13 +106,26 @@ def test_malformed_frames_get_errors() -> None:
 
 def test_targets_and_address_book(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from burn_remote._remote import lookup_address, parse_target
+    from burn_remote.protocol.transport import Identity
 
     assert parse_target("abc@127.0.0.1:4433") == ("abc", ("127.0.0.1", 4433))
     assert parse_target("abc@[::1]:5") == ("abc", ("::1", 5))
     assert parse_target("abc") == ("abc", None)
+    with pytest.raises(ValueError, match="brackets"):
+        parse_target("abc@::1:5")
+    a, b = str(Identity.generate().peer_id), str(Identity.generate().peer_id)
     book = tmp_path / "addresses.toml"
-    book.write_text('[peers]\nabc = ["10.0.0.1:7000", "10.0.0.2:7000"]\nxyz = "h:1"\n')
-    assert lookup_address("abc", book) == ("10.0.0.1", 7000)
-    assert lookup_address("xyz", book) == ("h", 1)
+    book.write_text(
+        f'[[peer]]\nid = "{a}"\nname = "gpu"\naddresses = ["10.0.0.1:7000", "10.0.0.2:7000"]\n'
+        f'[[peer]]\nid = "{b}"\naddresses = ["[fd00::1]:1"]\n'
+    )
+    assert lookup_address(a, book) == (a, ("10.0.0.1", 7000))
+    assert lookup_address("gpu", book) == (a, ("10.0.0.1", 7000))  # by name
+    assert lookup_address(b, book) == (b, ("fd00::1", 1))
     with pytest.raises(ValueError, match="not in the address book"):
-        lookup_address("nope", book)
+        lookup_address(str(Identity.generate().peer_id), book)
+    book.write_text(f'[peers]\n"{a}" = "10.0.0.1:7000"\n')  # the old, undocumented form
+    with pytest.raises(
+        ValueError, match=r"'peers' is not part of its format: write each peer as \[\[peer\]\]"
+    ):
+        lookup_address(a, book)
