@@ -106,11 +106,45 @@ class _ThreadingServer6(_ThreadingServer):
     address_family = socket.AF_INET6
 
 
-def _app(state: Any) -> Callable[..., Any]:
+class _RelayCollector:
+    """The relay's counters and record count at every scrape."""
+
+    def __init__(self, relay: Any) -> None:
+        self.relay = relay
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.relay.stats
+        for name, doc in (
+            ("forwarded", "Datagrams forwarded between peers."),
+            ("forwarded_bytes", "Bytes forwarded between peers."),
+            ("accepted_records", "Signed address records accepted."),
+            ("refused_records", "Address records refused (unsigned, stale, replayed)."),
+            ("auth_failures", "Peers that failed the key challenge."),
+            ("unroutable", "Datagrams for peers the relay does not know."),
+        ):
+            yield CounterMetricFamily(f"burn_remote_relay_{name}", doc, value=getattr(stats, name))
+        records = len(self.relay.store)
+        yield GaugeMetricFamily("burn_remote_relay_records", "Address records held.", value=records)
+
+
+def relay_health(relay: Any, heartbeat: Any) -> Callable[[], tuple[bool, dict[str, Any]]]:
+    import time
+
+    def health() -> tuple[bool, dict[str, Any]]:
+        lag = time.monotonic() - heartbeat.last
+        ok = lag < _status.HEALTH_STALL
+        return ok, {"status": "ok" if ok else "stalled", "loop_lag_s": round(lag, 3)}
+
+    return health
+
+
+def _app(health: Callable[[], tuple[bool, Any]], collector: Any) -> Callable[..., Any]:
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
     registry = CollectorRegistry()
-    registry.register(_Collector(state))
+    registry.register(collector)
     metrics = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
@@ -118,7 +152,7 @@ def _app(state: Any) -> Callable[..., Any]:
         if path == "/metrics":
             return metrics(environ, start_response)
         if path == "/healthz":
-            ok, body = _status.health(state)
+            ok, body = health()
             status = "200 OK" if ok else "503 Service Unavailable"
             start_response(status, [("Content-Type", "application/json")])
             return [json.dumps(body).encode()]
@@ -129,13 +163,22 @@ def _app(state: Any) -> Callable[..., Any]:
 
 
 class OperatorPort:
-    """The running HTTP server; ``address`` is where it listens (port 0 picks one)."""
+    """The running HTTP server; ``address`` is where it listens (port 0 picks one).
+    ``OperatorPort(state, bind)`` serves a compute server; a relay passes its own
+    ``health`` and ``collector``."""
 
-    def __init__(self, state: Any, bind: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        state: Any,
+        bind: tuple[str, int],
+        health: Callable[[], tuple[bool, Any]] | None = None,
+        collector: Any = None,
+    ) -> None:
+        if health is None:
+            health = lambda: _status.health(state)  # noqa: E731
+        app = _app(health, collector if collector is not None else _Collector(state))
         cls = _ThreadingServer6 if ":" in bind[0] else _ThreadingServer
-        self._server = make_server(
-            bind[0], bind[1], _app(state), server_class=cls, handler_class=_Quiet
-        )
+        self._server = make_server(bind[0], bind[1], app, server_class=cls, handler_class=_Quiet)
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="burn-remote-http", daemon=True
@@ -148,4 +191,4 @@ class OperatorPort:
         self._thread.join(5)
 
 
-__all__ = ["OperatorPort"]
+__all__ = ["OperatorPort", "relay_health"]

@@ -184,17 +184,50 @@ async def serve_relay(
                     pass
 
 
-def run_relay(identity: Identity, bind: tuple[str, int], capture: str | None = None) -> int:
-    """``burn-remote relay``: serve until SIGINT/SIGTERM, printing the peer id and address."""
+class Heartbeat:
+    """When the relay's loop last turned (its ``/healthz`` reports a stalled loop)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    async def run(self) -> None:
+        while True:
+            self.last = time.monotonic()
+            await trio.sleep(0.5)
+
+
+def run_relay(
+    identity: Identity,
+    bind: tuple[str, int],
+    capture: str | None = None,
+    http: tuple[str, int] | None = None,
+) -> int:
+    """``burn-remote relay``: serve until SIGINT/SIGTERM, printing the peer id and address;
+    ``http``: also serve /healthz and /metrics there."""
     cap = open(capture, "ab", buffering=0) if capture else None  # noqa: SIM115
     state = RelayState(identity, capture=cap)
+    beat = Heartbeat()
+    port_http = None
+    if http is not None:
+        from ._http import OperatorPort, _RelayCollector, relay_health
+
+        try:
+            port_http = OperatorPort(None, http, relay_health(state, beat), _RelayCollector(state))
+        except OSError as exc:
+            print(f"burn-remote relay: cannot serve --http on {w.addr_text(http)}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(serve_relay, state, bind)
+            nursery.start_soon(beat.run)
             print("burn-remote relay", flush=True)
             print(f"peer id: {identity.peer_id}", flush=True)
             print(f"listening on: {w.addr_text((host, port))}", flush=True)
+            if port_http is not None:
+                where = w.addr_text(port_http.address)
+                print(f"http: http://{where} (/healthz, /metrics)", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
@@ -205,6 +238,8 @@ def run_relay(identity: Identity, bind: tuple[str, int], capture: str | None = N
     finally:
         if cap is not None:
             cap.close()
+        if port_http is not None:
+            port_http.close()
     print(f"burn-remote relay: stopped; {state.stats}", flush=True)
     sys.stdout.flush()
     return 0

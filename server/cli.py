@@ -290,11 +290,12 @@ def cmd_relay(args: argparse.Namespace) -> int:
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     try:
         identity = Identity.load_or_create(key)
-        bind = parse_host_port(args.listen, listen=True)
+        bind = _host_port("--listen", args.listen, parse_host_port)
+        http = _host_port("--http", args.http, parse_host_port) if args.http else None
     except (KeyFileError, ValueError) as exc:
         print(f"burn-remote relay: {exc}", file=sys.stderr)
         return 1
-    return run_relay(identity, bind, capture=args.capture)
+    return run_relay(identity, bind, capture=args.capture, http=http)
 
 
 def _add_relay(sub: argparse._SubParsersAction) -> None:
@@ -311,6 +312,11 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--key", metavar="FILE", help="key file (default: DATA_DIR/key or the node key)")
     p.add_argument("--data-dir", metavar="DIR", help="relay state directory (holds the key)")
     p.add_argument("--capture", metavar="FILE", help="append every forwarded datagram (tests)")
+    p.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve /healthz and Prometheus /metrics over HTTP here (off by default)",
+    )
     p.set_defaults(func=cmd_relay)
 
 

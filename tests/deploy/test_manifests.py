@@ -75,6 +75,8 @@ def test_compose_services_commands_and_ports_agree_with_the_cli() -> None:
         assert all(p.endswith("/udp") for p in svc["ports"]), "QUIC is UDP"
         assert published == {_listen_port(ns)}, name
         if ns.command == "serve":
+            check = " ".join(svc["healthcheck"]["test"])
+            assert ns.http and f"{ns.http}/healthz" in check, name  # probes the server's port
             host, port = ns.relay.split(":")
             assert host in services and kinds.get(host, "relay") == "relay"
             relay_ns = _parse(_commands(services[host]["command"])[0])
@@ -97,12 +99,12 @@ def test_k8s_manifests_agree_with_the_cli() -> None:
         assert ns.command == kind
         udp = {p["containerPort"] for p in container["ports"] if p["protocol"] == "UDP"}
         assert udp == {_listen_port(ns)}
+        (http,) = [p for p in container["ports"] if p["protocol"] == "TCP"]
+        assert http["containerPort"] == int(ns.http.rpartition(":")[2])
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            assert get["path"] == "/healthz" and get["port"] == http["name"], probe
         if kind == "serve":
-            (http,) = [p for p in container["ports"] if p["protocol"] == "TCP"]
-            assert http["containerPort"] == int(ns.http.rpartition(":")[2])
-            for probe in ("livenessProbe", "readinessProbe"):
-                get = container[probe]["httpGet"]
-                assert get["path"] == "/healthz" and get["port"] == http["name"], probe
             assert ns.data_dir and ns.log_format == "json"
             assert container["resources"]["requests"]["nvidia.com/gpu"] == 1
             assert ns.device.startswith("cuda")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -51,6 +52,16 @@ def _value(metrics, family, **labels):  # type: ignore[no-untyped-def]
     raise KeyError(f"{family} {labels}")
 
 
+def _compose_healthcheck(http: str) -> list[str]:
+    """docker-compose.yml's server health check, pointed at ``http`` and run here."""
+    yaml = pytest.importorskip("yaml")
+    root = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "docker-compose.yml").read_text())
+    test = doc["services"]["s1"]["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1] == "python"
+    return [sys.executable, *(a.replace("http://127.0.0.1:9100", http) for a in test[2:])]
+
+
 def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [EXE, *args], capture_output=True, text=True, env=env_with_home(home), timeout=60
@@ -70,6 +81,8 @@ def test_logs_health_metrics_and_status(tmp_path: Path, client_home: Path) -> No
 
         status, body = _get(server.http + "/healthz")
         assert status == 200 and json.loads(body)["status"] == "ok"
+        check = _compose_healthcheck(server.http)  # what docker-compose runs, as written
+        assert subprocess.run(check, capture_output=True, timeout=30).returncode == 0
 
         dev = RemoteDevice(server.target)
         x = dev.tensor(np.ones(1000, np.float32))
@@ -150,3 +163,24 @@ def test_cli_version_sizes_and_refusals(tmp_path: Path, client_home: Path) -> No
     listen = _cli("serve", "--allow-any", "--listen", "::1:4433", home=client_home)
     assert listen.returncode == 1 and "--listen: bad address" in listen.stderr
     assert "in brackets, [::1]:PORT" in listen.stderr
+
+
+def test_the_relay_has_health_and_metrics_too(tmp_path: Path) -> None:
+    relay = start_daemon("relay", tmp_path / "r", "--listen", "127.0.0.1:0", "--http", ":0")
+    try:
+        http = None
+        for _ in range(200):  # the line after "listening on:"
+            lines = relay.output().splitlines()
+            http = next((ln.split()[1] for ln in lines if ln.startswith("http: ")), None)
+            if http:
+                break
+            time.sleep(0.05)
+        assert http, relay.output()
+        status, body = _get(http + "/healthz")
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        status, text = _get(http + "/metrics")
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["burn_remote_relay_forwarded"].samples[0].value == 0
+        assert families["burn_remote_relay_records"].samples[0].value == 0
+    finally:
+        assert relay.stop() == 0
