@@ -148,6 +148,7 @@ class Session:
                     f"held or arriving, session_memory {limits.session_memory}"
                 )
             # in the server's ledger too: every session's transfers count against the limit
+            self.state.check_peer_memory(self.peer_id, size)
             self.state.hold(size, held, f"a {size}-byte transfer of session {self.id}")
             self.bulk_reserved += size
 
@@ -366,6 +367,7 @@ class Session:
                 f"session holds {len(store)} tensors and {added} more would exceed "
                 f"max_tensors {limit}"
             )
+        self.state.check_peer_memory(self.peer_id, delta)
         self.state.account(added, delta, self.nbytes)
         store.update(new_items)
         self.nbytes += delta

@@ -44,6 +44,15 @@ class Limits:
     """Bytes of tensors all sessions together may hold."""
     plan_cache: int = PLAN_CACHE_SIZE
     """Compiled plans kept (LRU, shared by all sessions)."""
+    max_peer_sessions: int = 16
+    """Concurrent sessions of one peer (so one peer cannot take every slot)."""
+    peer_memory: int = 0
+    """Bytes all sessions of one peer may hold together (tensors and transfers); 0: no
+    per-peer cap beyond ``memory_limit``."""
+    max_peer_jobs: int = 16
+    """Jobs one peer may have queued or running."""
+    peer_disk: int = 16 * 2**30
+    """Bytes of artifacts and half-received uploads one peer may keep in the data dir."""
 
     @property
     def bulk_threshold(self) -> int:
@@ -137,9 +146,33 @@ class ServerState:
                     f"the server already has {len(self.sessions)} sessions "
                     f"(max_sessions {self.limits.max_sessions})"
                 )
+            peer = getattr(session, "peer_id", "")
+            mine = sum(1 for other in self.sessions.values() if other.peer_id == peer)
+            if peer and mine >= self.limits.max_peer_sessions:
+                raise LimitExceeded(
+                    f"peer {peer[:12]}... already has {mine} sessions on this server "
+                    f"(max_peer_sessions {self.limits.max_peer_sessions})"
+                )
             sid = next(self._ids)
             self.sessions[sid] = session
             return sid
+
+    def check_peer_memory(self, peer: str, nbytes: int) -> None:
+        """Raise LimitExceeded when ``peer``'s sessions would hold more than peer_memory."""
+        cap = self.limits.peer_memory
+        if not cap or nbytes <= 0 or not peer:
+            return
+        with self.lock:
+            held = sum(
+                s.nbytes + getattr(s, "bulk_reserved", 0)
+                for s in self.sessions.values()
+                if s.peer_id == peer
+            )
+        if held + nbytes > cap:
+            raise LimitExceeded(
+                f"peer {peer[:12]}... memory quota exceeded: {held} + {nbytes} bytes > {cap} "
+                "(--peer-memory)"
+            )
 
     def close_session(self, sid: int) -> None:
         self.revoke(sid)
@@ -147,6 +180,12 @@ class ServerState:
             session = self.sessions.pop(sid, None)
             if session is not None:
                 self.messages_closed += session.messages
+            peer = getattr(session, "peer_id", "")
+            last = session is not None and not any(
+                other.peer_id == peer for other in self.sessions.values()
+            )
+        if last and self.jobs is not None:  # its half uploads cannot resume: remove them
+            self.jobs.store.drop_uploads(peer)
 
     def count(self, steps: int = 0, received: int = 0, sent: int = 0) -> None:
         """Add to the traffic counters (metrics)."""

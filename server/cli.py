@@ -97,6 +97,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_graphs=args.max_graphs,
             max_frame=args.max_frame,
             plan_cache=args.plan_cache,
+            max_peer_sessions=args.max_peer_sessions,
+            peer_memory=args.peer_memory,
+            max_peer_jobs=args.max_peer_jobs,
+            peer_disk=args.peer_disk,
         )
         state = ServerState(args.device, limits, str(identity.peer_id))
         if args.data_dir:  # the job store lives in the data directory (server/jobs)
@@ -207,6 +211,26 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="bytes one session (or one job) may hold (default: the memory limit)",
     )
     p.add_argument("--max-sessions", type=int, default=64, help="concurrent sessions (64)")
+    p.add_argument(
+        "--max-peer-sessions", type=int, default=16, help="concurrent sessions of one peer (16)"
+    )
+    p.add_argument(
+        "--peer-memory",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="bytes all sessions of one peer may hold (default 0: only --memory-limit)",
+    )
+    p.add_argument(
+        "--max-peer-jobs", type=int, default=16, help="jobs one peer may have queued or running"
+    )
+    p.add_argument(
+        "--peer-disk",
+        type=_size,
+        default=16 * gib,
+        metavar="SIZE",
+        help="bytes of artifacts and uploads one peer may keep in the data dir (16GiB)",
+    )
     p.add_argument(
         "--max-tensors", type=int, default=100_000, help="tensors one session may hold (100000)"
     )

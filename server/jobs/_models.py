@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,50 @@ def make_optimizer(model: nn.Module, spec: dict[str, Any]) -> optim.Optimizer:
     return cls(model, betas=tuple(o["betas"]), eps=o["eps"], schedule=schedule, **common)
 
 
+MAX_DATASET_BYTES = 4 * 2**30
+"""Bytes a job's dataset may take once inflated (an npz is checked before it is)."""
+
+
+def check_npz(path: Path, limit: int = MAX_DATASET_BYTES) -> None:
+    """Refuse an npz whose arrays would inflate past ``limit``, from the sizes its zip
+    directory and each array's header declare, before anything is decompressed (an array
+    whose header claims more than its member holds is refused too).
+
+    Raises:
+        ValueError: naming the member and the sizes.
+    """
+    import zipfile
+
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                total += info.file_size
+                if total > limit:
+                    raise ValueError(
+                        f"data.path: the npz inflates to more than {limit} bytes "
+                        f"(at {info.filename!r}); the limit is MAX_DATASET_BYTES"
+                    )
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
+                    shape, _, dtype = read_header(f)
+                nbytes = math.prod(shape) * dtype.itemsize
+                if nbytes > info.file_size:
+                    raise ValueError(
+                        f"data.path: {info.filename!r} declares {nbytes} bytes of data but "
+                        f"its member holds {info.file_size}"
+                    )
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise ValueError(f"data.path: not a readable npz: {exc}") from None
+
+
 class Dataset:
     """Token stream (GPT: random windows) or (x, y) arrays (sequential: random rows)."""
 
@@ -131,6 +176,7 @@ class Dataset:
         raw = path.read_bytes()
         self.tokens: np.ndarray | None = None
         if raw[:2] == b"PK":  # npz (a zip); pickled object arrays are refused
+            check_npz(path)
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         else:

@@ -47,6 +47,11 @@ def is_storage_error(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS
 
 
+UPLOAD_TTL = 3600.0
+"""Seconds a half-received upload may sit untouched before it is removed."""
+MAX_PEER_UPLOADS = 8
+"""Half-received uploads one peer may have at a time."""
+
 WATCH_WAIT = 2.0
 """Seconds a JobWatch long poll waits for a new event before answering with none."""
 
@@ -176,6 +181,13 @@ class JobService:
         except SpecError as exc:
             raise JobRefused(str(exc)) from None
         total = spec.get("steps", 1)
+        if owner is not None:
+            active = self.store.active_jobs(owner)
+            if active >= self.state.limits.max_peer_jobs:
+                raise JobRefused(
+                    f"you have {active} jobs queued or running on this server "
+                    f"(max_peer_jobs {self.state.limits.max_peer_jobs}); wait for one to end"
+                )
         try:
             job_id = self.store.add_job(spec, self.device, total, owner or "")
         except (sqlite3.Error, OSError) as exc:
@@ -256,6 +268,30 @@ class JobService:
                 if events or left <= 0:
                     return events
                 self.changed.wait(left)
+
+    def receive_upload(self, sha: str, offset: int, total: int, data: bytes, owner: str) -> bool:
+        """One chunk of ``owner``'s upload, within its limits: at most MAX_PEER_UPLOADS half
+        uploads at a time, and ``peer_disk`` bytes of artifacts and uploads in all. Half
+        uploads untouched for UPLOAD_TTL seconds are removed (any peer's)."""
+        store, limits = self.store, self.state.limits
+        store.drop_uploads(older_than=UPLOAD_TTL)
+        if offset == 0 and not store.owns_artifact(sha, owner):
+            part = store.upload_path(sha, owner)
+            if not part.exists() and len(store.uploads_of(owner)) >= MAX_PEER_UPLOADS:
+                raise JobRefused(
+                    f"you have {MAX_PEER_UPLOADS} uploads under way on this server "
+                    f"(MAX_PEER_UPLOADS); finish or abandon one first"
+                )
+            used = store.disk_of(owner) - (part.stat().st_size if part.exists() else 0)
+            if used + total > limits.peer_disk:
+                raise JobRefused(
+                    f"artifact of {total} bytes refused: you keep {used} bytes on this server "
+                    f"and the per-peer disk quota is {limits.peer_disk} (--peer-disk)"
+                )
+        try:
+            return store.receive_chunk(sha, offset, total, data, owner)
+        except StoreError as exc:
+            raise JobRefused(str(exc)) from None
 
     def can_read_artifact(self, sha: str, owner: str | None, admin: bool = False) -> bool:
         return owner is None or admin or self.store.owns_artifact(sha, owner)

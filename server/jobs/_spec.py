@@ -57,16 +57,50 @@ def _fail(path: str, what: str, v: Any) -> SpecError:
     return SpecError(f"{path}: expected {what}, got {_show(v)}")
 
 
+MAX_SPEC_INT = 2**31 - 1
+"""Largest integer any spec field takes (a bigger one is refused, not failed later)."""
+
+
 def pos_int(v: Any, path: str) -> int:
     if type(v) is not int or v <= 0:
         raise _fail(path, "a positive integer", v)
+    if v > MAX_SPEC_INT:
+        raise _fail(path, f"a positive integer up to {MAX_SPEC_INT}", v)
     return v
 
 
 def nonneg_int(v: Any, path: str) -> int:
     if type(v) is not int or v < 0:
         raise _fail(path, "a non-negative integer", v)
+    if v > MAX_SPEC_INT:
+        raise _fail(path, f"a non-negative integer up to {MAX_SPEC_INT}", v)
     return v
+
+
+def upto(limit: int) -> Any:
+    """A positive integer of at most ``limit`` (a field whose size the server allocates)."""
+
+    def check(v: Any, path: str) -> int:
+        pos_int(v, path)
+        if v > limit:
+            raise _fail(path, f"a positive integer up to {limit}", v)
+        return v
+
+    return check
+
+
+BOUNDS = {
+    "steps": 10_000_000,
+    "batch_size": 65_536,
+    "n_layer": 1024,
+    "n_head": 1024,
+    "d_model": 65_536,
+    "vocab": 1_048_576,
+    "context": 65_536,
+    "r": 65_536,
+}
+"""Upper bounds of the spec fields that size what a job allocates (documented in the README's
+Security model); the job's memory is also charged to the server's ledger as it runs."""
 
 
 def number(v: Any, path: str) -> float:
@@ -210,11 +244,11 @@ _LAYER_ARGS: dict[str, dict[str, Check]] = {
 
 GPT_CONFIG = table(
     {
-        "n_layer": (pos_int, 2),
-        "n_head": (pos_int, 4),
-        "d_model": (pos_int, 64),
-        "vocab": (pos_int, 256),
-        "context": (pos_int, 32),
+        "n_layer": (upto(BOUNDS["n_layer"]), 2),
+        "n_head": (upto(BOUNDS["n_head"]), 4),
+        "d_model": (upto(BOUNDS["d_model"]), 64),
+        "vocab": (upto(BOUNDS["vocab"]), 256),
+        "context": (upto(BOUNDS["context"]), 32),
     }
 )
 
@@ -243,7 +277,7 @@ DATA = table(
 
 LORA = table(
     {
-        "r": (pos_int, 8),
+        "r": (upto(BOUNDS["r"]), 8),
         "alpha": (pos_number, 16.0),
         "dropout": (fraction, 0.0),
         "target_modules": (str_or_list, lambda: ["c_attn", "c_proj", "c_fc"]),
@@ -291,8 +325,8 @@ _TRAINING = {
     **_COMMON,
     "model": (MODEL, _REQUIRED),
     "data": (DATA, _REQUIRED),
-    "steps": (pos_int, _REQUIRED),
-    "batch_size": (pos_int, 8),
+    "steps": (upto(BOUNDS["steps"]), _REQUIRED),
+    "batch_size": (upto(BOUNDS["batch_size"]), 8),
     "checkpoint_every": (pos_int, 10),
     "clip": (opt(pos_number), 1.0),
     "optimizer": (OPTIMIZER, lambda: OPTIMIZER({}, "optimizer")),

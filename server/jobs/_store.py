@@ -236,6 +236,15 @@ class JobStore:
         found = {state: int(n) for state, n in rows}
         return {state: found.get(state, 0) for state in STATES}
 
+    def active_jobs(self, owner: str) -> int:
+        """How many of ``owner``'s jobs are queued or running."""
+        with self.lock:
+            row = self.db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state IN ('queued', 'running')",
+                (owner,),
+            ).fetchone()
+        return int(row[0])
+
     def jobs_page(self, after: int, limit: int, owner: str | None = None) -> list[dict[str, Any]]:
         """Up to ``limit`` jobs with ids above ``after``, oldest first (with ``owner``, only
         that peer's)."""
@@ -340,6 +349,40 @@ class JobStore:
         """Where ``owner``'s half-received upload of ``sha`` grows: one file per peer, so no
         peer can append to, restart or complete another's upload."""
         return self.root / "uploads" / f"{owner or 'local'}-{sha}.part"
+
+    def uploads_of(self, owner: str) -> list[Path]:
+        """``owner``'s half-received uploads."""
+        return sorted((self.root / "uploads").glob(f"{owner or 'local'}-*.part"))
+
+    def disk_of(self, owner: str) -> int:
+        """Bytes ``owner`` keeps here: artifacts it owns (shared content counts for each
+        owner) and its half-received uploads."""
+        with self.lock:
+            row = self.db.execute(
+                "SELECT COALESCE(SUM(a.size), 0) FROM artifact_owners o "
+                "JOIN artifacts a ON a.sha256 = o.sha256 WHERE o.owner = ?",
+                (owner,),
+            ).fetchone()
+        parts = 0
+        for part in self.uploads_of(owner):
+            with contextlib.suppress(OSError):
+                parts += part.stat().st_size
+        return int(row[0]) + parts
+
+    def drop_uploads(self, owner: str | None = None, older_than: float | None = None) -> int:
+        """Remove half-received uploads (``owner``'s, or everyone's; with ``older_than``,
+        only those untouched for that many seconds). Returns how many were removed."""
+        pattern = f"{owner or 'local'}-*.part" if owner is not None else "*.part"
+        now, removed = time.time(), 0
+        for part in (self.root / "uploads").glob(pattern):
+            try:
+                if older_than is not None and now - part.stat().st_mtime < older_than:
+                    continue
+                part.unlink()
+                removed += 1
+            except OSError:
+                continue
+        return removed
 
     def receive_chunk(
         self, sha: str, offset: int, total: int, data: bytes, owner: str = ""

@@ -80,10 +80,10 @@ def _put(session: Any, msg: m.ArtifactPut, now: float) -> Reply:
     if len(msg.digest) != 32:
         raise _refuse("artifact digest must be 32 bytes (sha256)")
     try:
-        _service(session).store.receive_chunk(
+        _service(session).receive_upload(
             msg.digest.hex(), msg.offset, msg.total, msg.data, session.peer_id
         )
-    except StoreError as exc:
+    except (JobRefused, StoreError) as exc:
         raise _refuse(str(exc)) from None
     return [m.Ack(msg.request_id)]
 
