@@ -219,7 +219,8 @@ class JobService:
         self, after: int = 0, limit: int = 0, owner: str | None = None, admin: bool = False
     ) -> dict[str, Any]:
         """One JobList page: at most ``limit`` (or JOB_PAGE) jobs above ``after``, cut short
-        where the JSON would pass half a frame; ``next`` is where the next page starts. Only
+        where the JSON would pass half the server's frame limit; ``next`` is where the next
+        page starts. Only
         the asking peer's jobs (an admin's or in-process caller's: every job)."""
         limit = min(limit or m.JOB_PAGE, m.JOB_PAGE)
         mine = None if owner is None or admin else owner
@@ -229,7 +230,7 @@ class JobService:
         for row in rows[:limit]:
             job = _public(row)
             size += len(json.dumps(job))
-            if jobs and size > m.MAX_FRAME // 2:
+            if jobs and size > self.state.limits.max_frame // 2:
                 break
             jobs.append(job)
         more = len(jobs) < len(rows)

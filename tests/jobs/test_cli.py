@@ -120,3 +120,31 @@ def test_the_documented_address_book_serves_remote_device_and_jobs_peer(
     (client_home / "addresses.toml").write_text(f'"{server.peer_id}" = "{server.address}"\n')
     old = _jobs(client_home, "list", "--peer", server.peer_id)
     assert old.returncode == 1 and "is not part of its format" in old.stderr
+
+
+def test_a_job_list_larger_than_a_frame_comes_in_pages(tmp_path, client_home):  # type: ignore[no-untyped-def]
+    """40 jobs with 60 KB specs (2.4 MB of rows) on a server whose frames stop at 1 MiB:
+    `jobs list` still shows them all, page by page, before and after a restart."""
+    from burn_remote import RemoteDevice
+    from burn_remote.protocol.transport import Identity
+    from burn_remote.server.jobs import JobStore
+    from burn_remote.server.testing import start_server
+
+    me = str(Identity.load_or_create(client_home / "key").peer_id)
+    data = tmp_path / "d"
+    store = JobStore(data)
+    for _ in range(40):  # on a device no runner serves: they stay queued
+        store.add_job({"kind": "train", "note": "x" * 60_000}, "elsewhere", 1, owner=me)
+    store.close()
+    for _ in range(2):  # and again after a restart
+        server = start_server(data, "--max-frame", "1MiB")
+        try:
+            jobs = RemoteDevice(server.target).jobs
+            first = jobs.page()
+            assert 0 < len(first["jobs"]) < 40 and first["next"] == first["jobs"][-1]["id"]
+            assert [j["id"] for j in jobs.list()] == list(range(1, 41))
+            out = _jobs(client_home, "list", "--peer", server.target, "--json")
+            assert out.returncode == 0, out.stderr
+            assert len(json.loads(out.stdout)) == 40
+        finally:
+            server.stop()
