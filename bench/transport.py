@@ -6,7 +6,10 @@ Prints, in one run (separate server and client processes, as on two machines):
 - a large tensor's upload and read-back rates through a `RemoteDevice` and a real
   `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate;
 - the `item()` round trip (median of interleaved runs) beside a 64-byte echo over the
-  transport and over a plain asyncio TCP socket, for the QUIC engine in use (aioquic).
+  transport and over a plain asyncio TCP socket, for the QUIC engine in use (aioquic);
+- a 64-byte echo over each stock QUIC engine's own asyncio API, side by side: aioquic, and
+  qh3 when it is installed (it is not a dependency: burn-remote's transport needs aioquic's
+  Python internals and server-side client-certificate checks, which qh3 2.x does not expose).
 
 Usage::
 
@@ -268,6 +271,85 @@ def tcp_echo(n: int, warm_up: int = 50) -> float:
     return asyncio.run(main())
 
 
+def stock_echo(engine: str, n: int, warm_up: int = 50) -> float:
+    """Seconds per 64-byte echo over a stock QUIC engine's asyncio API ("aioquic" or "qh3"),
+    server in a thread of this process, P-256 certificate, default settings."""
+    import datetime
+    import importlib
+    import threading
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    api = importlib.import_module(f"{engine}.asyncio")
+    Config = importlib.import_module(f"{engine}.quic.configuration").QuicConfiguration
+    tmp = tempfile.mkdtemp()
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "echo")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_path, key_path = os.path.join(tmp, "c.pem"), os.path.join(tmp, "k.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    ready, addr, stop = threading.Event(), [], []
+
+    def handler(reader, writer) -> None:
+        async def loop() -> None:
+            while data := await reader.read(64):
+                writer.write(data)
+
+        asyncio.ensure_future(loop())
+
+    async def server() -> None:
+        config = Config(alpn_protocols=["echo"], is_client=False)
+        config.load_cert_chain(cert_path, key_path)
+        srv = await api.serve("127.0.0.1", 0, configuration=config, stream_handler=handler)
+        addr.append(srv._transport.get_extra_info("sockname")[:2])
+        done = asyncio.Event()
+        stop.append((asyncio.get_running_loop(), done))
+        ready.set()
+        await done.wait()
+        srv.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(server(),), daemon=True)
+    thread.start()
+    ready.wait(30)
+
+    async def client() -> float:
+        config = Config(alpn_protocols=["echo"], verify_mode=ssl.CERT_NONE)
+        async with api.connect(*addr[0], configuration=config) as conn:
+            reader, writer = await conn.create_stream()
+            payload = b"x" * 64
+            for i in range(warm_up + n):
+                if i == warm_up:
+                    t0 = time.perf_counter()
+                writer.write(payload)
+                await reader.readexactly(64)
+            return (time.perf_counter() - t0) / n
+
+    try:
+        return asyncio.run(client())
+    finally:
+        loop, done = stop[0]
+        loop.call_soon_threadsafe(done.set)
+        thread.join(10)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256, help="upload size in MiB")
@@ -312,6 +394,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{r['item_us']:.0f} us; 64-byte echo over the transport {r['echo_us']:.0f} us; over "
         f"plain asyncio TCP {r['tcp_us']:.0f} us; item()/TCP {r['item_us'] / r['tcp_us']:.1f}x"
     )
+    import importlib.util
+
+    engines = [e for e in ("aioquic", "qh3") if importlib.util.find_spec(e) is not None]
+    runs: dict[str, list[float]] = {e: [] for e in engines}
+    for _ in range(5):  # interleaved, medians
+        for engine in engines:
+            runs[engine].append(stock_echo(engine, args.trips))
+    shown = ", ".join(f"{e} {statistics.median(v) * 1e6:.0f} us" for e, v in runs.items())
+    print(f"64-byte echo over each stock QUIC engine's asyncio API (medians of 5): {shown}")
     return 0
 
 
