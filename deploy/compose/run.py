@@ -2,9 +2,9 @@
 
 Steps, each skipped when already done (so a second run is fast):
 
-1. Debian packages: docker.io, docker-compose, debootstrap and nftables (as root, apt-get).
+1. Debian packages: docker.io, docker-compose, mmdebstrap and nftables (as root, apt-get).
 2. The Docker engine: started (dockerd, detached) when none answers.
-3. The base image: a minimal Debian with Python 3.11 from debootstrap (base-image.sh).
+3. The base image: a minimal Debian with Python 3.11 from mmdebstrap (base-image.sh).
 4. The wheelhouse: ``pip wheel`` of the image's requirements on this host, keyed on them.
 5. The image, built FROM the base and installed with ``pip --no-index`` from the wheels.
 6. ``docker-compose --profile test up --exit-code-from tests``, while this process makes
@@ -40,7 +40,7 @@ FAULT_DIR = ROOT / ".compose" / "faults"
 PACKAGES = {
     "/usr/sbin/dockerd": "docker.io",
     "/usr/bin/docker-compose": "docker-compose",
-    "/usr/sbin/debootstrap": "debootstrap",
+    "/usr/bin/mmdebstrap": "mmdebstrap",
     "/usr/sbin/nft": "nftables",
 }
 """A file each Debian package installs -> the package."""
@@ -159,6 +159,8 @@ def build_images() -> None:
     # Every CPU service shares the image burn-remote:cpu: building it once builds it for all.
     run(*compose("build", "-q", "tests"), env=compose_env(), quiet=True)
     say(f"image burn-remote:cpu built from {BASE_IMAGE} ({time.monotonic() - started:.0f} s)")
+    # The image a rebuild replaced keeps its layers as an untagged image: drop those.
+    run("docker", "image", "prune", "-f", "--filter", "label=org.burn-remote.image", quiet=True)
 
 
 # --- 6: faults made from the host ----------------------------------------------------------
