@@ -86,6 +86,8 @@ def capturing() -> bool:
 
 # --- argument and result trees ------------------------------------------------------------------
 _LEAF = "*"
+_UNBOUND = object()
+"""`bound` of a plain function call (a compiled method passes its instance)."""
 
 
 def _flatten(obj: Any, leaves: list, path: str) -> Any:
@@ -342,9 +344,11 @@ class Compiled:
         return f"compile({self.name})"
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
+        """A compiled method: the instance is passed through as is (captures are kept per
+        instance, by identity), the other arguments are bound as for a function."""
         if obj is None:
             return self
-        return functools.partial(self.__call__, obj)
+        return functools.partial(self._invoke, obj)
 
     def stats(self) -> dict[str, int]:
         return {
@@ -363,6 +367,9 @@ class Compiled:
 
     # --- calls --------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._invoke(_UNBOUND, *args, **kwargs)
+
+    def _invoke(self, bound: Any, *args: Any, **kwargs: Any) -> Any:
         flat: list[Any] = []
         try:
             spec = _flatten((args, kwargs) if kwargs else args, flat, "argument")
@@ -386,6 +393,7 @@ class Compiled:
             tuple([_describe_leaf(x, dev, first, p) for p, x in enumerate(flat)]),
             _autograd.enabled(),
             id(dev),
+            id(bound),
         )
         if key == self._last[0]:  # the common case: the same signature as the last call
             entry = self._last[1]
@@ -413,7 +421,7 @@ class Compiled:
                     "capture"
                 )
                 entry.clear()
-        return self._record(entry, dev, flat, spec, bool(kwargs))
+        return self._record(entry, dev, flat, spec, bool(kwargs), bound)
 
     def _new_entry(self, key: Any) -> _Entry:
         if self._entries:
@@ -430,11 +438,13 @@ class Compiled:
             self.retraces.append(why)
         log.debug("capturing %s again: %s", self.name, why)
 
-    def _record(self, entry: _Entry, dev: Any, flat: list, spec: Any, has_kw: bool) -> Any:
+    def _record(
+        self, entry: _Entry, dev: Any, flat: list, spec: Any, has_kw: bool, bound: Any
+    ) -> Any:
         rec = dev._rec
         rec.flush()  # what ran before the call is not part of the step
         self.recordings += 1
-        replay, result = _record(self, rec, dev, flat, spec, has_kw)
+        replay, result = _record(self, rec, dev, flat, spec, has_kw, bound)
         _step_done(dev)
         entry.epoch = epoch()
         if replay is None:
@@ -546,7 +556,7 @@ _WEAK_CLASH = {
 
 
 def _record(
-    compiled: Compiled, rec: Any, dev: Any, flat: list, spec: Any, has_kw: bool
+    compiled: Compiled, rec: Any, dev: Any, flat: list, spec: Any, has_kw: bool, bound: Any
 ) -> tuple[_Replay | None, Any]:
     """Run the body once while recording; return its analysed capture and its result."""
     if CAPTURING:
@@ -582,6 +592,8 @@ def _record(
         del call_leaves
         args, kwargs = tree if has_kw else (tree, {})
         del tree
+        if bound is not _UNBOUND:
+            args = (bound, *args)
         result = compiled.fn(*args, **kwargs)
         del args, kwargs
     finally:

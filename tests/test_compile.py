@@ -99,6 +99,37 @@ def test_python_numbers_are_bindings_not_retraces():
     assert w.numpy().sum() == 4
 
 
+def test_a_compiled_method_keeps_captures_per_instance():
+    class Trainer:
+        def __init__(self, seed):
+            nn.seed(seed)
+            self.net = nn.Linear(4, 2)
+            self.opt = optim.SGD(self.net.parameters(), lr=0.1)
+
+        @br.compile
+        def step(self, x):
+            loss = (self.net(x) ** 2).mean()
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad()
+            return loss
+
+    a, b = Trainer(0), Trainer(1)
+    x = DEV.tensor(np.ones((3, 4), np.float32))
+    for _ in range(5):
+        a.step(x), b.step(x)
+    ref = Trainer(1)
+    for _ in range(5):
+        loss = (ref.net(x) ** 2).mean()
+        loss.backward()
+        ref.opt.step()
+        ref.opt.zero_grad()
+        DEV.flush()
+    assert np.array_equal(b.net.weight.numpy(), ref.net.weight.numpy())
+    assert not np.array_equal(a.net.weight.numpy(), b.net.weight.numpy())
+    assert Trainer.step.stats()["captures"] == 2 and Trainer.step.stats()["replays"] == 4
+
+
 def test_bools_and_strings_are_part_of_the_guard():
     @br.compile
     def act(x, kind, neg):
