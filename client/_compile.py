@@ -32,6 +32,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from threading import get_ident
 from typing import Any
 
 import numpy as np
@@ -75,13 +76,13 @@ def binding(dev: Any, source: Callable[[], Any], dtype: str) -> Tensor:
 def on_replay(effect: Callable[[], Any]) -> None:
     """Run `effect()` on every replay of the step being captured now (no-op otherwise), in
     recording order with the binding sources: how an optimizer advances its step counter."""
-    if CAPTURING:
+    if CAPTURING and CAPTURING[0].log.thread == get_ident():
         CAPTURING[0].log.actions.append((-1, effect))
 
 
 def capturing() -> bool:
-    """Whether a compiled function is recording its step right now."""
-    return bool(CAPTURING)
+    """Whether a compiled function is recording its step right now, in this thread."""
+    return bool(CAPTURING) and CAPTURING[0].log.thread == get_ident()
 
 
 # --- argument and result trees ------------------------------------------------------------------
@@ -151,11 +152,12 @@ def _describe_leaf(leaf: Any, dev: Any, first: dict[int, int], pos: int) -> Any:
 class _Log:
     """What the body did besides recording ops: binding sources, host effects, uploads."""
 
-    __slots__ = ("compiled", "actions", "uploads", "rec")
+    __slots__ = ("compiled", "actions", "uploads", "rec", "thread")
 
     def __init__(self, compiled: Compiled, rec: Any) -> None:
         self.compiled = compiled
         self.rec = rec
+        self.thread = get_ident()
         self.actions: list[tuple[int, Callable[[], Any]]] = []
         self.uploads: dict[int, bytes] = {}
 
@@ -560,9 +562,14 @@ def _record(
 ) -> tuple[_Replay | None, Any]:
     """Run the body once while recording; return its analysed capture and its result."""
     if CAPTURING:
+        if CAPTURING[0].log.thread == get_ident():
+            raise CaptureError(
+                f"compiled function {compiled.name} called inside another compiled function: "
+                "compile the outer one only"
+            )
         raise CaptureError(
-            f"compiled function {compiled.name} called inside another compiled function: "
-            "compile the outer one only"
+            f"compiled function {compiled.name}: another thread is capturing a step right now; "
+            "capture in one thread at a time"
         )
     live0 = _live_tensors(dev)
     start: dict[int, list[Any]] = {}

@@ -11,6 +11,7 @@ import itertools
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from threading import get_ident
 from typing import Any, Protocol
 
 from burn_remote.protocol.graph import Graph, GraphNode
@@ -19,8 +20,9 @@ MAX_PENDING_OPS = 10_000
 """Past this many recorded ops the device flushes on its own, bounding client memory."""
 
 CAPTURING: list[Recorder] = []
-"""Recorders capturing a compiled function's step right now (see `_compile`): an op recorded
-on any other device meanwhile would run once, not on every replay, so it is refused."""
+"""Recorders capturing a compiled function's step right now (see `_compile`): an op the
+capturing thread records on any other device meanwhile would run once, not on every replay,
+so it is refused (other threads record as usual)."""
 
 _epoch = [0]
 
@@ -180,7 +182,7 @@ class Recorder:
         # still referenced are kept as outputs.
         if len(self.pending) >= MAX_PENDING_OPS and not self._held:
             self.flush()
-        if CAPTURING and self.log is None:
+        if CAPTURING and self.log is None and CAPTURING[0].log.thread == get_ident():
             raise CAPTURING[0].log.foreign_device(self)
         self.pending.append(node)
 
@@ -203,7 +205,7 @@ class Recorder:
             self._held = False
 
     def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
-        if CAPTURING and self.log is None:
+        if CAPTURING and self.log is None and CAPTURING[0].log.thread == get_ident():
             raise CAPTURING[0].log.foreign_device(self)
         self.runtime.upload(tensor_id, array)
         self.specs[tensor_id] = spec

@@ -388,3 +388,32 @@ def test_gpt2_small_sized_lora_step_captures_and_matches():
         del model, step, run
         gc.collect()
     _same(*results)
+
+
+def test_other_threads_record_on_other_devices_while_a_step_is_captured():
+    import threading
+
+    from burn_remote._device import LocalRuntime
+
+    other = br.Device("cpu-worker", LocalRuntime("cpu"))
+    started, release = threading.Event(), threading.Event()
+    seen = []
+
+    def worker():
+        started.wait(10)
+        seen.append((other.ones((3,)) * 2).numpy().tolist())
+        release.set()
+
+    th = threading.Thread(target=worker)
+    th.start()
+
+    @br.compile
+    def f(a):
+        started.set()
+        release.wait(10)  # the worker records and reads on its device meanwhile
+        return a + 1
+
+    x = DEV.tensor(np.ones(3, np.float32))
+    assert f(x).numpy().tolist() == [2, 2, 2]
+    th.join(10)
+    assert seen == [[2.0, 2.0, 2.0]]
