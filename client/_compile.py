@@ -32,6 +32,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from threading import get_ident
 from typing import Any
 
@@ -105,18 +106,16 @@ def _flatten(obj: Any, leaves: list, path: str) -> Any:
     if t is dict:
         keys = tuple(obj)
         return (dict, keys, tuple([_flatten(obj[k], leaves, f"{path}[{k!r}]") for k in keys]))
-    if isinstance(obj, np.generic) and obj.ndim == 0 and obj.dtype.kind in "fiu":
+    if isinstance(obj, tuple) and hasattr(t, "_fields"):  # a NamedTuple
+        return (t, tuple([_flatten(x, leaves, f"{path}.{n}") for n, x in zip(t._fields, obj)]))
+    if isinstance(obj, np.generic) and obj.ndim == 0 and obj.dtype.kind in "fiub":
         return _flatten(obj.item(), leaves, path)
-    if isinstance(obj, bool | int | float):  # subclasses (IntEnum...): by value
-        return _flatten(
-            bool(obj)
-            if isinstance(obj, bool)
-            else obj.__index__()
-            if isinstance(obj, int)
-            else float(obj),
-            leaves,
-            path,
-        )
+    if isinstance(obj, bool):  # subclasses (IntEnum, ...) by value
+        return ("=", bool(obj))
+    if isinstance(obj, int):
+        return _flatten(int(obj), leaves, path)
+    if isinstance(obj, float):
+        return _flatten(float(obj), leaves, path)
     hint = "; upload it with dev.tensor() first" if isinstance(obj, np.ndarray) else ""
     raise CaptureError(
         f"{path} is a {type(obj).__name__}: a compiled function takes tensors, Python "
@@ -134,7 +133,8 @@ def _unflatten(spec: Any, leaves: list, at: list[int]) -> Any:
         return spec[1]
     if kind is dict:
         return {k: _unflatten(s, leaves, at) for k, s in zip(spec[1], spec[2])}
-    return kind([_unflatten(s, leaves, at) for s in spec[1]])
+    items = [_unflatten(s, leaves, at) for s in spec[1]]
+    return kind(*items) if hasattr(kind, "_fields") else kind(items)
 
 
 def _describe_leaf(leaf: Any, dev: Any, first: dict[int, int], pos: int) -> Any:
@@ -223,6 +223,7 @@ class _Replay:
         "signature",
         "rec",
         "dev",
+        "aliases",
     )
 
     def release(self) -> None:
@@ -254,6 +255,13 @@ class _Replay:
             else:
                 i = x
             ids.append(i)
+        for held, others in self.aliases:
+            for o in others:
+                if o._id != held._id:
+                    raise _Miss(
+                        "two tensors that held the same state when captured now hold "
+                        "different values (one was replaced): capturing which one the step reads"
+                    )
         values = self.values[:]
         for slot, source in self.actions:
             v = source()
@@ -622,23 +630,9 @@ def _record(
     replay.rec, replay.dev = rec, dev
     replay.consts = consts
     replay.template = capture
+    seen = _Seen(flat, journal, start, grad_start, arg_ids, scalar_ids, res_leaves, res_spec)
     try:
-        _analyse(
-            compiled,
-            replay,
-            rec,
-            dev,
-            capture,
-            flat,
-            journal,
-            start,
-            grad_start,
-            arg_ids,
-            scalar_ids,
-            result,
-            res_leaves,
-            res_spec,
-        )
+        _analyse(compiled, replay, dev, capture, seen)
     except BaseException:
         replay.release()
         raise
@@ -666,26 +660,40 @@ def _flatten_result(compiled: Compiled, result: Any, leaves: list) -> Any:
     return spec
 
 
-def _analyse(
-    compiled,
-    replay,
-    rec,
-    dev,
-    capture,
-    flat,
-    journal,
-    start,
-    grad_start,
-    arg_ids,
-    scalar_ids,
-    result,
-    res_leaves,
-    res_spec,
-) -> None:
+@dataclass(slots=True)
+class _Seen:
+    """What one recording observed, for `_analyse`."""
+
+    flat: list
+    """The call's argument leaves."""
+    journal: _Log
+    start: dict[int, list[Any]]
+    """Tensor id -> weak references to the objects that held it before the body ran."""
+    grad_start: dict[int, Any]
+    """Tensor id -> weak reference to the tensor whose `.grad` held it before the body ran."""
+    arg_ids: dict[int, int]
+    """Tensor id -> position of the argument leaf that held it."""
+    scalar_ids: dict[int, int]
+    """Tensor id of a number argument's binding -> its leaf position."""
+    res_leaves: list
+    res_spec: Any
+
+
+def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, seen: _Seen) -> None:
+    """Fill `replay`: where each input comes from, where each output goes, the bindings,
+    and the signature two recordings must share."""
+    flat, journal, start, grad_start = seen.flat, seen.journal, seen.start, seen.grad_start
+    arg_ids, scalar_ids, res_leaves, res_spec = (
+        seen.arg_ids,
+        seen.scalar_ids,
+        seen.res_leaves,
+        seen.res_spec,
+    )
     in_pos = {i: k for k, i in enumerate(capture.input_ids)}
     out_pos = {o: j for j, o in enumerate(capture.output_ids)}
     # --- inputs
     inputs = []
+    aliases: list[tuple[Tensor, list[Tensor]]] = []
     for k, i in enumerate(capture.input_ids):
         spec_i = tuple(capture.key[0][k])
         if i in arg_ids:
@@ -701,8 +709,11 @@ def _analyse(
             continue
         cands = [o for r in start.get(i, ()) if (o := r()) is not None]
         carrier = next((o for o in cands if o._id in out_pos), None)
-        if carrier is None:
-            carrier = next((o for o in cands if o._id == i), None)
+        if carrier is None:  # read only: any holder; they must still agree when replayed
+            holders = [o for o in cands if o._id == i]
+            carrier = holders[0] if holders else None
+            if len(holders) > 1:
+                aliases.append((carrier, holders[1:]))
         if carrier is None:
             raise CaptureError(
                 f"compiled function {compiled.name}: input {k} of the step ({spec_i[1]}"
@@ -713,6 +724,7 @@ def _analyse(
             )
         inputs.append((_OBJ, carrier, spec_i))
     replay.inputs = inputs
+    replay.aliases = aliases
     # --- outputs
     sinks: list[list[tuple[int, Any]]] = [[] for _ in capture.output_ids]
     result_leaves: list[tuple[str, Any]] = []

@@ -130,6 +130,25 @@ def test_a_compiled_method_keeps_captures_per_instance():
     assert Trainer.step.stats()["captures"] == 2 and Trainer.step.stats()["replays"] == 4
 
 
+def test_containers_and_named_tuples_as_arguments():
+    from typing import NamedTuple
+
+    class Batch(NamedTuple):
+        x: br.Tensor
+        scale: float
+
+    @br.compile
+    def f(batch, extra, opts):
+        return {"y": batch.x * batch.scale + extra[0], "z": (opts["w"] * 2,)}
+
+    x, w = DEV.tensor(np.ones(2, np.float32)), DEV.tensor(np.full(2, 3.0, np.float32))
+    for i in range(5):
+        out = f(Batch(x, float(i)), [np.float32(1.0)], {"w": w})
+        assert out["y"].numpy().tolist() == [i + 1.0] * 2
+        assert out["z"][0].numpy().tolist() == [6.0, 6.0]
+    assert f.stats()["replays"] == 3
+
+
 def test_bools_and_strings_are_part_of_the_guard():
     @br.compile
     def act(x, kind, neg):
@@ -166,6 +185,21 @@ def test_a_replay_updates_state_in_place_as_autograd_sees_it():
     compiled(*_batch(8, 1))  # a replay updates them, as opt.step() would
     with pytest.raises(RuntimeError, match="modified by an in-place operation"):
         loss.backward()
+
+
+def test_an_alias_of_frozen_state_does_not_hide_its_replacement():
+    nn.seed(0)
+    lin = nn.Linear(4, 2)
+    lin.weight.requires_grad_(False)
+    alias = lin.weight.detach()  # the user keeps the old value around
+    f = br.compile(lambda x: lin(x).detach())
+    x = DEV.tensor(np.ones((1, 4), np.float32))
+    for _ in range(4):
+        f(x)
+    lin.weight._assign(DEV.tensor(np.zeros((2, 4), np.float32)))  # load_state_dict does this
+    out = f(x).numpy()
+    np.testing.assert_allclose(out, lin.bias.numpy()[None], rtol=1e-6)
+    assert alias.numpy().any()
 
 
 def test_train_eval_switch_recaptures():
