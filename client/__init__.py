@@ -4,31 +4,91 @@ The public surface is re-exported here from private modules; tests/test_package.
 honest. Transport, server and GPU stacks load only when a device needs them.
 """
 
-from . import data, functional, lora, nn, optim
+from typing import TYPE_CHECKING, Any
+
+# What creating a CPU tensor needs loads now; the rest on first use (see __getattr__).
 from ._autograd import no_grad
-from ._compile import CaptureError, compile
-from ._creation import (
-    arange,
-    as_tensor,
-    device,
-    eye,
-    flatten,
-    from_dlpack,
-    from_numpy,
-    manual_seed,
-    ones,
-    rand,
-    randn,
-    tensor,
-    zeros,
-)
 from ._device import Device
-from ._extension import Extension, ExtensionOp
-from ._jobs import ChecksumError, Job, JobError, Jobs
 from ._ops import RecordError
 from ._recorder import OpFailed
-from ._remote import RemoteDevice, RemoteError
 from ._tensor import Tensor, matmul
+
+_LAZY = {
+    # name: (module, attribute or None for the module itself)
+    "data": (".data", None),
+    "functional": (".functional", None),
+    "lora": (".lora", None),
+    "nn": (".nn", None),
+    "optim": (".optim", None),
+    "CaptureError": ("._compile", "CaptureError"),
+    "compile": ("._compile", "compile"),
+    "Extension": ("._extension", "Extension"),
+    "ExtensionOp": ("._extension", "ExtensionOp"),
+    "ChecksumError": ("._jobs", "ChecksumError"),
+    "Job": ("._jobs", "Job"),
+    "JobError": ("._jobs", "JobError"),
+    "Jobs": ("._jobs", "Jobs"),
+    "RemoteDevice": ("._remote", "RemoteDevice"),
+    "RemoteError": ("._remote", "RemoteError"),
+    **{
+        name: ("._creation", name)
+        for name in (
+            "arange",
+            "as_tensor",
+            "device",
+            "eye",
+            "flatten",
+            "from_dlpack",
+            "from_numpy",
+            "manual_seed",
+            "ones",
+            "rand",
+            "randn",
+            "tensor",
+            "zeros",
+        )
+    },
+}
+"""Public names loaded on first use, so `import burn_remote` costs little more than NumPy."""
+
+
+def __getattr__(name: str) -> Any:
+    spec = _LAZY.get(name)
+    if spec is None:
+        raise AttributeError(f"module 'burn_remote' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(spec[0], __name__)
+    value = module if spec[1] is None else getattr(module, spec[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
+    from . import data, functional, lora, nn, optim  # noqa: F401
+    from ._compile import CaptureError, compile  # noqa: F401
+    from ._creation import (  # noqa: F401
+        arange,
+        as_tensor,
+        device,
+        eye,
+        flatten,
+        from_dlpack,
+        from_numpy,
+        manual_seed,
+        ones,
+        rand,
+        randn,
+        tensor,
+        zeros,
+    )
+    from ._extension import Extension, ExtensionOp  # noqa: F401
+    from ._jobs import ChecksumError, Job, JobError, Jobs  # noqa: F401
+    from ._remote import RemoteDevice, RemoteError  # noqa: F401
 
 float16, bfloat16, float32, float64 = "float16", "bfloat16", "float32", "float64"
 int8, uint8, int32, int64 = "int8", "uint8", "int32", "int64"

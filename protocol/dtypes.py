@@ -1,12 +1,12 @@
 """The dtypes both ends agree on: names on the wire, NumPy equivalents, promotion.
 
 Names are the wire form (a graph hash covers them), so they never change spelling.
-bfloat16 comes from ml_dtypes, which NumPy treats as an ordinary extension dtype.
+bfloat16 comes from ml_dtypes, which NumPy treats as an ordinary extension dtype; it is
+imported the first time a bfloat16 is asked for (it costs a few ms of every import).
 """
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -17,8 +17,21 @@ DEFAULT_FLOAT = "float32"
 DEFAULT_INT = "int64"
 INDEX_DTYPE = "int64"
 
-_NUMPY = {name: np.dtype(name) for name in DTYPES if name != "bfloat16"}
-_NUMPY["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+
+class _NumpyDtypes(dict):
+    """name -> NumPy dtype; bfloat16 is added (ml_dtypes imported) on first lookup."""
+
+    def __missing__(self, name: str) -> np.dtype:
+        if name != "bfloat16":
+            raise KeyError(name)
+        import ml_dtypes
+
+        dt = self["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+        _FROM_NUMPY[dt] = "bfloat16"
+        return dt
+
+
+_NUMPY = _NumpyDtypes({name: np.dtype(name) for name in DTYPES if name != "bfloat16"})
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items()}
 
 # Rank for promotion: kind first (bool < int < float), then width.
@@ -36,6 +49,8 @@ def to_numpy(name: str) -> np.dtype:
 def from_numpy(dtype: np.dtype | type) -> str:
     """The wire name of a NumPy dtype; float64 data stays float64, other kinds must be listed."""
     dt = np.dtype(dtype)
+    if dt.name == "bfloat16" and "bfloat16" not in _NUMPY:
+        to_numpy("bfloat16")  # an ml_dtypes array: ml_dtypes is loaded already, register it
     try:
         return _FROM_NUMPY[dt]
     except KeyError:

@@ -8,12 +8,9 @@ training step replays the same graph with new bindings.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
-
-import msgpack
 
 from .registry import OPS, ShapeError
 
@@ -60,6 +57,8 @@ class Graph:
 
     def encode(self) -> bytes:
         """Canonical msgpack: the same graph gives the same bytes in any process."""
+        import msgpack  # loaded at the first sync, not with `import burn_remote`
+
         return msgpack.packb(
             [
                 GRAPH_FORMAT,
@@ -74,6 +73,8 @@ class Graph:
         )
 
     def digest(self) -> str:
+        import hashlib
+
         return hashlib.sha256(self.encode()).hexdigest()
 
 
@@ -109,6 +110,8 @@ def _spec(raw: Any) -> Spec:
 
 def decode(data: bytes, max_nodes: int = MAX_GRAPH_NODES) -> Graph:
     """Parse the canonical form; any deviation raises GraphError naming what was wrong."""
+    import msgpack
+
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_array_len=4 * max_nodes)
         fmt_version, inputs, nodes, outputs = raw

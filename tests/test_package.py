@@ -45,3 +45,48 @@ def test_import_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+LAZY = (
+    "ml_dtypes",
+    "msgpack",
+    "importlib.metadata",
+    "safetensors",
+    "burn_remote.nn",
+    "burn_remote.lora",
+    "burn_remote.optim",
+    "burn_remote.onnx",
+    "burn_remote.data",
+    "burn_remote._jobs",
+    "burn_remote._remote",
+    "burn_remote._compile",
+    "burn_remote._extension",
+    "burn_remote.engine",
+    "burn_remote.protocol.messages",
+)
+
+
+def test_import_loads_only_what_a_cpu_tensor_needs():
+    """Everything else loads on first use (bench/import_time.py times the difference)."""
+    code = (
+        "import sys, burn_remote; "
+        f"print(','.join(m for m in {LAZY!r} if m in sys.modules)); "
+        "import burn_remote as br; "
+        "t = br.Device.cpu().tensor([1.0, 2.0]); assert (t * 2).tolist() == [2.0, 4.0]; "
+        "assert br.nn.Linear and br.optim.SGD and br.lora.LoraConfig and br.data.DataLoader; "
+        "assert br.RemoteDevice and br.Jobs and br.compile and br.randn(2).shape == (2,); "
+        "assert br.Device.cpu().tensor([1.0], dtype='bfloat16').dtype == 'bfloat16'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_lazy_names_are_listed_for_dir_and_unknown_names_raise():
+    assert {"nn", "RemoteDevice", "randn"} <= set(dir(burn_remote))
+    try:
+        burn_remote.no_such_name  # noqa: B018
+    except AttributeError as exc:
+        assert "no_such_name" in str(exc)
+    else:
+        raise AssertionError("an unknown attribute did not raise")
