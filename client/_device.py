@@ -22,6 +22,9 @@ per op (about 10 us) that NumPy's allocator does not; `memory_stats()` answers e
 class LocalRuntime:
     """Runs captured graphs in-process through the engine, exactly as a server does."""
 
+    copies_uploads = False
+    """The NumPy engine keeps an uploaded array as it is, so the device copies it first."""
+
     def __init__(
         self, spec: str, memory_limit: int | None = None, pooled: bool | None = None
     ) -> None:
@@ -29,6 +32,7 @@ class LocalRuntime:
         from burn_remote.engine.executor import ExecutionError, Executor
 
         self.backend = get_backend(spec)
+        self.copies_uploads = spec != "cpu"  # GPU backends copy into device memory
         session = getattr(self.backend, "session", None)
         if session is not None:  # GPU backends: a stream of this runtime's own
             self.backend = session()
@@ -219,12 +223,16 @@ class Device:
         if isinstance(data, Tensor):
             data = data.numpy()
         arr = _as_array(data, dtype)
-        if arr is data or not arr.flags.owndata or not arr.flags.c_contiguous:
+        rec = self._rec
+        if not arr.flags.c_contiguous or (
+            not getattr(rec.runtime, "copies_uploads", False)
+            and (arr is data or not arr.flags.owndata)
+        ):
             # a copy, as torch.tensor makes: changing the caller's array later must not
-            # change this tensor (np.array keeps 0-d data 0-d)
+            # change this tensor (np.array keeps 0-d data 0-d). Runtimes that copy on upload
+            # anyway (the wire, device memory) are spared a second copy of a large array.
             arr = np.array(arr, order="C", copy=True)
         name = dtypes.from_numpy(arr.dtype)
-        rec = self._rec
         tid = rec.new_id()
         rec.upload(tid, arr, (arr.shape, name))
         t = make_tensor(self, tid, arr.shape, name)

@@ -43,6 +43,10 @@ class RemoteError(ConnectionError):
 class RemoteRuntime:
     """The Runtime of a remote device (see ``_recorder.Runtime``), over a link."""
 
+    copies_uploads = True
+    """An upload is serialised at once (``ClientProtocol.upload``): the caller's array is
+    free to change afterwards, so the device need not copy it first."""
+
     fresh_reads = True
     """Each read returns a new writable array nothing else holds (``Tensor.numpy`` need not
     copy it: a 1 GiB read costs 1 GiB, not 2)."""
