@@ -21,14 +21,17 @@ def device(spec: Any) -> Device:
     or a peer id the address book knows), as `torch.device` is spelt."""
     if isinstance(spec, Device):
         return spec
-    if isinstance(spec, str) and spec.partition(":")[0] in _LOCAL_KINDS:
-        return Device.parse(spec)
-    from ._remote import RemoteDevice
+    if not isinstance(spec, str):
+        raise TypeError(f"device: expected a Device or a string, got {type(spec).__name__}")
+    if "@" in spec or len(spec.strip()) >= _PEER_ID_MIN:
+        from ._remote import RemoteDevice
 
-    return RemoteDevice(spec)
+        return RemoteDevice(spec.strip())
+    return Device.parse(spec)  # "unknown device ..." names the local kinds for a typo
 
 
-_LOCAL_KINDS = ("cpu", "cuda", "opencl")
+_PEER_ID_MIN = 40
+"""A bare peer id (base32 of an Ed25519 key) is longer than any local device name."""
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:

@@ -105,11 +105,11 @@ class Tensor:
         return f"tensor({body}{shape}, dtype={self.dtype}, device={self._dev}{grad})"
 
     def __format__(self, spec: str) -> str:
-        """`f"{loss:.4f}"` formats the value of a one-element tensor, as torch does."""
-        if self.size == 1:
+        """`f"{loss:.4f}"` formats the value of a 0-d tensor, as torch does."""
+        if self.ndim == 0:
             return format(self.item(), spec)
         if spec:
-            raise TypeError(f"format spec {spec!r} needs a one-element tensor, not {self.shape}")
+            raise TypeError(f"format spec {spec!r} needs a 0-d tensor, not shape {self.shape}")
         return repr(self)
 
     __hash__ = object.__hash__
@@ -267,9 +267,9 @@ class Tensor:
         if isinstance(target, str) and target in dtypes.DTYPES or _is_dtype(target):
             target, dtype = None, target
         if target is not None:
-            from ._device import Device
+            from ._creation import device
 
-            dev = Device.parse(target) if isinstance(target, str) else target
+            dev = device(target)
             if dev is not self._dev:
                 out = dev._receive(self)
         return out.cast(dtype) if dtype is not None else out

@@ -349,3 +349,12 @@ def test_nll_loss_refuses_a_torch_style_class_axis_it_would_misread():
     logp = DEV.tensor(np.zeros((2, 4, 3), np.float32))
     with pytest.raises(ValueError, match="class axis"):
         F.nll_loss(logp, DEV.tensor(np.zeros((2, 3), np.int64)))
+
+
+def test_device_names_like_torch_device():
+    assert br.device("cpu") is br.device("CPU") is DEV and br.device(DEV) is DEV
+    with pytest.raises(ValueError, match="unknown device 'cdua'"):
+        br.device("cdua")
+    x = DEV.tensor([1.0])
+    with pytest.raises(ValueError, match="unknown device"):
+        x.to("gpu")

@@ -130,7 +130,9 @@ class Module:
     # --- devices, modes ---------------------------------------------------------------------
     def to(self, device: Device | str) -> Module:
         """Move every parameter and buffer to `device`, keeping the same tensor objects."""
-        dev = Device.parse(device) if isinstance(device, str) else device
+        from .._creation import device as _device
+
+        dev = _device(device)
         for _, t in self._named(("_params", "_buffers"), persistent_only=False):
             if t.device is not dev:
                 t._assign(t.to(dev))
