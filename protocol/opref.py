@@ -16,6 +16,7 @@ from typing import Any
 
 from . import ops  # noqa: F401  (declares every op)
 from .dtypes import DTYPES, promote
+from .extensions import parse_wire_name
 from .registry import OPS, REQUIRED, OpDef
 
 _PROBE_SHAPE = (2, 3)
@@ -98,7 +99,8 @@ def _op(op: OpDef) -> list[str]:
 
 def render() -> str:
     """The whole page, deterministic (ops by category, then name)."""
-    prims = sorted((op for op in OPS.values() if op.primitive), key=lambda o: (o.category, o.name))
+    core = (op for op in OPS.values() if op.primitive and parse_wire_name(op.name) is None)
+    prims = sorted(core, key=lambda o: (o.category, o.name))
     out = [
         "# Op reference (generated)",
         "",
@@ -107,7 +109,9 @@ def render() -> str:
         "ops a graph may contain (`protocol/README.md`, Graphs); composite ops are recorded as",
         "their primitives and never appear on the wire. A node's `attrs` must hold every",
         "attribute below (defaults filled in), sorted by name; its declared outputs must be",
-        "what the op's rule gives for its inputs and attributes.",
+        "what the op's rule gives for its inputs and attributes. Ops of extensions (wire name",
+        "`extension.op@version`, named in Hello/Welcome `extensions`) are declared by their",
+        "extension packages and follow the same rules; they are not listed here.",
         "",
         f"{len(prims)} primitive ops. Dtype names: {', '.join(DTYPES)}.",
         "",
