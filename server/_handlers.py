@@ -182,6 +182,8 @@ def expose(s: Any, msg: m.Expose, now: float) -> Reply:
 def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
     tid = msg.tensor_id
     if tid not in s.fetched:
+        if s.waiting != ("fetch", tid):  # a new dial: counted against the peer's rate
+            s.state.allow_dial(s.peer_id, now)
         return Wait("fetch", tid, StartFetch(tid, msg.source_peer, msg.source_address, msg.token))
     result = s.fetched.pop(tid)
     if isinstance(result, str):

@@ -76,6 +76,8 @@ class Limits:
         }
 
 
+FETCH_DIALS_PER_MINUTE = 60
+"""Server-to-server fetches (each a dial of another server) one peer may ask for a minute."""
 CAPABILITY_TTL = 600.0
 """Seconds an unredeemed capability (and the tensor it pins) lives."""
 MAX_CAPABILITIES = 64
@@ -126,6 +128,8 @@ class ServerState:
         self.authorized: Any = None
         """The admission policy (an ``AuthorizedPeers``; set by ``serve``): peer roles."""
         self._ids = itertools.count(1)
+        self._dials: dict[str, list[float]] = {}
+        """peer -> times of its recent server-to-server fetch dials (``allow_dial``)."""
         self._plan_bytes: dict[str, int] = {}
         """digest -> constant bytes charged for a cached plan."""
         self._plan_users: dict[str, set[int]] = {}
@@ -156,6 +160,22 @@ class ServerState:
             sid = next(self._ids)
             self.sessions[sid] = session
             return sid
+
+    def allow_dial(self, peer: str, now: float) -> None:
+        """Count one outgoing dial (a Fetch) for ``peer``; LimitExceeded past
+        FETCH_DIALS_PER_MINUTE in the last minute, so no peer can make the server send
+        handshakes at a high rate to an address of its choosing."""
+        with self.lock:
+            recent = [t for t in self._dials.get(peer, ()) if t > now - 60.0]
+            if len(recent) >= FETCH_DIALS_PER_MINUTE:
+                raise LimitExceeded(
+                    f"peer {peer[:12]}... asked for {len(recent)} server-to-server fetches in "
+                    f"the last minute (FETCH_DIALS_PER_MINUTE {FETCH_DIALS_PER_MINUTE})"
+                )
+            recent.append(now)
+            self._dials[peer] = recent
+            if len(self._dials) > 4 * self.limits.max_sessions:  # forget idle peers
+                self._dials = {p: ts for p, ts in self._dials.items() if ts[-1] > now - 60.0}
 
     def check_peer_memory(self, peer: str, nbytes: int) -> None:
         """Raise LimitExceeded when ``peer``'s sessions would hold more than peer_memory."""
