@@ -522,8 +522,14 @@ class Tensor:
         keepdim: Any = None,
         unbiased: bool | None = None,
     ) -> Tensor:
-        """NumPy's default (correction 0) with `axis`; torch's (1) with `dim` or `unbiased`."""
+        """NumPy's default (correction 0) with `axis`; torch's (1) with `dim` or `unbiased`.
+        Bare `x.var()` means 0 to NumPy and 1 to torch, so it asks which."""
         torch_style = dim is not None or keepdim is not None or unbiased is not None
+        if correction is None and axis is None and not torch_style:
+            raise TypeError(
+                "var()/std() over everything: NumPy divides by n, torch by n - 1; say which "
+                "with correction=0 or correction=1 (or give axis= / dim=)"
+            )
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         if correction is None:
             correction = int(unbiased if unbiased is not None else torch_style)

@@ -358,3 +358,14 @@ def test_device_names_like_torch_device():
     x = DEV.tensor([1.0])
     with pytest.raises(ValueError, match="unknown device"):
         x.to("gpu")
+
+
+def test_bare_var_and_std_ask_which_correction():
+    x, t = _pair()
+    with pytest.raises(TypeError, match="correction"):
+        x.var()
+    with pytest.raises(TypeError, match="correction"):
+        x.std()
+    _close(x.std(correction=1), t.std())
+    _close(x.var(unbiased=True), t.var())
+    np.testing.assert_allclose(x.var(axis=0).numpy(), X.var(axis=0), rtol=1e-5)
