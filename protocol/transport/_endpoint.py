@@ -18,11 +18,13 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager, suppress
+from typing import Any
 
 import trio
 from aioquic.buffer import Buffer
 from aioquic.quic.packet import (
     QuicPacketType,
+    encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
 )
@@ -48,6 +50,15 @@ _GSO_MAX_SEGMENTS = 64
 _GSO_MAX_BYTES = 65000
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(4)
 _SUPPORTED_VERSIONS = [0x00000001, 0x6B3343CF]
+
+HANDSHAKE_RATE = 20.0
+"""New handshakes a second one source address (IP and port) may start (token bucket)."""
+HANDSHAKE_BURST = 40.0
+"""Handshakes one source address may start at once before the rate applies."""
+RETRY_ABOVE = 64
+"""Half-open handshakes above which a new client must first answer a QUIC Retry."""
+MAX_TRACKED_SOURCES = 4096
+"""Source addresses whose handshake rate is remembered at once."""
 SEND_LOSS_ERRNOS = frozenset(
     {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPERM, errno.ENOBUFS}
 )
@@ -81,6 +92,7 @@ class Endpoint:
         self._backlog: deque[tuple[bytes, tuple]] = deque()
         self._writable = trio.Event()
         self.max_connections = 1024
+        self._admission = _Admission()
         # Off by default: on loopback, GSO measured ~2x slower and GRO neutral (bench).
         self._gso = config.udp_offload and _try_setsockopt(sock, _UDP_SEGMENT, 0)
         self._gro = config.udp_offload and _try_setsockopt(sock, _UDP_GRO, 1)
@@ -355,6 +367,25 @@ class Endpoint:
                 out.append((data, addr))
         return out
 
+    def _send_retry(self, header: Any, addr: tuple, now: float) -> None:
+        source_cid = os.urandom(CID_LENGTH)
+        token = self._admission.retry.create_token(
+            address=addr,
+            original_destination_connection_id=header.destination_cid,
+            retry_source_connection_id=source_cid,
+            now=now,
+        )
+        self._sendto(
+            encode_quic_retry(
+                version=header.version,
+                source_cid=source_cid,
+                destination_cid=header.source_cid,
+                original_destination_cid=header.destination_cid,
+                retry_token=token,
+            ),
+            addr,
+        )
+
     def _accept_initial(self, data: bytes, addr: tuple, now: float) -> Connection | None:
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=CID_LENGTH)
@@ -377,12 +408,32 @@ class Endpoint:
         if len(self._conns) >= self.max_connections:
             log.warning("refusing new connection from %s: %d connections", addr, len(self._conns))
             return None
+        if not self._admission.allow(addr, now):
+            return None  # this source started too many handshakes: its Initial is dropped
+        retry_cid = None
+        if self._admission.loaded(self._conns):
+            if not header.token:  # prove the address first: a Retry costs one datagram
+                self._send_retry(header, addr, now)
+                return None
+            try:
+                original = self._admission.retry.validate_token(
+                    address=addr,
+                    destination_cid=header.destination_cid,
+                    token=header.token,
+                    now=now,
+                )
+            except ValueError:
+                return None
+            retry_cid, header_dcid = header.destination_cid, original
+        else:
+            header_dcid = header.destination_cid
         quic = PeerQuicConnection(
             configuration=quic_configuration(
                 self.identity, is_client=False, config=self._config, datagram_size=size
             ),
             path_datagram_size=size,
-            original_destination_connection_id=header.destination_cid,
+            original_destination_connection_id=header_dcid,
+            retry_source_connection_id=retry_cid,
             authorize=self._authorized.check,
             max_streams=self._config.max_streams,
             max_packets_in_flight=self._config.max_packets_in_flight,
@@ -397,6 +448,40 @@ class Endpoint:
         self._adopt(conn, [header.destination_cid, quic.host_cid])
         self._nursery.start_soon(conn._run)
         return conn
+
+
+class _Admission:
+    """Which Initials start a handshake: at most HANDSHAKE_RATE a second (burst
+    HANDSHAKE_BURST) from one source address, and, while more than RETRY_ABOVE handshakes are
+    half open, only from a client that answered a Retry (it proved it receives at the
+    address it claims). aioquic's retry-token handler seals the tokens."""
+
+    def __init__(self) -> None:
+        from aioquic.quic.retry import QuicRetryTokenHandler
+
+        self.retry = QuicRetryTokenHandler()
+        self._buckets: dict[tuple, tuple[float, float]] = {}
+
+    def allow(self, addr: tuple, now: float) -> bool:
+        key = addr[:2]
+        tokens, last = self._buckets.get(key, (HANDSHAKE_BURST, now))
+        tokens = min(HANDSHAKE_BURST, tokens + (now - last) * HANDSHAKE_RATE)
+        if tokens < 1:
+            self._buckets[key] = (tokens, now)
+            return False
+        if len(self._buckets) > MAX_TRACKED_SOURCES:  # forget sources that went quiet
+            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < HANDSHAKE_BURST}
+        self._buckets[key] = (tokens - 1, now)
+        return True
+
+    def loaded(self, conns: Iterable[Connection]) -> bool:
+        half_open = 0
+        for conn in conns:
+            if not conn._quic.handshake_confirmed:
+                half_open += 1
+                if half_open > RETRY_ABOVE:
+                    return True
+        return False
 
 
 def _try_setsockopt(sock: socket.socket, option: int, value: int) -> bool:

@@ -154,6 +154,11 @@ class Guard:
         assert now <= allowed, f"victim median {now * 1e3:.2f} ms > {allowed * 1e3:.2f} ms"
         self.sample_rss()
         ceiling = self.rss0 + self.limit + RSS_OVERHEAD
+        print(
+            f"\nvictim median {now * 1e3:.2f} ms (before {self.base * 1e3:.2f} ms, allowed "
+            f"{allowed * 1e3:.2f}); server RSS peak {self.peak_rss / 2**20:.0f} MiB (baseline "
+            f"{self.rss0 / 2**20:.0f}, ceiling {ceiling / 2**20:.0f})"
+        )
         assert self.peak_rss <= ceiling, (
             f"server RSS {self.peak_rss / 2**20:.0f} MiB > {ceiling / 2**20:.0f} MiB "
             f"(baseline {self.rss0 / 2**20:.0f} + limit + overhead)"
