@@ -38,6 +38,29 @@ def test_captured_training_equals_plain_training_bitwise(kind):
     assert any(not np.array_equal(first[k], plain[k]) for k in plain)
 
 
+def test_a_lambda_schedule_and_parameter_groups_replay_exactly():
+    def build(dev):
+        nn.seed(3)
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        opt = optim.Adam(
+            net,
+            lr=1e-2,
+            groups=[optim.ParamGroup("0.*", lr=3e-2, weight_decay=0.1)],
+            schedule=lambda s: 0.5 ** (s // 7),
+        )
+
+        def step(x, y):
+            loss = F.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        return net, step, lambda i: _batch(8, i)
+
+    _same(train(DEV, build, 30, compiled=False), train(DEV, build, 30, compiled=True))
+
+
 def test_qlora_step_captures_and_matches():
     build = lambda dev: gpt_lora(dev, quantize="nf4")  # noqa: E731
     _same(train(DEV, build, 30, compiled=False), train(DEV, build, 30, compiled=True))
