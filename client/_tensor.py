@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -196,17 +197,25 @@ class Tensor:
 
     def _inplace(self, name: str, other: Any) -> Tensor:
         """`x op= y`: the result rebinds this same object (so a parameter updated as
-        `p -= lr * p.grad` under no_grad really changes). Refused where torch refuses, or
-        where the tape would silently see the new value."""
-        if _autograd.enabled() and (
+        `p -= lr * p.grad` under no_grad really changes).
+
+        While gradients are recorded, a leaf that requires grad refuses (as torch). Any other
+        tensor takes the op's place on the tape (ResNet's `out += identity`): the value it
+        had moves to a stand-in object that the earlier ops' tape entries point to, so their
+        gradients still see the old value; ops that saved this tensor as an input see its
+        version change and refuse at backward (torch's version counter)."""
+        tracked = _autograd.enabled() and (
             self.requires_grad or (isinstance(other, Tensor) and other.requires_grad)
-        ):
-            what = "a leaf tensor that requires grad" if self._node is None else "this tensor"
+        )
+        if tracked and self.requires_grad and self._node is None:
             raise RuntimeError(
-                f"in-place {name} on {what} while gradients are recorded; update parameters "
-                "under `with no_grad():`, or write `x = x + y` to keep the op on the tape"
+                f"in-place {name} on a leaf tensor that requires grad while gradients are "
+                "recorded; update parameters under `with no_grad():`"
             )
-        out = other if name == "set" else self._bin(name, other)
+        old = self._stand_in() if tracked else self
+        if other is self:  # x += x: both operands are the value before the update
+            other = old
+        out = other if name == "set" else old._bin(name, other)
         if out.shape != self.shape:
             raise RuntimeError(
                 f"in-place {name}: the result has shape {out.shape}, which does not fit this "
@@ -220,7 +229,21 @@ class Tensor:
                 )
             out = out.cast(self.dtype)
         self._assign(out)
+        if tracked:
+            self.requires_grad = out.requires_grad
+            self._node, self._out = out._node, out._out
+            if out._node is not None:
+                out._node.outputs[out._out] = weakref.ref(self)
         return self
+
+    def _stand_in(self) -> Tensor:
+        """A new object holding this tensor's value and tape position (for in-place ops)."""
+        old = make_tensor(self._dev, self._id, self.shape, self.dtype)
+        old.requires_grad, old._node, old._out = self.requires_grad, self._node, self._out
+        old._version = self._version
+        if self._node is not None:
+            self._node.outputs[self._out] = weakref.ref(old)
+        return old
 
     def add_(self, o: Any, alpha: float = 1) -> Tensor:
         return self._inplace("add", o if alpha == 1 else o * alpha)

@@ -158,3 +158,32 @@ def test_a_tensor_does_not_alias_the_callers_array():
     tt[0] = 7
     assert t.tolist() == [1.0, 1.0, 1.0] and u.tolist() == [1.0, 1.0, 1.0]
     assert torch.tensor(np.ones(3)).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_inplace_on_an_intermediate_stays_on_the_tape_like_torch():
+    """ResNet's `out += identity`, `h *= mask` and `x += x` on tensors that track gradients."""
+    rng = np.random.default_rng(5)
+    a, m = rng.normal(size=(3, 4)).astype(np.float32), (rng.random((3, 4)) > 0.5)
+    grads = []
+    for lib, make in ((None, lambda v: DEV.tensor(v, requires_grad=True)),
+                      (torch, lambda v: torch.tensor(v, requires_grad=True))):  # fmt: skip
+        x = make(a)
+        identity = x * 2
+        out = (x * 3).sin()  # sin saves its input (tanh, its output: torch would refuse)
+        out += identity
+        out *= (DEV.tensor(m) if lib is None else torch.from_numpy(m)).float()
+        out += out
+        (out * out).sum().backward()
+        grads.append(x.grad.numpy() if lib is None else x.grad.detach().numpy())
+        assert out.requires_grad
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-6)
+
+
+def test_inplace_on_an_output_whose_gradient_needs_it_uses_the_old_value():
+    """exp's gradient is its output: after `y += 1` it must still be exp(x), not exp(x) + 1
+    (torch refuses this case; here the stand-in keeps the old value for the gradient)."""
+    x = DEV.tensor([0.5, -1.0], requires_grad=True)
+    y = x.exp()
+    y += 1
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp([0.5, -1.0]), rtol=1e-6)
