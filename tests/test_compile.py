@@ -61,6 +61,36 @@ def test_a_lambda_schedule_and_parameter_groups_replay_exactly():
     _same(train(DEV, build, 30, compiled=False), train(DEV, build, 30, compiled=True))
 
 
+def test_in_place_ops_inside_a_step_replay_exactly():
+    """A residual block written as torch users do (`out += identity`, `relu_`-style rebinds)
+    and a running average kept in place under no_grad."""
+
+    def build(dev):
+        nn.seed(4)
+        a, b = nn.Linear(8, 8), nn.Linear(8, 3)
+        opt = optim.AdamW([*a.parameters(), *b.parameters()], lr=1e-2)
+        avg = dev.zeros(())
+
+        def step(x, y):
+            h = a(x)
+            h += x  # in place on a tensor that tracks gradients
+            loss = F.cross_entropy(b(h.relu()), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            with br.no_grad():
+                avg.mul_(0.9).add_(loss.detach() * 0.1)
+            return loss
+
+        class Net(nn.Module):
+            def __init__(self):
+                self.a, self.b, self.avg = a, b, avg
+
+        return Net(), step, lambda i: _batch(8, i)
+
+    _same(train(DEV, build, 30, compiled=False), train(DEV, build, 30, compiled=True))
+
+
 def test_qlora_step_captures_and_matches():
     build = lambda dev: gpt_lora(dev, quantize="nf4")  # noqa: E731
     _same(train(DEV, build, 30, compiled=False), train(DEV, build, 30, compiled=True))
