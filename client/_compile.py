@@ -224,6 +224,13 @@ class _Replay:
         "rec",
         "dev",
         "aliases",
+        "base_ids",
+        "obj_inputs",
+        "arg_inputs",
+        "grad_inputs",
+        "obj_sinks",
+        "other_sinks",
+        "result_fixups",
     )
 
     def release(self) -> None:
@@ -233,28 +240,29 @@ class _Replay:
         self.consts = []
 
     def run(self, flat: list) -> Any:
+        """Bind this call's arguments and the state's current tensors, rebind the outputs
+        into their holders, submit the graph; the result, rebuilt. The hot path of a step:
+        the per-kind lists below were laid out by `_analyse` so this is a few flat loops."""
         rec = self.rec
         specs = rec.specs
-        ids = []
-        for kind, x, spec in self.inputs:
-            if kind == _OBJ:
-                i = x._id
-                if specs.get(i) != spec:
-                    raise _Miss(_state_changed(x, spec, specs.get(i)))
-            elif kind == _ARG:
-                i = flat[x]._id
-            elif kind == _GRAD:
-                g = x.grad
-                if g is None:
-                    raise _Miss(
-                        f"the .grad of a {x.shape} {x.dtype} tensor was read when captured and is None now"
-                    )
-                i = g._id
-                if specs.get(i) != spec:
-                    raise _Miss(_state_changed(g, spec, specs.get(i)))
-            else:
-                i = x
-            ids.append(i)
+        ids = self.base_ids[:]
+        for k, x, spec in self.obj_inputs:
+            i = x._id
+            if specs.get(i) != spec:
+                raise _Miss(_state_changed(x, spec, specs.get(i)))
+            ids[k] = i
+        for k, pos in self.arg_inputs:
+            ids[k] = flat[pos]._id
+        for k, x, spec in self.grad_inputs:
+            g = x.grad
+            if g is None:
+                raise _Miss(
+                    f"the .grad of a {x.shape} {x.dtype} tensor was read when captured and "
+                    "is None now"
+                )
+            i = ids[k] = g._id
+            if specs.get(i) != spec:
+                raise _Miss(_state_changed(g, spec, specs.get(i)))
         for held, others in self.aliases:
             for o in others:
                 if o._id != held._id:
@@ -270,47 +278,49 @@ class _Replay:
         for slot, pos in self.arg_values:
             values[slot] = flat[pos]
         tmpl = self.template
-        new_id = rec.new_id
-        out_ids = [new_id() for _ in self.outputs]
+        nxt = rec._ids.__next__
+        out_ids = [nxt() for _ in self.outputs]
         cap = Capture(
-            tmpl.key,
-            tmpl.digest,
-            tmpl.nodes,
-            ids,
-            values,
-            out_ids,
-            tmpl.output_specs,
-            tmpl._graph,
+            tmpl.key, tmpl.digest, tmpl.nodes, ids, values, out_ids, tmpl.output_specs, tmpl._graph
         )
         cap.prov = tmpl.prov
+        refs, dead, failed = rec.refs, rec.dead, rec.failed
+        for j, x in self.obj_sinks:  # state written: the holder takes the new id (as _assign)
+            o = out_ids[j]
+            refs[o] = refs.get(o, 0) + 1
+            old = x._id
+            n = refs.get(old, 0) - 1
+            if n > 0:
+                refs[old] = n
+            else:  # what Recorder.release does
+                refs.pop(old, None)
+                if old in specs:
+                    dead.append(old)
+                failed.pop(old, None)
+            x._id = o
+            x._version += 1  # a tape that saved it refuses to run, as after _assign
         dev = self.dev
         returned: list[Any] = [None] * len(self.result_leaves)
-        retain, release = rec.retain, rec.release
-        for o, (shape, dtype, sinks) in zip(out_ids, self.outputs):
-            for kind, x in sinks:
-                if kind == _SINK_RET:
-                    returned[x] = make_tensor(dev, o, shape, dtype)
-                elif kind == _SINK_OBJ:
-                    retain(o)
-                    release(x._id)
-                    x._id = o
-                    x._version += 1  # as _assign: a tape that saved it refuses to run
-                elif kind == _SINK_GRAD:
-                    x.grad = make_tensor(dev, o, shape, dtype)
-                else:  # an argument the body assigned to
-                    t = flat[x]
-                    retain(o)
-                    release(t._id)
-                    t._id = o
-                    t._version += 1
-        refs = rec.refs
+        for j, kind, x in self.other_sinks:
+            o = out_ids[j]
+            shape, dtype = self.outputs[j][:2]
+            if kind == _SINK_RET:
+                returned[x] = make_tensor(dev, o, shape, dtype)
+            elif kind == _SINK_GRAD:
+                x.grad = make_tensor(dev, o, shape, dtype)
+            else:  # an argument the body assigned to
+                t = flat[x]
+                rec.retain(o)
+                rec.release(t._id)
+                t._id = o
+                t._version += 1
         cap.donated = [k for k, i in enumerate(ids) if i not in refs]
         rec.submit(cap)
-        for k, (kind, x) in enumerate(self.result_leaves):
+        for k, kind, x in self.result_fixups:
             if kind == "in":
                 shape, dtype = tmpl.key[0][x]
                 returned[k] = make_tensor(dev, ids[x], shape, dtype)
-            elif kind == "fixed":
+            else:
                 returned[k] = x
         if self.result_spec == _LEAF:
             return returned[0]
@@ -761,6 +771,23 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
     replay.outputs = [(tuple(s[0]), s[1], tuple(sk)) for s, sk in zip(capture.output_specs, sinks)]
     replay.result_leaves = result_leaves
     replay.result_spec = res_spec
+    # the same, laid out per kind for `run`
+    replay.base_ids = [x if kind == _CONST else 0 for kind, x, _ in inputs]
+    replay.obj_inputs = [(k, x, s) for k, (kind, x, s) in enumerate(inputs) if kind == _OBJ]
+    replay.arg_inputs = [(k, x) for k, (kind, x, _) in enumerate(inputs) if kind == _ARG]
+    replay.grad_inputs = [(k, x, s) for k, (kind, x, s) in enumerate(inputs) if kind == _GRAD]
+    replay.obj_sinks = [
+        (j, x) for j, (_, _, sk) in enumerate(replay.outputs) for kind, x in sk if kind == _SINK_OBJ
+    ]
+    replay.other_sinks = [
+        (j, kind, x)
+        for j, (_, _, sk) in enumerate(replay.outputs)
+        for kind, x in sk
+        if kind != _SINK_OBJ
+    ]
+    replay.result_fixups = [
+        (k, kind, x) for k, (kind, x) in enumerate(result_leaves) if kind != "out"
+    ]
     # --- bindings
     slot_of: dict[int, int] = {}
     for n in capture.nodes:
