@@ -70,6 +70,9 @@ class SimState:
         """(in_params, out_params, operation, name) of every ElementwiseKernel made."""
         self.programs: list[Any] = []
         self.calls: set[str] = set()
+        self.capacity: int | None = None
+        """Bytes of device memory; past it cudaMalloc fails (None: no limit)."""
+        self.device_bytes = 0
         self.lag = False
         """True: events complete only when their stream is synchronised (a busy GPU)."""
         self._roots: dict[int, Any] = {}
@@ -353,14 +356,18 @@ class _Memory:
 
     def __init__(self, nbytes: int) -> None:
         sim = _sim()
+        if sim.capacity is not None and sim.device_bytes + nbytes > sim.capacity:
+            raise MemoryError(f"out of memory allocating {nbytes} bytes")  # CuPy's is one
         sim.mallocs += 1
+        sim.device_bytes += nbytes
         self.ptr = sim.new_address() + (1 << 40)
         self.size = nbytes
-        weakref.finalize(self, _count_free, sim)
+        weakref.finalize(self, _count_free, sim, nbytes)
 
 
-def _count_free(sim: SimState) -> None:
+def _count_free(sim: SimState, nbytes: int) -> None:
     sim.frees += 1
+    sim.device_bytes -= nbytes
 
 
 class _UnownedMemory:

@@ -157,6 +157,19 @@ def test_other_streams_reuse_freed_blocks_only_after_their_work(sim, gpu):
     assert alloc.pending() == 0
 
 
+def test_a_full_device_gets_the_retained_pages_back(sim, gpu):
+    """Pages kept for replays are released when cudaMalloc runs out, and the request retried."""
+    cp = sys.modules["cupy"]
+    backend = gpu._rec.runtime.backend
+    (gpu.tensor(np.ones((1 << 20,), np.float32)) * 2.0).numpy()  # a dry run: pages retained
+    reserved = backend.memory.memory_stats().reserved
+    assert reserved >= 4 << 20 and backend.memory.memory_stats().in_use < reserved
+    sim.capacity = sim.device_bytes + (5 << 20)
+    with backend.activate():
+        big = cp.zeros((9 << 20) // 4, dtype=np.float32)  # needs the retained pages' room
+    assert big.nbytes == 9 << 20 and backend.memory.memory_stats().reserved >= 9 << 20
+
+
 def test_a_pool_installed_for_a_while_gives_the_device_back(sim, gpu):
     from burn_remote.engine.memory import (
         CupyPageAllocator,

@@ -120,9 +120,10 @@ class CupyAllocator:
             self._collect(stream)
             try:
                 block = memory.alloc(nbytes)
-            except MemoryError:
-                if not self._wait_all():
-                    raise
+            except MemoryError:  # the device (or the quota) is full: give back what waits
+                self._wait_all()
+                memory.release_idle_arenas()
+                memory.pool.relieve()  # retained empty pages too
                 block = memory.alloc(nbytes)
         lease = _Lease()
         weakref.finalize(lease, self._release, memory, block, stream)
