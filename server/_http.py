@@ -123,6 +123,8 @@ class _RelayCollector:
             ("refused_records", "Address records refused (unsigned, stale, replayed)."),
             ("auth_failures", "Peers that failed the key challenge."),
             ("unroutable", "Datagrams for peers the relay does not know."),
+            ("limited", "Datagrams dropped: their sender was over a per-peer limit."),
+            ("limited_bytes", "Bytes dropped: their sender was over a per-peer limit."),
         ):
             yield CounterMetricFamily(f"burn_remote_relay_{name}", doc, value=getattr(stats, name))
         records = len(self.relay.store)

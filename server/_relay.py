@@ -23,6 +23,13 @@ import trio
 from ..protocol.relay import _wire as w
 from ..protocol.relay._records import AddressRecord, RecordRefused, RecordStore
 from ..protocol.transport import Identity, PeerId
+from ._relay_limits import (
+    CONTROL_BURST,
+    LIMIT_LOG_INTERVAL,
+    MAX_CONTROL_SOURCES,
+    RelayLimits,
+    TokenBucket,
+)
 
 log = logging.getLogger("burn_remote.relay")
 
@@ -44,6 +51,16 @@ class RelayStats:
     accepted_records: int = 0
     auth_failures: int = 0
     unroutable: int = 0
+    limited: int = 0
+    """Datagrams dropped because their sender was over a per-peer or per-address limit."""
+    limited_bytes: int = 0
+
+
+@dataclass
+class _PeerBudget:
+    bytes: TokenBucket
+    datagrams: TokenBucket
+    logged: float = float("-inf")
 
 
 @dataclass
@@ -56,11 +73,15 @@ class RelayState:
     """If set, every forwarded datagram is appended here (4-byte length, bytes): tests
     check that what the relay sees is ciphertext."""
     stats: RelayStats = field(default_factory=RelayStats)
+    limits: RelayLimits = field(default_factory=RelayLimits)
 
     def __post_init__(self) -> None:
         self._nonces: OrderedDict[tuple, bytes] = OrderedDict()
         self._peers: dict[PeerId, tuple[tuple, float]] = {}
         self._addrs: dict[tuple, PeerId] = {}
+        self._budgets: dict[PeerId, _PeerBudget] = {}
+        self._control: OrderedDict[tuple, TokenBucket] = OrderedDict()
+        self._control_logged: dict[tuple, float] = {}
 
     def handle(self, data: bytes, addr: tuple, now: float) -> list[tuple[bytes, tuple]]:
         """One datagram from ``addr`` at wall-clock ``now``; returns (datagram, address)s."""
@@ -70,6 +91,8 @@ class RelayState:
         try:
             if kind == w.SEND:
                 return self._send(body, addr, now)
+            if not self._control_allowed(addr, len(data), now):
+                return []
             if kind == w.HELLO and len(body) == 32:
                 nonce = secrets.token_bytes(32)
                 self._nonces[addr] = nonce
@@ -142,17 +165,69 @@ class RelayState:
             return []
         self._peers[src] = (addr, now)
         payload = body[32:]
+        if not self._budget_allows(src, len(payload), now):
+            return []
         self.stats.forwarded += 1
         self.stats.forwarded_bytes += len(payload)
         if self.capture is not None:
             self.capture.write(len(payload).to_bytes(4, "big") + payload)
         return [(bytes([w.RECV]) + src.raw + payload, entry[0])]
 
+    def _budget_allows(self, peer: PeerId, size: int, now: float) -> bool:
+        """Charge one forwarded datagram to ``peer``; False (and counted) when over a limit."""
+        budget = self._budgets.get(peer)
+        if budget is None:
+            lim = self.limits
+            budget = _PeerBudget(
+                TokenBucket(lim.peer_bandwidth, now), TokenBucket(lim.peer_datagram_rate, now)
+            )
+            self._budgets[peer] = budget
+        if budget.datagrams.take(1, now) and budget.bytes.take(size, now):
+            return True
+        self.stats.limited += 1
+        self.stats.limited_bytes += size
+        if now - budget.logged >= LIMIT_LOG_INTERVAL:
+            budget.logged = now
+            log.warning(
+                "peer %s is over its relay limit (%s): its datagrams are dropped",
+                peer,
+                self.limits.describe(),
+                extra={"event": "relay_peer_limited", "peer": str(peer)},
+            )
+        return False
+
+    def _control_allowed(self, addr: tuple, size: int, now: float) -> bool:
+        """Charge one control request to its source address (bounded table, LRU)."""
+        if self.limits.control_rate <= 0:
+            return True
+        bucket = self._control.get(addr)
+        if bucket is None:
+            bucket = TokenBucket(self.limits.control_rate, now, CONTROL_BURST)
+            self._control[addr] = bucket
+            while len(self._control) > MAX_CONTROL_SOURCES:
+                old, _ = self._control.popitem(last=False)
+                self._control_logged.pop(old, None)
+        self._control.move_to_end(addr)
+        if bucket.take(1, now):
+            return True
+        self.stats.limited += 1
+        self.stats.limited_bytes += size
+        if now - self._control_logged.get(addr, float("-inf")) >= LIMIT_LOG_INTERVAL:
+            self._control_logged[addr] = now
+            log.warning(
+                "%s sends control requests faster than %g/s: dropped",
+                w.addr_text(addr),
+                self.limits.control_rate,
+                extra={"event": "relay_control_limited"},
+            )
+        return False
+
     def _expire(self, now: float) -> None:
         for peer, (addr, seen) in list(self._peers.items()):
             if now - seen > REGISTRATION_TTL:
                 del self._peers[peer]
                 self._addrs.pop(addr, None)
+                self._budgets.pop(peer, None)
 
 
 def _err(text: str, addr: tuple) -> tuple[bytes, tuple]:
@@ -201,11 +276,12 @@ def run_relay(
     bind: tuple[str, int],
     capture: str | None = None,
     http: tuple[str, int] | None = None,
+    limits: RelayLimits | None = None,
 ) -> int:
     """``burn-remote relay``: serve until SIGINT/SIGTERM, printing the peer id and address;
     ``http``: also serve /healthz and /metrics there."""
     cap = open(capture, "ab", buffering=0) if capture else None  # noqa: SIM115
-    state = RelayState(identity, capture=cap)
+    state = RelayState(identity, capture=cap, limits=limits or RelayLimits())
     beat = Heartbeat()
     port_http = None
     if http is not None:
@@ -225,6 +301,7 @@ def run_relay(
             print("burn-remote relay", flush=True)
             print(f"peer id: {identity.peer_id}", flush=True)
             print(f"listening on: {w.addr_text((host, port))}", flush=True)
+            print(f"limits: {state.limits.describe()}", flush=True)
             if port_http is not None:
                 where = w.addr_text(port_http.address)
                 print(f"http: http://{where} (/healthz, /metrics)", flush=True)
@@ -245,4 +322,4 @@ def run_relay(
     return 0
 
 
-__all__ = ["RelayState", "RelayStats", "run_relay", "serve_relay"]
+__all__ = ["RelayLimits", "RelayState", "RelayStats", "run_relay", "serve_relay"]

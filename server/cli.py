@@ -309,8 +309,11 @@ def cmd_relay(args: argparse.Namespace) -> int:
     """Run the discovery and relay node until SIGINT/SIGTERM."""
     from burn_remote.protocol.addressing import parse_host_port
     from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+    from burn_remote.server._logging import configure
     from burn_remote.server._relay import run_relay
+    from burn_remote.server._relay_limits import MIB, RelayLimits
 
+    configure("info", "text")
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
     try:
         identity = Identity.load_or_create(key)
@@ -319,7 +322,19 @@ def cmd_relay(args: argparse.Namespace) -> int:
     except (KeyFileError, ValueError) as exc:
         print(f"burn-remote relay: {exc}", file=sys.stderr)
         return 1
-    return run_relay(identity, bind, capture=args.capture, http=http)
+    limits = RelayLimits(args.peer_bandwidth * MIB, args.peer_datagrams, args.control_rate)
+    return run_relay(identity, bind, capture=args.capture, http=http, limits=limits)
+
+
+def _rate(text: str) -> float:
+    """A per-second limit from the command line: a number >= 0 (0 turns the limit off)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0: no limit): {text}")
+    return value
 
 
 def _add_relay(sub: argparse._SubParsersAction) -> None:
@@ -340,6 +355,36 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
         "--http",
         metavar="HOST:PORT",
         help="serve /healthz and Prometheus /metrics over HTTP here (off by default)",
+    )
+    from burn_remote.server._relay_limits import (
+        CONTROL_RATE,
+        MIB,
+        PEER_BANDWIDTH,
+        PEER_DATAGRAM_RATE,
+    )
+
+    p.add_argument(
+        "--peer-bandwidth",
+        type=_rate,
+        default=PEER_BANDWIDTH / MIB,
+        metavar="MIB_S",
+        help="MiB/s one peer may send through the relay; the rest is dropped and QUIC "
+        "slows down (default %(default)g; 0: no limit)",
+    )
+    p.add_argument(
+        "--peer-datagrams",
+        type=_rate,
+        default=PEER_DATAGRAM_RATE,
+        metavar="N",
+        help="datagrams/s one peer may send through the relay (default %(default)g; 0: none)",
+    )
+    p.add_argument(
+        "--control-rate",
+        type=_rate,
+        default=CONTROL_RATE,
+        metavar="N",
+        help="control requests/s (hello, auth, publish, lookup, ping) one source address "
+        "may send, bursts of 40 (default %(default)g; 0: no limit)",
     )
     p.set_defaults(func=cmd_relay)
 

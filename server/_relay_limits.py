@@ -1,0 +1,83 @@
+"""The relay's per-peer limits: what one peer may make the relay forward, and how often one
+address may ask it something. Kept apart from the relay loop so that the CLI can show the
+defaults without importing trio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1 << 20
+PEER_BANDWIDTH = 32 * MIB
+"""Bytes per second one peer may have forwarded (``--peer-bandwidth``, in MiB/s; 0: none).
+A Python relay forwards a few hundred MiB/s at best: one peer gets a fair share, not all."""
+PEER_DATAGRAM_RATE = 30_000
+"""Datagrams per second one peer may have forwarded (``--peer-datagrams``; 0: none): small
+datagrams cost the relay as much CPU as big ones, so bytes alone do not bound the work."""
+CONTROL_RATE = 20
+"""Control requests (HELLO, AUTH, PUBLISH, LOOKUP, PING) per second from one source address
+(``--control-rate``; 0: none). A signature check costs ~100 us: a flood of AUTHs would
+otherwise keep the loop busy."""
+BURST_SECONDS = 0.25
+"""A peer's buckets hold this many seconds of their rate: QUIC's bursts pass, a flood
+does not."""
+CONTROL_BURST = 40
+"""Control requests one address may send at once (a client's start-up: HELLO, AUTH,
+PUBLISH, LOOKUPs, each retried once a second when lost)."""
+MAX_CONTROL_SOURCES = 4096
+"""Source addresses whose control rate is remembered at once (oldest forgotten first)."""
+LIMIT_LOG_INTERVAL = 10.0
+"""Seconds between two log lines about the same limited peer or address."""
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """Per-peer limits (0 turns one off); see the constants for the defaults' reasons."""
+
+    peer_bandwidth: float = PEER_BANDWIDTH
+    peer_datagram_rate: float = PEER_DATAGRAM_RATE
+    control_rate: float = CONTROL_RATE
+
+    def describe(self) -> str:
+        def each(v: float, unit: str, scale: float = 1) -> str:
+            return "unlimited" if v <= 0 else f"{v / scale:g} {unit}"
+
+        return (
+            f"per peer {each(self.peer_bandwidth, 'MiB/s', MIB)}, "
+            f"{each(self.peer_datagram_rate, 'datagrams/s')}; "
+            f"control {each(self.control_rate, 'requests/s')} per address"
+        )
+
+
+class TokenBucket:
+    """``rate`` per second, up to ``burst`` saved (default ``rate * BURST_SECONDS``); rate 0
+    never refuses."""
+
+    __slots__ = ("rate", "cap", "tokens", "last")
+
+    def __init__(self, rate: float, now: float, burst: float | None = None) -> None:
+        self.rate = rate
+        self.cap = max(rate * BURST_SECONDS if burst is None else burst, 1.0)
+        self.tokens = self.cap
+        self.last = now
+
+    def take(self, amount: float, now: float) -> bool:
+        if self.rate <= 0:
+            return True
+        self.tokens = min(self.cap, self.tokens + max(0.0, now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < amount and not (amount > self.cap and self.tokens >= self.cap):
+            return False  # (a datagram bigger than the whole bucket passes when it is full)
+        self.tokens -= amount
+        return True
+
+
+__all__ = [
+    "BURST_SECONDS",
+    "CONTROL_BURST",
+    "CONTROL_RATE",
+    "MIB",
+    "PEER_BANDWIDTH",
+    "PEER_DATAGRAM_RATE",
+    "RelayLimits",
+    "TokenBucket",
+]
