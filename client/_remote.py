@@ -385,14 +385,26 @@ class RemoteDevice(Device):
         src._rec.flush()
         token = src._rt.expose(t._id, self.peer_id)
         tid = self._rec.new_id()
-        from burn_remote.protocol.addressing import format_host_port
-
-        self._rt.fetch(tid, src.peer_id, format_host_port(*src.address), token)
+        self._rt.fetch(tid, src.peer_id, _source_address(src.address), token)
         self._rec.specs[tid] = (t.shape, t.dtype)
         out = make_tensor(self, tid, t.shape, t.dtype)
         if t.requires_grad:
             out.requires_grad_(True)
         return out
+
+
+def _source_address(address: tuple[str, int]) -> str:
+    """The source's address for the destination server: ``host:port``, or "" when we reach
+    the source through a relay tunnel (our local end: the destination finds it through its
+    own relay instead)."""
+    import sys
+
+    from burn_remote.protocol.addressing import format_host_port
+
+    relay = sys.modules.get("burn_remote.protocol.relay")  # loaded only once a relay was used
+    if relay is not None and relay.is_relay_tunnel(address):
+        return ""
+    return format_host_port(*address)
 
 
 __all__ = ["RemoteDevice", "RemoteError", "RemoteRuntime", "lookup_address", "parse_target"]

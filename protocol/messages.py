@@ -310,7 +310,8 @@ class Fetch:
     source_peer: str
     """Peer id of the source server."""
     source_address: str
-    """"host:port" of the source server, as the client reached it."""
+    """"host:port" of the source server, as the client reached it; "" when the client
+    reaches it only through a relay (the destination then finds it through its own)."""
     token: bytes
     """The capability from Token."""
 

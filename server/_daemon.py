@@ -375,7 +375,12 @@ async def fetch_from(ep: Endpoint, session: Session, out: StartFetch) -> Any:
     """Destination side of a server-to-server move: dial the source, redeem the token, and
     receive the tensor in chunks into a buffer charged to the session; (dtype, shape,
     buffer), or the source's refusal as a string."""
-    conn = await ep.connect(out.source_peer, parse_host_port(out.source_address))
+    if out.source_address:
+        conn = await ep.connect(out.source_peer, parse_host_port(out.source_address))
+    else:  # the client reached the source only through a relay: find it there ourselves
+        from ._relay_glue import connect_via_relay
+
+        conn = await connect_via_relay(ep, out.source_peer)
     try:
         s = await conn.open_stream()
         await s.send_frame(m.encode(m.Fetch(0, str(ep.peer_id), "", out.token)))

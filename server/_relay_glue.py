@@ -1,27 +1,78 @@
-"""``serve --relay``: publish the server's record and take relayed clients into its port."""
+"""``serve --relay``: publish the server's record, take relayed clients into its port, and
+reach other servers that only the relay knows how to reach (a move *from* a relayed server)."""
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any
 
 import trio
 
-from ..protocol.relay import serve_via_relay
+from ..protocol.addressing import parse_host_port
+from ..protocol.relay import RelayClient, RelayError, serve_via_relay
+from ..protocol.relay._agent import PROBE_TIMEOUT_ENV
 from ..protocol.relay._wire import addr_text
+from ..protocol.transport import Connection, Endpoint, PeerId, PeerRejected, TransportError
+
+_clients: weakref.WeakKeyDictionary[Endpoint, RelayClient] = weakref.WeakKeyDictionary()
+"""The relay association each serving endpoint registered with."""
 
 
-async def start_relay_agent(nursery: trio.Nursery, opts: Any, ep: Any) -> None:
+async def start_relay_agent(nursery: trio.Nursery, opts: Any, ep: Endpoint) -> None:
     """Start :func:`serve_via_relay` for this endpoint; returns once the record is published."""
     host, port = ep.local_address[:2]
     addresses = list(opts.advertise or [])
     if not addresses and host not in ("0.0.0.0", "::"):
         addresses = [addr_text((host, port))]
-    await nursery.start(
+    client = await nursery.start(
         lambda task_status: serve_via_relay(
             opts.identity, opts.relay, (host, port), addresses, task_status=task_status
         )
     )
+    _clients[ep] = client
     print(
         f"relay: {opts.relay} (record published: {', '.join(addresses) or 'relay only'})",
         flush=True,
     )
+
+
+async def connect_via_relay(ep: Endpoint, peer: str) -> Connection:
+    """Dial ``peer`` found through our relay: the direct addresses of its signed record
+    first (each gets ``$BURN_REMOTE_PROBE_TIMEOUT`` seconds, default 3), else the relay's
+    tunnel. Used when a client could reach a source server only through a relay, so the
+    address it knows (its own end of the tunnel) means nothing here.
+
+    Raises:
+        TransportError: this server has no relay, the relay has no record, or no path works.
+    """
+    client = _clients.get(ep)
+    if client is None:
+        raise TransportError(
+            f"the source {peer[:12]}... is reachable only through a relay, and this server "
+            "was started without --relay"
+        )
+    pid = PeerId.parse(peer)
+    try:
+        record = await client.lookup(pid)
+    except (RelayError, ValueError) as exc:
+        raise TransportError(f"relay lookup of {peer[:12]}... failed: {exc}") from None
+    if record is None:
+        raise TransportError(f"the relay {client.relay} has no record of {peer[:12]}...")
+    timeout = float(os.environ.get(PROBE_TIMEOUT_ENV, "3"))
+    for text in record.addresses:
+        try:
+            addr = parse_host_port(text)
+        except ValueError:
+            continue
+        with trio.move_on_after(timeout):
+            try:
+                return await ep.connect(pid, addr)
+            except PeerRejected:
+                raise
+            except (TransportError, OSError):
+                pass
+    return await ep.connect(pid, await client.dial(pid))
+
+
+__all__ = ["connect_via_relay", "start_relay_agent"]

@@ -5,7 +5,14 @@ is what peers need: records, the relay client, and the resolver ``RemoteDevice``
 to when the address book has no entry.
 """
 
-from ._agent import RELAY_ENV, RelayAgent, configured_relay, resolve_via_relay, serve_via_relay
+from ._agent import (
+    RELAY_ENV,
+    RelayAgent,
+    configured_relay,
+    is_relay_tunnel,
+    resolve_via_relay,
+    serve_via_relay,
+)
 from ._client import RelayClient, RelayError
 from ._records import AddressRecord, RecordRefused, RecordStore
 
@@ -18,6 +25,7 @@ __all__ = [
     "RelayClient",
     "RelayError",
     "configured_relay",
+    "is_relay_tunnel",
     "resolve_via_relay",
     "serve_via_relay",
 ]

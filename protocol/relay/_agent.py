@@ -174,6 +174,14 @@ async def _probe(client: RelayClient, peer: PeerId, address: tuple[str, int]) ->
     return reachable
 
 
+def is_relay_tunnel(address: tuple) -> bool:
+    """Whether ``address`` (as :func:`resolve_via_relay` returned it) is this process's end of
+    a relay tunnel: meaningful here only, so it must not be handed to another node."""
+    with RelayAgent._lock:
+        agents = list(RelayAgent._agents.values())
+    return any(a._client is not None and a._client.is_tunnel(address) for a in agents)
+
+
 def resolve_via_relay(
     peer: str, relay: str | None = None, key_path: str | Path | None = None
 ) -> tuple[str, int] | None:
@@ -203,6 +211,7 @@ __all__ = [
     "RELAY_ENV",
     "RelayAgent",
     "configured_relay",
+    "is_relay_tunnel",
     "resolve_via_relay",
     "serve_via_relay",
 ]

@@ -156,6 +156,10 @@ class RelayClient:
         shim = self._shims.get(peer) or await self._new_shim(peer, None)
         return shim.sock.getsockname()[:2]
 
+    def is_tunnel(self, address: tuple) -> bool:
+        """Whether ``address`` is one of our shims (a peer reached through the relay)."""
+        return any(s.sock.getsockname()[:2] == tuple(address[:2]) for s in self._shims.values())
+
     async def _new_shim(self, peer: PeerId, target: tuple | None) -> _Shim:
         if len(self._shims) >= MAX_SHIMS:
             raise RelayError(f"tunnel already carries {MAX_SHIMS} peers")

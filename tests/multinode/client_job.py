@@ -44,7 +44,10 @@ def main() -> None:
     src = one.tensor(np.arange(1000, dtype=np.float32))
     moved = src.to(two)
     out["moved_sum"] = float(moved.sum().item())
-    one.close()
+    # ...and back: the source is reachable from the client only through the relay, so one's
+    # server finds two's through its own relay association (directly when its record allows).
+    back = two.tensor(np.arange(1000, dtype=np.float32) * 2).to(one)
+    out["moved_from_relayed_sum"] = float(back.sum().item())
     two.close()
     if more:
         three = RemoteDevice(more[0])
@@ -53,7 +56,11 @@ def main() -> None:
         out["wildcard_equal"] = got["losses"] == want["losses"] and all(
             a.tobytes() == b.tobytes() for a, b in zip(got["weights"], want["weights"])
         )
+        # A source that publishes no address at all: one's server tunnels through the relay.
+        back = three.tensor(np.arange(1000, dtype=np.float32) * 3).to(one)
+        out["moved_from_relay_only_sum"] = float(back.sum().item())
         three.close()
+    one.close()
     print("RESULT " + json.dumps(out), flush=True)
 
 

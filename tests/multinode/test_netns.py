@@ -77,6 +77,16 @@ def test_server_to_server_move_across_namespaces(observed: dict) -> None:
     assert observed["moved_sum"] == float(sum(range(1000)))
 
 
+def test_move_from_a_server_the_client_reaches_only_through_the_relay(observed: dict) -> None:
+    assert observed["moved_from_relayed_sum"] == 2.0 * sum(range(1000))
+
+
+def test_move_from_a_server_that_publishes_no_address(lab: Lab, observed: dict) -> None:
+    if "s3" not in lab.servers:
+        pytest.skip("the external lab has no relay-only server")
+    assert observed["moved_from_relay_only_sum"] == 3.0 * sum(range(1000))
+
+
 def test_netns_really_isolates(lab: Lab) -> None:
     if not lab.names:
         pytest.skip("external lab")

@@ -93,3 +93,43 @@ def test_resolves_direct_address_when_reachable(
     assert f"{dev.address[0]}:{dev.address[1]}" == server.address
     assert dev.tensor(np.arange(3, dtype=np.float32)).sum().item() == 3.0
     dev.close()
+
+
+def test_tensor_moves_from_a_server_reachable_only_through_the_relay(
+    relay: Server, spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client reaches the source through the relay (its direct address is dead), so the
+    address it knows is its own end of the tunnel: the destination finds the source through
+    its own relay association instead, and the bytes never pass through the client."""
+    monkeypatch.setenv("BURN_REMOTE_PROBE_TIMEOUT", "1")  # also read by the servers below
+    source = spawn("--relay", relay.address, "--advertise", f"127.0.0.1:{_closed_port()}")
+    dest = spawn("--relay", relay.address)
+    monkeypatch.setenv("BURN_REMOTE_RELAY", relay.address)
+    src_dev = RemoteDevice(source.peer_id)
+    assert f"{src_dev.address[0]}:{src_dev.address[1]}" != source.address  # tunnelled
+    dest_dev = RemoteDevice(dest.target)
+    data = np.random.default_rng(0).standard_normal((256, 300)).astype(np.float32)
+    moved = src_dev.tensor(data).to(dest_dev)
+    assert moved.device is dest_dev
+    np.testing.assert_array_equal(moved.numpy(), data)
+    np.testing.assert_array_equal((moved * 2).sum(0).numpy(), (data * 2).sum(0))
+    src_dev.close()
+    dest_dev.close()
+
+
+def test_move_from_a_relayed_server_to_one_without_a_relay_says_why(
+    relay: Server, spawn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from burn_remote import OpFailed
+
+    source = spawn("--relay", relay.address, "--advertise", f"127.0.0.1:{_closed_port()}")
+    dest = spawn()  # no --relay: it cannot find a source that only the relay can reach
+    monkeypatch.setenv("BURN_REMOTE_RELAY", relay.address)
+    monkeypatch.setenv("BURN_REMOTE_PROBE_TIMEOUT", "1")
+    src_dev, dest_dev = RemoteDevice(source.peer_id), RemoteDevice(dest.target)
+    moved = src_dev.tensor(np.arange(4, dtype=np.float32)).to(dest_dev)
+    with pytest.raises(OpFailed, match="reachable only through a relay.*without --relay"):
+        moved.numpy()
+    np.testing.assert_array_equal(src_dev.tensor(np.ones(2, np.float32)).numpy(), np.ones(2))
+    src_dev.close()
+    dest_dev.close()
