@@ -184,3 +184,37 @@ def test_the_relay_has_health_and_metrics_too(tmp_path: Path) -> None:
         assert families["burn_remote_relay_records"].samples[0].value == 0
     finally:
         assert relay.stop() == 0
+
+
+def test_healthz_says_503_when_the_loop_stops_and_names_a_storage_error(tmp_path: Path) -> None:
+    """In process: a loop that has not ticked for HEALTH_STALL is unhealthy (503); a job
+    runner waiting out a full disk is named (body and metrics) but stays 200."""
+    from burn_remote.server import _status
+    from burn_remote.server._http import OperatorPort
+    from burn_remote.server._state import ServerState
+    from burn_remote.server.jobs import JobService
+
+    state = ServerState("cpu")
+    state.jobs = JobService(tmp_path / "data", state)
+    port = OperatorPort(state, ("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{port.address[1]}"
+    try:
+        state.heartbeat = time.monotonic()
+        state.jobs.storage_error = "OperationalError: database or disk is full"
+        status, body = _get(url + "/healthz")
+        info = json.loads(body)
+        assert status == 200 and info["jobs"] == "waiting for storage"
+        assert "disk is full" in info["jobs_error"]
+        metrics = {
+            f.name: f.samples[0].value
+            for f in text_string_to_metric_families(_get(url + "/metrics")[1])
+            if f.samples
+        }
+        assert metrics["burn_remote_jobs_storage_error"] == 1
+        state.heartbeat = time.monotonic() - _status.HEALTH_STALL - 1  # the loop stopped
+        status, body = _get(url + "/healthz")
+        assert status == 503 and json.loads(body)["status"] == "stalled"
+        assert _get(url + "/nope")[0] == 404
+    finally:
+        port.close()
+        state.jobs.close()
