@@ -51,6 +51,8 @@ class RelayStats:
     accepted_records: int = 0
     auth_failures: int = 0
     unroutable: int = 0
+    observed: int = 0
+    """OBSERVE requests answered (peers learning their public address)."""
     limited: int = 0
     """Datagrams dropped because their sender was over a per-peer or per-address limit."""
     limited_bytes: int = 0
@@ -109,6 +111,12 @@ class RelayState:
                 if rec is None:
                     return [_err("unknown peer", addr)]
                 return [(bytes([w.RECORD]) + rec.encode(), addr)]
+            if kind == w.OBSERVE and len(body) >= w.OBSERVE_MIN:
+                reply = bytes([w.OBSERVED]) + body[: w.TXID] + w.addr_text(addr).encode()
+                if len(reply) > len(data):
+                    return []  # never answer with more than was asked (no amplification)
+                self.stats.observed += 1
+                return [(reply, addr)]
             if kind == w.PING:
                 peer = self._addrs.get(addr)
                 if peer is None:

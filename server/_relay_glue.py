@@ -20,19 +20,31 @@ _clients: weakref.WeakKeyDictionary[Endpoint, RelayClient] = weakref.WeakKeyDict
 
 
 async def start_relay_agent(nursery: trio.Nursery, opts: Any, ep: Endpoint) -> None:
-    """Start :func:`serve_via_relay` for this endpoint; returns once the record is published."""
+    """Start :func:`serve_via_relay` for this endpoint; returns once the record is published.
+
+    The record lists ``--advertise`` exactly when it is given (the operator knows best);
+    otherwise our listening address (unless it is a wildcard) and the address at which the
+    relay sees our QUIC socket -- behind a NAT, the NAT's public mapping."""
     host, port = ep.local_address[:2]
     addresses = list(opts.advertise or [])
     if not addresses and host not in ("0.0.0.0", "::"):
         addresses = [addr_text((host, port))]
+    discover = ep if not opts.advertise else None
     client = await nursery.start(
         lambda task_status: serve_via_relay(
-            opts.identity, opts.relay, (host, port), addresses, task_status=task_status
+            opts.identity,
+            opts.relay,
+            (host, port),
+            addresses,
+            endpoint=discover,
+            task_status=task_status,
         )
     )
     _clients[ep] = client
+    listed = [*addresses, *([client.observed] if client.observed not in (None, *addresses) else [])]
+    seen = f"; the relay sees us at {client.observed}" if client.observed else ""
     print(
-        f"relay: {opts.relay} (record published: {', '.join(addresses) or 'relay only'})",
+        f"relay: {opts.relay} (record published: {', '.join(listed) or 'relay only'}{seen})",
         flush=True,
     )
 

@@ -287,7 +287,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "--advertise",
         action="append",
         metavar="HOST:PORT",
-        help="address published in the record (repeatable; default: the --listen address)",
+        help="address published in the record, exactly (repeatable; default: the --listen "
+        "address unless it is a wildcard, plus the address the relay sees our QUIC socket at: "
+        "behind a NAT, its public mapping)",
     )
     p.add_argument(
         "--resume-grace",

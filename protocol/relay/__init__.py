@@ -14,6 +14,7 @@ from ._agent import (
     serve_via_relay,
 )
 from ._client import RelayClient, RelayError
+from ._observe import observe_address
 from ._records import AddressRecord, RecordRefused, RecordStore
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "RelayError",
     "configured_relay",
     "is_relay_tunnel",
+    "observe_address",
     "resolve_via_relay",
     "serve_via_relay",
 ]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import tomllib
@@ -32,7 +33,10 @@ from ..transport import (
     default_key_path,
 )
 from ._client import RelayClient, RelayError
-from ._records import AddressRecord
+from ._observe import observe_address
+from ._records import MAX_ADDRESSES, AddressRecord
+
+log = logging.getLogger("burn_remote.relay")
 
 RELAY_ENV = "BURN_REMOTE_RELAY"
 """``host:port`` of the relay a client uses when the address book has no entry."""
@@ -60,18 +64,35 @@ async def serve_via_relay(
     addresses: list[str],
     *,
     ttl: int = 600,
+    endpoint: Endpoint | None = None,
     task_status: trio.TaskStatus[RelayClient] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register with ``relay``, publish our record, and forward relayed peers to our QUIC
-    port until cancelled. Republishes at a third of the TTL so the record never lapses."""
+    port until cancelled. Republishes at a third of the TTL so the record never lapses.
+
+    With ``endpoint`` (our QUIC endpoint), each record also lists the address at which the
+    relay sees that endpoint's socket (:func:`observe_address`): behind a NAT, the NAT's
+    public mapping. ``client.observed`` holds the last one seen (None: none yet)."""
     async with RelayClient.open(identity, parse_host_port(relay)) as client:
         client.serve_to = relayed_target(quic_address, client.local_host)
-        await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
+
+        async def record() -> AddressRecord:
+            listed = list(addresses)
+            if endpoint is not None:
+                try:
+                    client.observed = await observe_address(endpoint, parse_host_port(relay))
+                except RelayError as exc:
+                    log.warning("address discovery through %s failed: %s", relay, exc)
+                if client.observed is not None and client.observed not in listed:
+                    listed.append(client.observed)
+            return AddressRecord.create(identity, listed[:MAX_ADDRESSES], relay, ttl=ttl)
+
+        await client.publish(await record())
         task_status.started(client)
         while True:
             await trio.sleep(max(1.0, ttl / 3))
             try:
-                await client.publish(AddressRecord.create(identity, addresses, relay, ttl=ttl))
+                await client.publish(await record())
             except (RelayError, ValueError):
                 pass  # try again next round; the old record is still valid for 2/3 of its TTL
 

@@ -63,6 +63,8 @@ class RelayClient:
         """The relay's ``host:port``, for messages (readable also when the network is down)."""
         self.relayed_out = 0
         self.relayed_in = 0
+        self.observed: str | None = None
+        """Our QUIC socket's address as the relay last saw it (set by ``serve_via_relay``)."""
 
     @classmethod
     @asynccontextmanager

@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -92,6 +92,10 @@ class Endpoint:
         self._backlog: deque[tuple[bytes, tuple]] = deque()
         self._writable = trio.Event()
         self.max_connections = 1024
+        self.on_foreign_datagram: Callable[[bytes, tuple], None] | None = None
+        """Called with datagrams that cannot be QUIC (neither the long-header nor the fixed
+        bit set, RFC 9000 17.2-17.3): the relay's address-discovery answers share the QUIC
+        socket, as STUN shares it in ICE, so that they observe this socket's NAT mapping."""
         self._admission = _Admission()
         # Off by default: on loopback, GSO measured ~2x slower and GRO neutral (bench).
         self._gso = config.udp_offload and _try_setsockopt(sock, _UDP_SEGMENT, 0)
@@ -210,6 +214,11 @@ class Endpoint:
                 failures.append(f"{addr[0]}:{addr[1]}: {exc}")
         raise TransportError(f"could not reach {peer}: " + "; ".join(failures))
 
+    def send_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        """Send one non-QUIC datagram from this endpoint's socket (address discovery); lost
+        like any UDP datagram when the path drops it."""
+        self._sendto(data, addr)
+
     # -- connection table ------------------------------------------------------------------
 
     def _adopt(self, conn: Connection, cids: Iterable[bytes]) -> None:
@@ -321,6 +330,10 @@ class Endpoint:
                 if not data:
                     continue
                 first = data[0]
+                if not first & 0xC0:
+                    if self.on_foreign_datagram is not None:
+                        self.on_foreign_datagram(data, addr)
+                    continue
                 if first & 0x80:
                     if len(data) < 7:
                         continue

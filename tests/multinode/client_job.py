@@ -56,7 +56,7 @@ def main() -> None:
         out["wildcard_equal"] = got["losses"] == want["losses"] and all(
             a.tobytes() == b.tobytes() for a, b in zip(got["weights"], want["weights"])
         )
-        # A source that publishes no address at all: one's server tunnels through the relay.
+        # A source one's server has no route to: it tunnels through the relay.
         back = three.tensor(np.arange(1000, dtype=np.float32) * 3).to(one)
         out["moved_from_relay_only_sum"] = float(back.sum().item())
         three.close()

@@ -7,8 +7,9 @@ Topology (addresses in the private test range 10.231.0.0/24, on interfaces made 
         relay .1   s1 .11     s2 .12     s3 .13    client .10
 
 The client gets ``unreachable`` routes to s2 and s3 (and they to it), so their only path is
-the relay. s3 listens on the wildcard address (``0.0.0.0``), as containers and Kubernetes
-pods do, and publishes no address: relayed traffic enters its port from the tunnel.
+the relay; s1 and s3 cannot reach each other either. s3 listens on the wildcard address
+(``0.0.0.0``), as containers and Kubernetes pods do: its record lists only the address the
+relay saw it at, and relayed traffic enters its port from the tunnel.
 Every namespace is deleted in the fixture's finalizer, also when a test fails.
 
 With ``BURN_REMOTE_LAB=external`` (the docker-compose test runner) the suite instead uses
@@ -36,6 +37,8 @@ NET = "10.231.0"
 NODES = {"relay": 1, "s1": 11, "s2": 12, "s3": 13, "cli": 10}
 RELAYED = ("s2", "s3")
 """Servers the client can reach only through the relay."""
+CUT = (("cli", "s2"), ("cli", "s3"), ("s1", "s3"))
+"""Pairs of nodes with no route between them."""
 
 
 def _ip(*args: str) -> None:
@@ -97,10 +100,10 @@ def _build(lab: Lab) -> None:
         _ip("-n", hub, "link", "set", port, "master", "br0", "up")
         _ip("-n", ns, "addr", "add", f"{NET}.{host}/24", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
-    # No direct route between the client and s2 or s3: only the relay connects them.
-    for node in RELAYED:
-        _ip("-n", lab.names["cli"], "route", "add", "unreachable", f"{lab.addr(node)}/32")
-        _ip("-n", lab.names[node], "route", "add", "unreachable", f"{lab.addr('cli')}/32")
+    # No direct route between the client and s2 or s3, nor s1 and s3: only the relay.
+    for a, b in CUT:
+        _ip("-n", lab.names[a], "route", "add", "unreachable", f"{lab.addr(b)}/32")
+        _ip("-n", lab.names[b], "route", "add", "unreachable", f"{lab.addr(a)}/32")
 
 
 def external_lab(env: Mapping[str, str]) -> Lab:

@@ -81,7 +81,10 @@ def test_move_from_a_server_the_client_reaches_only_through_the_relay(observed: 
     assert observed["moved_from_relayed_sum"] == 2.0 * sum(range(1000))
 
 
-def test_move_from_a_server_that_publishes_no_address(lab: Lab, observed: dict) -> None:
+def test_move_from_a_server_only_the_relay_connects_to_the_destination(
+    lab: Lab, observed: dict
+) -> None:
+    """s3 -> s1: no route between them, so s1's server tunnels through its relay."""
     if "s3" not in lab.servers:
         pytest.skip("the external lab has no relay-only server")
     assert observed["moved_from_relay_only_sum"] == 3.0 * sum(range(1000))
