@@ -67,6 +67,11 @@ def test_a_flooding_peer_is_held_to_its_limit_and_another_peer_still_trains(
     assert lines, out
     seen = json.loads(lines[-1][len("RESULT ") :])
     bound = LIMIT_MIB * MIB * (seen["seconds"] + BURST_SECONDS) + 65536
+    mib_s = {k: seen[k] / MIB / seen["seconds"] for k in ("sent", "received")}
+    print(
+        f"relay flood over {seen['seconds']:.1f} s: offered {mib_s['sent']:.1f} MiB/s, "
+        f"forwarded {mib_s['received']:.2f} MiB/s (limit {LIMIT_MIB} MiB/s)"
+    )
     assert seen["received"] <= bound, (seen, printed)  # the relay held the flooder back...
     assert seen["sent"] > 2 * bound, seen  # ...from a flood well past the limit
     assert seen["received"] > 0  # limited, not cut off
