@@ -173,6 +173,28 @@ class RelayAgent:
         refusal: that still proves the path works)."""
         return self.call(_probe, peer, address)
 
+    def first_reachable(
+        self, peer: PeerId, addresses: list[tuple[str, int]]
+    ) -> tuple[str, int] | None:
+        """The first of ``addresses`` (in the record's order) whose probe gets an answer.
+        All are probed at once, so a record listing a dead local address and a dead public
+        one costs one probe timeout before the relay, not two."""
+        return self.call(_first_reachable, peer, addresses)
+
+
+async def _first_reachable(
+    client: RelayClient, peer: PeerId, addresses: list[tuple[str, int]]
+) -> tuple[str, int] | None:
+    answered = [False] * len(addresses)
+
+    async def one(i: int) -> None:
+        answered[i] = await _probe(client, peer, addresses[i])
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(addresses)):
+            nursery.start_soon(one, i)
+    return next((a for a, ok in zip(addresses, answered) if ok), None)
+
 
 async def _probe(client: RelayClient, peer: PeerId, address: tuple[str, int]) -> bool:
     timeout = float(os.environ.get(PROBE_TIMEOUT_ENV, "3"))
@@ -216,13 +238,15 @@ def resolve_via_relay(
     rec = agent.lookup(pid)
     if rec is None:
         return None
+    addresses = []
     for text in rec.addresses:
         try:
-            addr = parse_host_port(text)
+            addresses.append(parse_host_port(text))
         except ValueError:
             continue
-        if agent.probe(pid, addr):
-            return addr
+    direct = agent.first_reachable(pid, addresses) if addresses else None
+    if direct is not None:
+        return direct
     if rec.relay and rec.relay != relay:
         agent = RelayAgent.get(rec.relay, key_path)
     return agent.dial(pid)

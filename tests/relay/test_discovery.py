@@ -75,3 +75,30 @@ def test_wildcard_server_publishes_the_address_the_relay_saw_and_is_dialled_dire
     assert dev.address == ("127.0.0.1", port)  # direct, not the relay tunnel
     assert dev.tensor(np.arange(5, dtype=np.float32)).sum().item() == 10.0
     dev.close()
+
+
+def test_record_addresses_are_probed_at_once_and_the_first_that_answers_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record now lists a local and a public address; probing them one after the other
+    would cost one timeout each before the relay. They are probed together, and the record's
+    order still decides among those that answer."""
+    from burn_remote.protocol.relay import _agent
+
+    live = {("10.0.0.2", 2), ("10.0.0.3", 3)}
+    in_flight, most = 0, 0
+
+    async def fake_probe(client: object, peer: object, address: tuple[str, int]) -> bool:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await trio.sleep(0.05)
+        in_flight -= 1
+        return address in live
+
+    monkeypatch.setattr(_agent, "_probe", fake_probe)
+    addrs = [("10.0.0.1", 1), ("10.0.0.2", 2), ("10.0.0.3", 3)]
+    peer = Identity.generate().peer_id
+    assert trio.run(_agent._first_reachable, None, peer, addrs) == ("10.0.0.2", 2)
+    assert most == 3
+    assert trio.run(_agent._first_reachable, None, peer, addrs[:1]) is None
