@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OPENCL := $(VENV)/.opencl
+NAT := $(VENV)/.nat
 
 .PHONY: demo test compose-test lint format bench clean gpu-check
 
@@ -21,11 +22,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(OPENCL): $(STAMP) .ci/opencl.sh
 	sh .ci/opencl.sh $(BIN)/python && touch $(OPENCL) || echo "opencl: not set up (reason above); OpenCL tests will skip"
 
+# nft (else iptables) for the NAT namespace test; installed from Debian when missing (root).
+$(NAT): .ci/nat.sh | $(BIN)/python
+	sh .ci/nat.sh && touch $(NAT) || echo "nat: not set up (reason above); the NAT test will skip"
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP) $(OPENCL)
+test: $(STAMP) $(OPENCL) $(NAT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
