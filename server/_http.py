@@ -123,6 +123,7 @@ class _RelayCollector:
             ("refused_records", "Address records refused (unsigned, stale, replayed)."),
             ("auth_failures", "Peers that failed the key challenge."),
             ("unroutable", "Datagrams for peers the relay does not know."),
+            ("observed", "OBSERVE requests answered (peers learning their public address)."),
             ("limited", "Datagrams dropped: their sender was over a per-peer limit."),
             ("limited_bytes", "Bytes dropped: their sender was over a per-peer limit."),
         ):

@@ -182,6 +182,8 @@ def test_the_relay_has_health_and_metrics_too(tmp_path: Path) -> None:
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert families["burn_remote_relay_forwarded"].samples[0].value == 0
         assert families["burn_remote_relay_records"].samples[0].value == 0
+        for name in ("limited", "limited_bytes", "observed"):  # nothing limited or asked yet
+            assert families[f"burn_remote_relay_{name}"].samples[0].value == 0
     finally:
         assert relay.stop() == 0
 
