@@ -199,60 +199,12 @@ def transport_echo(n: int) -> float:
 
 def aioquic_echo(n: int) -> float:
     """Seconds per 64-byte echo round trip over stock aioquic: its own asyncio API, default
-    settings, server in a thread of this process (what "a bare aioquic echo" means)."""
-    import asyncio
-    import ssl
+    settings, server in a thread of this process (what "a bare aioquic echo" means). The
+    echo itself is bench/transport.py's, which measures every stock engine the same way."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from transport import stock_echo
 
-    from aioquic.asyncio import connect, serve
-    from aioquic.quic.configuration import QuicConfiguration
-    from burn_remote.protocol.transport import Identity
-
-    ident = Identity.load_or_create(Path(tempfile.mkdtemp()) / "k")
-    ready = threading.Event()
-    addr: list = []
-    stop: list = []
-
-    def echo(reader, writer) -> None:
-        async def loop() -> None:
-            while data := await reader.read(64):
-                writer.write(data)
-
-        asyncio.ensure_future(loop())
-
-    async def server() -> None:
-        config = QuicConfiguration(alpn_protocols=["echo"], is_client=False)
-        config.certificate, config.private_key = ident.certificate(), ident.private_key
-        srv = await serve("127.0.0.1", 0, configuration=config, stream_handler=echo)
-        addr.append(srv._transport.get_extra_info("sockname")[:2])
-        done = asyncio.Event()
-        stop.append((asyncio.get_running_loop(), done))
-        ready.set()
-        await done.wait()
-        srv.close()
-
-    th = threading.Thread(target=asyncio.run, args=(server(),), daemon=True)
-    th.start()
-    ready.wait(30)
-
-    async def client() -> float:
-        config = QuicConfiguration(alpn_protocols=["echo"], verify_mode=ssl.CERT_NONE)
-        async with connect(*addr[0], configuration=config) as conn:
-            reader, writer = await conn.create_stream()
-            payload = b"x" * 64
-            for _ in range(WARM_UP):
-                writer.write(payload)
-                await reader.readexactly(64)
-            t = time.perf_counter()
-            for _ in range(n):
-                writer.write(payload)
-                await reader.readexactly(64)
-            return (time.perf_counter() - t) / n
-
-    result = asyncio.run(client())
-    loop, done = stop[0]
-    loop.call_soon_threadsafe(done.set)
-    th.join(10)
-    return result
+    return stock_echo("aioquic", n, warm_up=WARM_UP)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from ..protocol.bulk import BulkReceive, BulkSend
 from ._handlers import HANDLERS
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._resume import new_resume_token
-from ._state import LimitExceeded, ServerState
+from ._state import LimitExceeded, ServerState, pop_all, replacement_cost
 
 log = logging.getLogger("burn_remote.server")
 
@@ -356,11 +356,7 @@ class Session:
         stored or, past a limit, none."""
         new_items = dict(items)
         store = self.store
-        added = delta = 0
-        for tid, array in new_items.items():
-            old = store.get(tid)
-            delta += _nbytes(array) - _nbytes(old)
-            added += old is None
+        added, delta = replacement_cost(store, new_items.items())
         limit = self.state.limits.max_tensors
         if added and len(store) + added > limit:
             raise LimitExceeded(
@@ -374,12 +370,7 @@ class Session:
         self.peak = max(self.peak, self.nbytes)
 
     def drop(self, ids: Iterable[int]) -> None:
-        count = freed = 0
-        for i in ids:
-            a = self.store.pop(i, None)
-            if a is not None:
-                count += 1
-                freed += _nbytes(a)
+        count, freed = pop_all(self.store, ids)
         if count:
             self.nbytes -= freed
             self.state.account(-count, -freed, self.nbytes)
@@ -433,10 +424,6 @@ class Session:
         else:
             host = np.frombuffer(data, dtype=dt).reshape(shape).copy()
         return self.state.backend.from_numpy(host)
-
-
-def _nbytes(array: Any) -> int:
-    return 0 if array is None else int(getattr(array, "nbytes", 0))
 
 
 def _request_id(msg: m.Message) -> int:

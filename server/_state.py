@@ -218,17 +218,7 @@ class ServerState:
         """Charge (or, negative, refund) memory of one owner (a session, or ``job <id>``)
         that holds ``owner_bytes`` now; raises LimitExceeded past a quota."""
         with self.lock:
-            if nbytes > 0:
-                if owner_bytes + nbytes > self.limits.session_memory:
-                    raise LimitExceeded(
-                        f"{owner} memory quota exceeded: {owner_bytes} + {nbytes} bytes > "
-                        f"{self.limits.session_memory} (--session-memory)"
-                    )
-                if self.bytes + self.held + nbytes > self.limits.memory_limit:
-                    raise LimitExceeded(
-                        f"server memory limit exceeded by {owner}: {self.bytes + self.held} + {nbytes} "
-                        f"bytes > {self.limits.memory_limit} (--memory-limit)"
-                    )
+            self._admit(nbytes, owner_bytes, owner)
             self.tensors += tensors
             self.bytes += nbytes
             self.peak_bytes = max(self.peak_bytes, self.bytes)
@@ -239,19 +229,24 @@ class ServerState:
         arenas of running plans. They count against the owner's quota and the server's
         limit like tensors (``held``, beside ``bytes``)."""
         with self.lock:
-            if nbytes > 0:
-                if owner_bytes + nbytes > self.limits.session_memory:
-                    raise LimitExceeded(
-                        f"{owner} memory quota exceeded: {owner_bytes} + {nbytes} bytes > "
-                        f"{self.limits.session_memory} (--session-memory)"
-                    )
-                if self.bytes + self.held + nbytes > self.limits.memory_limit:
-                    raise LimitExceeded(
-                        f"server memory limit exceeded by {owner}: "
-                        f"{self.bytes + self.held} + {nbytes} bytes > "
-                        f"{self.limits.memory_limit} (--memory-limit)"
-                    )
+            self._admit(nbytes, owner_bytes, owner)
             self.held += nbytes
+
+    def _admit(self, nbytes: int, owner_bytes: int, owner: str) -> None:
+        """The one quota check of the ledger (held lock): a charge fits the owner's quota
+        and the server's limit, or LimitExceeded names which it breaks."""
+        if nbytes <= 0:
+            return
+        if owner_bytes + nbytes > self.limits.session_memory:
+            raise LimitExceeded(
+                f"{owner} memory quota exceeded: {owner_bytes} + {nbytes} bytes > "
+                f"{self.limits.session_memory} (--session-memory)"
+            )
+        if self.bytes + self.held + nbytes > self.limits.memory_limit:
+            raise LimitExceeded(
+                f"server memory limit exceeded by {owner}: {self.bytes + self.held} + {nbytes} "
+                f"bytes > {self.limits.memory_limit} (--memory-limit)"
+            )
 
     # --- graphs -----------------------------------------------------------------------------
     def plan(self, digest: str) -> Plan | None:
@@ -428,6 +423,33 @@ class ServerState:
         name = dtypes.from_numpy(host.dtype)
         send = BulkSend(1, byte_view(host), self.limits.bulk_chunk)
         return m.encode(m.Data(0, name, host.shape, b"", 1)), send
+
+
+def nbytes_of(array: Any) -> int:
+    """Bytes a stored array is charged for (0 for a missing one)."""
+    return 0 if array is None else int(getattr(array, "nbytes", 0))
+
+
+def replacement_cost(store: dict[int, Any], items: Any) -> tuple[int, int]:
+    """(new ids, byte delta) of storing ``items`` over ``store``: what the ledger is
+    charged before a session or a job keeps them."""
+    added = delta = 0
+    for tid, array in items:
+        old = store.get(tid)
+        delta += nbytes_of(array) - nbytes_of(old)
+        added += old is None
+    return added, delta
+
+
+def pop_all(store: dict[int, Any], ids: Any) -> tuple[int, int]:
+    """Remove ``ids`` from ``store``: (how many were there, their bytes) to refund."""
+    count = freed = 0
+    for i in ids:
+        a = store.pop(i, None)
+        if a is not None:
+            count += 1
+            freed += nbytes_of(a)
+    return count, freed
 
 
 __all__ = ["LimitExceeded", "Limits", "ServerState"]

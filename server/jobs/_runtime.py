@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...engine.executor import ExecutionError
-from .._state import ServerState
+from .._state import ServerState, pop_all, replacement_cost
 
 
 class JobRuntime:
@@ -33,11 +33,7 @@ class JobRuntime:
 
     def _keep(self, items: Sequence[tuple[int, Any]]) -> None:
         """Charge, then store (replacing the same ids); nothing is kept past a limit."""
-        added = delta = 0
-        for tid, array in items:
-            old = self.store.get(tid)
-            delta += _nbytes(array) - _nbytes(old)
-            added += old is None
+        added, delta = replacement_cost(self.store, items)
         self.state.account(added, delta, self.nbytes, self.owner)
         self.store.update(items)
         self.nbytes += delta
@@ -63,12 +59,7 @@ class JobRuntime:
         return self.backend.to_numpy(self.store[tensor_id])
 
     def drop(self, ids: Sequence[int]) -> None:
-        count = freed = 0
-        for i in ids:
-            a = self.store.pop(i, None)
-            if a is not None:
-                count += 1
-                freed += _nbytes(a)
+        count, freed = pop_all(self.store, ids)
         if count:
             self.nbytes -= freed
             self.state.account(-count, -freed, self.nbytes, self.owner)
@@ -79,10 +70,6 @@ class JobRuntime:
 
     def stats(self) -> dict[str, int]:
         return {"tensors": len(self.store), "bytes": self.nbytes, "peak": self.peak}
-
-
-def _nbytes(array: Any) -> int:
-    return 0 if array is None else int(getattr(array, "nbytes", 0))
 
 
 __all__ = ["JobRuntime"]
