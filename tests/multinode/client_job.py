@@ -46,8 +46,11 @@ def main() -> None:
     out["moved_sum"] = float(moved.sum().item())
     # ...and back: the source is reachable from the client only through the relay, so one's
     # server finds two's through its own relay association (directly when its record allows).
-    back = two.tensor(np.arange(1000, dtype=np.float32) * 2).to(one)
-    out["moved_from_relayed_sum"] = float(back.sum().item())
+    try:
+        back = two.tensor(np.arange(1000, dtype=np.float32) * 2).to(one)
+        out["moved_from_relayed_sum"] = float(back.sum().item())
+    except Exception as exc:  # reported to the test, which decides (see test_netns.py)
+        out["moved_from_relayed_error"] = f"{type(exc).__name__}: {exc}"
     two.close()
     if more:
         three = RemoteDevice(more[0])

@@ -118,7 +118,8 @@ def test_killed_server_restarted_on_its_volume_resumes_its_job(device, tmp_path:
     """s3, started for this case (the compose run would end if a server it watches died)."""
     peer = Fault("start", "s3").wait_done()["peer_id"]
     base = make_base(tmp_path)
-    spec = lora_spec(*base, steps=120, checkpoint_every=5)
+    # long enough that the host's kill (it polls for the request) lands mid-job
+    spec = lora_spec(*base, steps=1000, checkpoint_every=5)
     first = device(peer)
     job = first.jobs.submit(spec)
     _wait(lambda: job.status()["checkpoint_step"] >= 5)
