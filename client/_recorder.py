@@ -161,6 +161,12 @@ class Recorder:
         self.log: Any = None
         """The `_compile` capture log while a compiled function records its step, else None."""
 
+    def _refuse_if_foreign(self) -> None:
+        """While the capturing thread records a compiled step, work it puts on any other
+        device would run once instead of on every replay: refuse it."""
+        if self.log is None and CAPTURING[0].log.thread == get_ident():
+            raise CAPTURING[0].log.foreign_device(self)
+
     def new_id(self) -> int:
         return next(self._ids)
 
@@ -182,8 +188,8 @@ class Recorder:
         # still referenced are kept as outputs.
         if len(self.pending) >= MAX_PENDING_OPS and not self._held:
             self.flush()
-        if CAPTURING and self.log is None and CAPTURING[0].log.thread == get_ident():
-            raise CAPTURING[0].log.foreign_device(self)
+        if CAPTURING:
+            self._refuse_if_foreign()
         self.pending.append(node)
 
     @contextlib.contextmanager
@@ -205,8 +211,8 @@ class Recorder:
             self._held = False
 
     def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
-        if CAPTURING and self.log is None and CAPTURING[0].log.thread == get_ident():
-            raise CAPTURING[0].log.foreign_device(self)
+        if CAPTURING:
+            self._refuse_if_foreign()
         self.runtime.upload(tensor_id, array)
         self.specs[tensor_id] = spec
         if self.log is not None:
