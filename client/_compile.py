@@ -25,20 +25,30 @@ ops on another device, data uploaded inside that changes, constants that change.
 from __future__ import annotations
 
 import functools
-import gc
 import hashlib
 import logging
 import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from threading import get_ident
 from typing import Any
 
 import numpy as np
 
 from . import _autograd
+from ._capture_analysis import (  # noqa: F401 (CaptureError is public here)
+    _CONST,
+    _GRAD,
+    _OBJ,
+    _SINK_GRAD,
+    _SINK_OBJ,
+    _SINK_RET,
+    CaptureError,
+    _analyse,
+    _live_tensors,
+    _Seen,
+)
 from ._recorder import CAPTURING, Capture, epoch, fmt_location, user_location
 from ._tensor import Tensor, make_tensor
 
@@ -48,15 +58,6 @@ MAX_CAPTURES = 8
 """Captures kept per compiled function (one per argument signature), least recent evicted."""
 MAX_RECORDINGS = 4
 """Recordings of one signature that may disagree before the function is declared uncapturable."""
-
-_ARG, _OBJ, _GRAD, _CONST = 0, 1, 2, 3
-"""Where a graph input comes from: an argument, a state tensor, a `.grad` slot, a constant."""
-_SINK_RET, _SINK_OBJ, _SINK_GRAD, _SINK_ARG = 0, 1, 2, 3
-"""Where a graph output goes: the result, a state tensor, a `.grad` slot, an argument."""
-
-
-class CaptureError(RuntimeError):
-    """A compiled function did something a replay could not repeat; names the user's line."""
 
 
 class _Miss(Exception):
@@ -333,12 +334,6 @@ def _state_changed(t: Tensor, spec: Any, now: Any) -> str:
     return f"a state tensor the capture read changed from {spec[1]}{list(spec[0])} to {now[1]}{list(now[0])}"
 
 
-def _live_tensors(dev: Any) -> list[Tensor]:
-    """Every Tensor object alive on `dev` (one pass over the collector's objects; recording
-    only, never on a replay)."""
-    return [o for o in gc.get_objects() if type(o) is Tensor and o._dev is dev]
-
-
 class Compiled:
     """A step function with captures; see `compile`."""
 
@@ -569,12 +564,6 @@ def _difference(a: _Replay | None, b: _Replay) -> str:
     return "no difference found"
 
 
-_WEAK_CLASH = {
-    "float32": {"float16", "bfloat16", "float64"},
-    "int64": {"int8", "uint8", "int32"},
-}
-
-
 def _record(
     compiled: Compiled, rec: Any, dev: Any, flat: list, spec: Any, has_kw: bool, bound: Any
 ) -> tuple[_Replay | None, Any]:
@@ -668,189 +657,6 @@ def _flatten_result(compiled: Compiled, result: Any, leaves: list) -> Any:
                 "return .detach()"
             )
     return spec
-
-
-@dataclass(slots=True)
-class _Seen:
-    """What one recording observed, for `_analyse`."""
-
-    flat: list
-    """The call's argument leaves."""
-    journal: _Log
-    start: dict[int, list[Any]]
-    """Tensor id -> weak references to the objects that held it before the body ran."""
-    grad_start: dict[int, Any]
-    """Tensor id -> weak reference to the tensor whose `.grad` held it before the body ran."""
-    arg_ids: dict[int, int]
-    """Tensor id -> position of the argument leaf that held it."""
-    scalar_ids: dict[int, int]
-    """Tensor id of a number argument's binding -> its leaf position."""
-    res_leaves: list
-    res_spec: Any
-
-
-def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, seen: _Seen) -> None:
-    """Fill `replay`: where each input comes from, where each output goes, the bindings,
-    and the signature two recordings must share."""
-    flat, journal, start, grad_start = seen.flat, seen.journal, seen.start, seen.grad_start
-    arg_ids, scalar_ids, res_leaves, res_spec = (
-        seen.arg_ids,
-        seen.scalar_ids,
-        seen.res_leaves,
-        seen.res_spec,
-    )
-    in_pos = {i: k for k, i in enumerate(capture.input_ids)}
-    out_pos = {o: j for j, o in enumerate(capture.output_ids)}
-    # --- inputs
-    inputs = []
-    aliases: list[tuple[Tensor, list[Tensor]]] = []
-    for k, i in enumerate(capture.input_ids):
-        spec_i = tuple(capture.key[0][k])
-        if i in arg_ids:
-            inputs.append((_ARG, arg_ids[i], spec_i))
-            continue
-        if i in journal.uploads:
-            inputs.append((_CONST, i, spec_i))
-            continue
-        ref = grad_start.get(i)
-        p = ref() if ref is not None else None
-        if p is not None:
-            inputs.append((_GRAD, p, spec_i))
-            continue
-        cands = [o for r in start.get(i, ()) if (o := r()) is not None]
-        carrier = next((o for o in cands if o._id in out_pos), None)
-        if carrier is None:  # read only: any holder; they must still agree when replayed
-            holders = [o for o in cands if o._id == i]
-            carrier = holders[0] if holders else None
-            if len(holders) > 1:
-                aliases.append((carrier, holders[1:]))
-        if carrier is None:
-            raise CaptureError(
-                f"compiled function {compiled.name}: input {k} of the step ({spec_i[1]}"
-                f"{list(spec_i[0])}, first read at {_first_use(capture, k)}) is held by no "
-                "tensor that outlives the call, so a replay could not find its next value; "
-                "keep state in tensors updated in place (optimizers, _assign) or pass it as "
-                "an argument"
-            )
-        inputs.append((_OBJ, carrier, spec_i))
-    replay.inputs = inputs
-    replay.aliases = aliases
-    # --- outputs
-    sinks: list[list[tuple[int, Any]]] = [[] for _ in capture.output_ids]
-    result_leaves: list[tuple[str, Any]] = []
-    result_objs = set()
-    for n, leaf in enumerate(res_leaves):
-        result_objs.add(id(leaf))
-        if leaf._id in out_pos:
-            sinks[out_pos[leaf._id]].append((_SINK_RET, n))
-            result_leaves.append(("out", None))
-        elif leaf._id in in_pos:
-            result_leaves.append(("in", in_pos[leaf._id]))
-        else:
-            result_leaves.append(("fixed", leaf))
-    arg_objs = {}
-    for pos, leaf in enumerate(flat):
-        if type(leaf) is Tensor:
-            arg_objs[id(leaf)] = pos
-    grad_objs = set()
-    live = _live_tensors(dev)
-    for o in live:
-        g = o.grad
-        if g is not None and g._id in out_pos and g._dev is dev:
-            sinks[out_pos[g._id]].append((_SINK_GRAD, o))
-            grad_objs.add(id(g))
-    for o in live:
-        oid = id(o)
-        if o._id not in out_pos or oid in result_objs or oid in grad_objs:
-            continue
-        if oid in arg_objs:
-            sinks[out_pos[o._id]].append((_SINK_ARG, arg_objs[oid]))
-        else:
-            sinks[out_pos[o._id]].append((_SINK_OBJ, o))
-    del live
-    replay.outputs = [(tuple(s[0]), s[1], tuple(sk)) for s, sk in zip(capture.output_specs, sinks)]
-    replay.result_leaves = result_leaves
-    replay.result_spec = res_spec
-    # the same, laid out per kind for `run`
-    replay.base_ids = [x if kind == _CONST else 0 for kind, x, _ in inputs]
-    replay.obj_inputs = [(k, x, s) for k, (kind, x, s) in enumerate(inputs) if kind == _OBJ]
-    replay.arg_inputs = [(k, x) for k, (kind, x, _) in enumerate(inputs) if kind == _ARG]
-    replay.grad_inputs = [(k, x, s) for k, (kind, x, s) in enumerate(inputs) if kind == _GRAD]
-    replay.obj_sinks = [
-        (j, x) for j, (_, _, sk) in enumerate(replay.outputs) for kind, x in sk if kind == _SINK_OBJ
-    ]
-    replay.other_sinks = [
-        (j, kind, x)
-        for j, (_, _, sk) in enumerate(replay.outputs)
-        for kind, x in sk
-        if kind != _SINK_OBJ
-    ]
-    replay.result_fixups = [
-        (k, kind, x) for k, (kind, x) in enumerate(result_leaves) if kind != "out"
-    ]
-    # --- bindings
-    slot_of: dict[int, int] = {}
-    for n in capture.nodes:
-        if n.op == "value":
-            slot_of[n.outputs[0]] = len(slot_of)
-    replay.values = list(capture.values)
-    replay.actions = [(slot_of.get(tid, -1), fn) for tid, fn in journal.actions]
-    replay.arg_values = [(slot_of[tid], pos) for tid, pos in scalar_ids.items() if tid in slot_of]
-    bound = {s for s, _ in replay.actions if s >= 0} | {s for s, _ in replay.arg_values}
-    sourceless = tuple((s, replay.values[s]) for s in range(len(replay.values)) if s not in bound)
-    _check_weak_scalars(compiled, capture, scalar_ids)
-    # --- what must agree between two recordings for the capture to be trusted
-    replay.signature = (
-        capture.key,
-        tuple((k, id(x) if k in (_OBJ, _GRAD) else x if k == _ARG else 0) for k, x, _ in inputs),
-        tuple(
-            tuple(
-                (kind, id(x) if kind == _SINK_GRAD else x if kind != _SINK_OBJ else None)
-                for kind, x in sk
-            )
-            for _, _, sk in replay.outputs
-        ),
-        sourceless,
-        tuple(journal.uploads[i] for i in replay.consts),
-        tuple(s for s, _ in replay.actions),
-        tuple(replay.arg_values),
-        (res_spec, tuple(kind if kind != "in" else x for kind, x in result_leaves)),
-    )
-
-
-def _first_use(capture: Capture, k: int) -> str:
-    for n, (_, ins, _, _) in zip(capture.nodes, capture.key[1]):
-        if k in ins:
-            return fmt_location(n.where)
-    return "<unknown>"
-
-
-def _check_weak_scalars(compiled: Compiled, capture: Capture, scalar_ids: dict[int, int]) -> None:
-    """A Python number argument arrives as a float32/int64 0-d tensor. Next to a tensor of
-    another width of the same kind it would widen the result, where the number itself would
-    have adopted the tensor's dtype: refuse rather than compute something else."""
-    if not scalar_ids:
-        return
-    dtype_of: dict[int, str] = {}
-    for i, s in zip(capture.input_ids, capture.key[0]):
-        dtype_of[i] = s[1]
-    for n in capture.nodes:
-        for o, s in zip(n.outputs, n.specs):
-            dtype_of[o] = s[1]
-    for n in capture.nodes:
-        weak = [i for i in n.inputs if i in scalar_ids]
-        if not weak:
-            continue
-        for w in weak:
-            clash = _WEAK_CLASH.get(dtype_of[w], set())
-            for i in n.inputs:
-                if i not in scalar_ids and dtype_of.get(i) in clash:
-                    raise CaptureError(
-                        f"compiled function {compiled.name}: scalar argument {scalar_ids[w]} "
-                        f"arrives as a 0-d {dtype_of[w]} tensor and meets a {dtype_of[i]} tensor "
-                        f"in {n.op} at {fmt_location(n.where)}, which would change the result's "
-                        f"dtype; pass dev.scalar(value, {dtype_of[i]!r}) instead"
-                    )
 
 
 def compile(
