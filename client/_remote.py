@@ -195,9 +195,9 @@ class RemoteRuntime:
     def expose(self, tensor_id: int, peer_id: str) -> bytes:
         return self._call(m.Expose, tensor_id, peer_id).token
 
-    def fetch(self, tensor_id: int, source_peer: str, address: str, token: bytes) -> None:
+    def fetch(self, tensor_id: int, source_peer: str, token: bytes) -> None:
         with self.cond:
-            self.proto.fetch(tensor_id, source_peer, address, token)
+            self.proto.fetch(tensor_id, source_peer, token)
 
     def stats(self) -> dict[str, int]:
         with self.cond:
@@ -385,26 +385,12 @@ class RemoteDevice(Device):
         src._rec.flush()
         token = src._rt.expose(t._id, self.peer_id)
         tid = self._rec.new_id()
-        self._rt.fetch(tid, src.peer_id, _source_address(src.address), token)
+        self._rt.fetch(tid, src.peer_id, token)  # our server finds the source itself
         self._rec.specs[tid] = (t.shape, t.dtype)
         out = make_tensor(self, tid, t.shape, t.dtype)
         if t.requires_grad:
             out.requires_grad_(True)
         return out
-
-
-def _source_address(address: tuple[str, int]) -> str:
-    """The source's address for the destination server: ``host:port``, or "" when we reach
-    the source through a relay tunnel (our local end: the destination finds it through its
-    own relay instead)."""
-    import sys
-
-    from burn_remote.protocol.addressing import format_host_port
-
-    relay = sys.modules.get("burn_remote.protocol.relay")  # loaded only once a relay was used
-    if relay is not None and relay.is_relay_tunnel(address):
-        return ""
-    return format_host_port(*address)
 
 
 __all__ = ["RemoteDevice", "RemoteError", "RemoteRuntime", "lookup_address", "parse_target"]

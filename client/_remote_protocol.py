@@ -174,8 +174,9 @@ class ClientProtocol:
         self._queue(kind(rid, *fields))
         return rid
 
-    def fetch(self, tensor_id: int, source_peer: str, address: str, token: bytes) -> None:
-        self._queue(m.Fetch(tensor_id, source_peer, address, token))
+    def fetch(self, tensor_id: int, source_peer: str, token: bytes) -> None:
+        """No address: the server finds ``source_peer`` itself (it refuses one we name)."""
+        self._queue(m.Fetch(tensor_id, source_peer, "", token))
 
     def should_send(self) -> bool:
         """A batch this large goes out even though nothing waits for it."""

@@ -310,8 +310,8 @@ class Fetch:
     source_peer: str
     """Peer id of the source server."""
     source_address: str
-    """"host:port" of the source server, as the client reached it; "" when the client
-    reaches it only through a relay (the destination then finds it through its own)."""
+    """Always "": a server resolves the source's address itself and answers FORBIDDEN to a
+    Fetch that names one (version 2 clients sent theirs here)."""
     token: bytes
     """The capability from Token."""
 

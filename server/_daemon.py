@@ -22,7 +22,7 @@ import numpy as np
 import trio
 
 from ..protocol import messages as m
-from ..protocol.addressing import format_host_port, parse_host_port
+from ..protocol.addressing import format_host_port
 from ..protocol.bulk import BulkReceive, BulkSend, parse_header
 from ..protocol.transport import (
     AuthorizedPeers,
@@ -34,7 +34,8 @@ from ..protocol.transport import (
     Identity,
     TransportError,
 )
-from ._replies import Place, SendBulk, StartFetch
+from ._peers import dial_peer
+from ._replies import Failure, Place, SendBulk, StartFetch
 from ._resume import Parking, run_session
 from ._session import Session
 from ._state import LimitExceeded, ServerState
@@ -365,22 +366,27 @@ class _SessionPump:
         try:
             with trio.fail_after(FETCH_TIMEOUT):
                 result = await fetch_from(self.ep, self.session, out)
+        except DialRefused as exc:
+            result = Failure(m.LIMIT, str(exc))
         except (TransportError, ValueError, OSError, trio.TooSlowError, LimitExceeded) as exc:
             result = f"{type(exc).__name__}: {exc}"
         self.session.feed_fetched(out.tensor_id, result)
         self._arrived.set()
 
 
-async def fetch_from(ep: Endpoint, session: Session, out: StartFetch) -> Any:
-    """Destination side of a server-to-server move: dial the source, redeem the token, and
-    receive the tensor in chunks into a buffer charged to the session; (dtype, shape,
-    buffer), or the source's refusal as a string."""
-    if out.source_address:
-        conn = await ep.connect(out.source_peer, parse_host_port(out.source_address))
-    else:  # the client reached the source only through a relay: find it there ourselves
-        from ._relay_glue import connect_via_relay
+class DialRefused(Exception):
+    """The requesting peer is over its dial rate: answered LIMIT, not CAPABILITY."""
 
-        conn = await connect_via_relay(ep, out.source_peer)
+
+async def fetch_from(ep: Endpoint, session: Session, out: StartFetch) -> Any:
+    """Destination side of a server-to-server move: dial the source (at an address this
+    server resolves itself, ``dial_peer``), redeem the token, and receive the tensor in
+    chunks into a buffer charged to the session; (dtype, shape, buffer), or the source's
+    refusal as a string."""
+    try:
+        conn = await dial_peer(ep, session.state, out.source_peer, requester=session.peer_id)
+    except LimitExceeded as exc:  # the peer's dial rate: its own code, not the source's
+        raise DialRefused(str(exc)) from None
     try:
         s = await conn.open_stream()
         await s.send_frame(m.encode(m.Fetch(0, str(ep.peer_id), "", out.token)))

@@ -180,12 +180,26 @@ def expose(s: Any, msg: m.Expose, now: float) -> Reply:
 
 
 def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
+    """Store a tensor another server exposed. The server finds the source itself
+    (``_peers.dial_peer``): an address in the message is refused before anything is dialled,
+    so no peer can point the server's handshakes at a host of its choosing."""
     tid = msg.tensor_id
     if tid not in s.fetched:
-        if s.waiting != ("fetch", tid):  # a new dial: counted against the peer's rate
-            s.state.allow_dial(s.peer_id, now)
-        return Wait("fetch", tid, StartFetch(tid, msg.source_peer, msg.source_address, msg.token))
+        if msg.source_address:
+            raise Failure(
+                m.FORBIDDEN,
+                f"Fetch.source_address {msg.source_address[:64]!r} refused: this server dials "
+                "only peers whose address it resolves itself (its --peer flags, address book "
+                "or relay); send an empty source_address and the source's peer id",
+            )
+        try:
+            PeerId.parse(msg.source_peer)
+        except ValueError as exc:
+            raise Failure(m.MALFORMED, f"Fetch.source_peer: {exc}") from None
+        return Wait("fetch", tid, StartFetch(tid, msg.source_peer, msg.token))
     result = s.fetched.pop(tid)
+    if isinstance(result, Failure):
+        raise result
     if isinstance(result, str):
         raise Failure(m.CAPABILITY, f"fetch from {msg.source_peer[:12]}... failed: {result}")
     dtype, shape, data = result  # data: a buffer the glue reserved

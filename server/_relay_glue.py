@@ -49,11 +49,16 @@ async def start_relay_agent(nursery: trio.Nursery, opts: Any, ep: Endpoint) -> N
     )
 
 
+def has_relay(ep: Endpoint) -> bool:
+    """Whether this serving endpoint is associated with a relay (``serve --relay``)."""
+    return ep in _clients
+
+
 async def connect_via_relay(ep: Endpoint, peer: str) -> Connection:
     """Dial ``peer`` found through our relay: the direct addresses of its signed record
     first (each gets ``$BURN_REMOTE_PROBE_TIMEOUT`` seconds, default 3), else the relay's
-    tunnel. Used when a client could reach a source server only through a relay, so the
-    address it knows (its own end of the tunnel) means nothing here.
+    tunnel. The last step of ``_peers.dial_peer``, for peers this server has no configured
+    address of.
 
     Raises:
         TransportError: this server has no relay, the relay has no record, or no path works.
@@ -87,4 +92,4 @@ async def connect_via_relay(ep: Endpoint, peer: str) -> Connection:
     return await ep.connect(pid, await client.dial(pid))
 
 
-__all__ = ["connect_via_relay", "start_relay_agent"]
+__all__ = ["connect_via_relay", "has_relay", "start_relay_agent"]

@@ -44,7 +44,7 @@ class StartFetch:
 
     tensor_id: int
     source_peer: str
-    source_address: str
+    """Peer id only: the server resolves the address itself (``_peers.dial_peer``)."""
     token: bytes
 
 

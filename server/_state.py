@@ -22,6 +22,7 @@ from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
 from ._footprint import footprint
+from ._peers import PeerDirectory
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,9 @@ class Limits:
         }
 
 
-FETCH_DIALS_PER_MINUTE = 60
-"""Server-to-server fetches (each a dial of another server) one peer may ask for a minute."""
+SERVER_DIALS_PER_MINUTE = 60
+"""Dials of other servers (a Fetch, a group link) one peer may cause a minute: each sends
+handshakes to an address that peer may have published itself (``_peers.py``)."""
 CAPABILITY_TTL = 600.0
 """Seconds an unredeemed capability (and the tensor it pins) lives."""
 MAX_CAPABILITIES = 64
@@ -127,9 +129,12 @@ class ServerState:
         """The job service (``server/jobs``) when the server has a data directory."""
         self.authorized: Any = None
         """The admission policy (an ``AuthorizedPeers``; set by ``serve``): peer roles."""
+        self.peers = PeerDirectory()
+        """Where this server may dial other servers (``serve --peer``, its address book;
+        ``_peers.dial_peer``): never an address a client sent."""
         self._ids = itertools.count(1)
         self._dials: dict[str, list[float]] = {}
-        """peer -> times of its recent server-to-server fetch dials (``allow_dial``)."""
+        """peer -> times of the recent dials of other servers it caused (``allow_dial``)."""
         self._plan_bytes: dict[str, int] = {}
         """digest -> constant bytes charged for a cached plan."""
         self._plan_users: dict[str, set[int]] = {}
@@ -162,15 +167,15 @@ class ServerState:
             return sid
 
     def allow_dial(self, peer: str, now: float) -> None:
-        """Count one outgoing dial (a Fetch) for ``peer``; LimitExceeded past
-        FETCH_DIALS_PER_MINUTE in the last minute, so no peer can make the server send
-        handshakes at a high rate to an address of its choosing."""
+        """Count one outgoing dial (``_peers.dial_peer``) for ``peer``; LimitExceeded past
+        SERVER_DIALS_PER_MINUTE in the last minute, so no peer can make the server send
+        handshakes at a high rate (a relay record may list any address)."""
         with self.lock:
             recent = [t for t in self._dials.get(peer, ()) if t > now - 60.0]
-            if len(recent) >= FETCH_DIALS_PER_MINUTE:
+            if len(recent) >= SERVER_DIALS_PER_MINUTE:
                 raise LimitExceeded(
-                    f"peer {peer[:12]}... asked for {len(recent)} server-to-server fetches in "
-                    f"the last minute (FETCH_DIALS_PER_MINUTE {FETCH_DIALS_PER_MINUTE})"
+                    f"peer {peer[:12]}... caused {len(recent)} dials of other servers in the "
+                    f"last minute (SERVER_DIALS_PER_MINUTE {SERVER_DIALS_PER_MINUTE})"
                 )
             recent.append(now)
             self._dials[peer] = recent

@@ -63,6 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from burn_remote.server._daemon import ServeOptions, run
     from burn_remote.server._files import DataDirError, make_private
     from burn_remote.server._logging import configure
+    from burn_remote.server._peers import PeerDirectory
     from burn_remote.server._state import Limits, ServerState
     from burn_remote.server.jobs import StoreError
 
@@ -103,11 +104,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             peer_disk=args.peer_disk,
         )
         state = ServerState(args.device, limits, str(identity.peer_id))
+        state.peers = PeerDirectory.for_server(args.peer, args.address_book, args.data_dir)
         if args.data_dir:  # the job store lives in the data directory (server/jobs)
             from burn_remote.server.jobs import JobService
 
             state.jobs = JobService(args.data_dir, state, args.job_path)
-    except (KeyFileError, ValueError, RuntimeError, OSError, StoreError) as exc:
+    except (KeyFileError, ValueError, RuntimeError, OSError, StoreError, TransportError) as exc:
         return fail(exc)
     opts = ServeOptions(
         state=state,
@@ -290,6 +292,21 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="address published in the record, exactly (repeatable; default: the --listen "
         "address unless it is a wildcard, plus the address the relay sees our QUIC socket at: "
         "behind a NAT, its public mapping)",
+    )
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="PEER@HOST:PORT",
+        help="another server this one may dial for a server-to-server move (repeatable); "
+        "clients name only peer ids, never addresses",
+    )
+    p.add_argument(
+        "--address-book",
+        metavar="FILE",
+        help="more servers this one may dial, in the address-book format ([[peer]] id, "
+        "addresses), re-read when it changes (default DATA_DIR/addresses.toml, else the "
+        "node's own address book); peers not found there are looked up on --relay",
     )
     p.add_argument(
         "--resume-grace",

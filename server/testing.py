@@ -25,8 +25,17 @@ STOP_TIMEOUT = 30.0
 class Daemon:
     """A running `burn-remote serve` or `burn-remote relay`."""
 
-    def __init__(self, proc: subprocess.Popen, peer_id: str, address: str, lines: list[str]):
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        peer_id: str,
+        address: str,
+        lines: list[str],
+        data_dir: str | Path = "",
+    ):
         self.proc, self.peer_id, self.address = proc, peer_id, address
+        self.data_dir = Path(data_dir)
+        """Its ``--data-dir``."""
         self.http: str | None = None
         """``http://host:port`` of the operator port (``--http``), if it has one."""
         self._lines = lines
@@ -41,6 +50,18 @@ class Daemon:
     def _read(self) -> None:
         for line in self.proc.stdout or ():
             self._lines.append(line)
+
+    def know(self, *others: Daemon) -> None:
+        """Add ``others`` to this server's address book (``DATA_DIR/addresses.toml``, read
+        again on change), so it may dial them: a server-to-server move *to* this server from
+        one of them needs it (servers never dial an address a client names)."""
+        book = Path(self.data_dir) / "addresses.toml"
+        lines = [book.read_text()] if book.exists() else []
+        for other in others:
+            lines.append(f'[[peer]]\nid = "{other.peer_id}"\naddresses = ["{other.address}"]\n')
+        tmp = book.with_suffix(".tmp")
+        tmp.write_text("".join(lines))
+        tmp.replace(book)  # never half written when the server reads it
 
     def output(self) -> str:
         """Everything the daemon printed so far."""
@@ -101,7 +122,7 @@ def start_daemon(
         proc.kill()
         proc.wait()
         raise RuntimeError(f"burn-remote {command} did not start:\n" + "".join(lines))
-    daemon = Daemon(proc, peer, address, lines)
+    daemon = Daemon(proc, peer, address, lines, data_dir)
     daemon.http = http
     return daemon
 

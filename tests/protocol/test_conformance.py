@@ -395,12 +395,26 @@ def test_expose_gives_a_token_and_refuses_what_is_not_a_peer_id(raw: Raw) -> Non
 
 
 def test_a_fetch_with_a_token_nobody_granted_is_capability(raw: Raw, server: Daemon) -> None:
-    raw.send(msg("Fetch", 9, server.peer_id, server.address, os.urandom(32)), msg("Sync", 1))
+    server.know(server)  # the source (here itself) must be in the server's own address book
+    raw.send(msg("Fetch", 9, server.peer_id, "", os.urandom(32)), msg("Sync", 1))
     err, _ = raw.replies("Ack", timeout=60)
     assert err["code"] == ERR["CAPABILITY"]
     raw.send(msg("Read", 2, 9))
     (missing,) = raw.replies("Error")
     assert missing["code"] == ERR["MISSING_TENSOR"]  # nothing was stored
+
+
+def test_a_fetch_naming_an_address_is_forbidden(raw: Raw, server: Daemon) -> None:
+    raw.send(msg("Fetch", 9, server.peer_id, server.address, os.urandom(32)), msg("Sync", 1))
+    err, _ = raw.replies("Ack")
+    assert err["code"] == ERR["FORBIDDEN"] and "source_address" in err["message"]
+
+
+def test_a_fetch_from_a_peer_the_server_cannot_resolve_is_capability(raw: Raw) -> None:
+    stranger = str(Identity.generate().peer_id)
+    raw.send(msg("Fetch", 9, stranger, "", os.urandom(32)), msg("Sync", 1))
+    err, _ = raw.replies("Ack", timeout=60)
+    assert err["code"] == ERR["CAPABILITY"] and "knows no address" in err["message"]
 
 
 # --- jobs and artifacts --------------------------------------------------------------------

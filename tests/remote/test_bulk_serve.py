@@ -93,6 +93,7 @@ def test_one_gib_round_trip_with_peak_memory_within_twice_the_tensor(
 @pytest.mark.slow
 def test_a_300_mib_server_to_server_move(spawn) -> None:  # type: ignore[no-untyped-def]
     a_srv, b_srv = spawn(), spawn()
+    b_srv.know(a_srv)  # b dials a at the address in its own book, never one from the client
     a, b = RemoteDevice(a_srv.target), RemoteDevice(b_srv.target)
     n = 300 * MiB // 4
     t = a.tensor(np.arange(n, dtype=np.float32)) + 1

@@ -90,6 +90,7 @@ def test_a_long_step_runs_off_the_network_loop(server: Server, tmp_path: Path) -
 
 def test_server_to_server_move(spawn) -> None:  # type: ignore[no-untyped-def]
     a_srv, b_srv = spawn(), spawn()
+    b_srv.know(a_srv)  # b dials a at the address in its own book, never one from the client
     a, b = RemoteDevice(a_srv.target), RemoteDevice(b_srv.target)
     data = np.arange(300_000, dtype=np.float32)  # 1.2 MB: bulk on the server-to-server leg
     t = a.tensor(data) * 2

@@ -65,27 +65,3 @@ def test_bad_inputs_get_named_errors(secure, peers, raw, guard_of):
     got = c.call(m.Read(9, 1))
     assert isinstance(got, m.Data) and bytes(got.data) == b"\0" * 8
     guard.check()
-
-
-def test_fetch_dials_are_rate_limited_per_peer(secure, peers, raw, guard_of):
-    from burn_remote.server._state import FETCH_DIALS_PER_MINUTE
-
-    server = secure()
-    guard = guard_of(server, peers.victim)
-    c = raw(server, peers.attacker)
-    c.hello()
-    # another server as the source and a made-up token: each Fetch is one dial answered at
-    # once with a refusal; past the rate the server refuses to dial at all
-    source = secure()
-    codes = []
-    for k in range(FETCH_DIALS_PER_MINUTE + 5):
-        fetch = m.Fetch(100 + k, source.peer_id, source.address, b"t" * 32)
-        c.send(fetch, m.Sync(k + 1))
-        while True:
-            got = c.replies(timeout=60)
-            codes += [r.code for r in got if isinstance(r, m.Error)]
-            if any(isinstance(r, m.Ack) for r in got):
-                break
-    assert codes.count(m.CAPABILITY) == FETCH_DIALS_PER_MINUTE  # dialled, token refused
-    assert codes.count(m.LIMIT) == 5  # not dialled at all
-    guard.check()

@@ -76,6 +76,10 @@ def test_each_start_up_error_is_one_line(tmp_path: Path) -> None:
     _one_line_error(_serve(tmp_path, "--allow-any", "--listen", "127.0.0.1"), "no port")
     _one_line_error(_serve(tmp_path, "--allow-any", "--listen", "::1"), "brackets")
     _one_line_error(_serve(tmp_path, "--allow-any", "--listen", "h:99999"), "0 to 65535")
+    _one_line_error(_serve(tmp_path, "--allow-any", "--peer", "nobody"), "--peer", "PEER@HOST")
+    book = tmp_path / "addresses.toml"
+    book.write_text("[[peer]]\nid = 'x'\n")
+    _one_line_error(_serve(tmp_path, "--allow-any", "--address-book", str(book)), str(book))
 
 
 def test_bad_edits_of_authorized_peers_keep_the_last_good_list(secure, peers, guard_of, tmp_path):
