@@ -15,6 +15,7 @@ from ._tensor import Tensor, matmul
 
 _LAZY = {
     # name: (module, attribute or None for the module itself)
+    "collective": (".collective", None),
     "data": (".data", None),
     "functional": (".functional", None),
     "lora": (".lora", None),
@@ -69,7 +70,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
-    from . import data, functional, lora, nn, optim  # noqa: F401
+    from . import collective, data, functional, lora, nn, optim  # noqa: F401
     from ._compile import CaptureError, compile  # noqa: F401
     from ._creation import (  # noqa: F401
         arange,
@@ -97,6 +98,7 @@ bool_ = "bool"
 __all__ = [
     "CaptureError",
     "ChecksumError",
+    "collective",
     "compile",
     "Device",
     "Extension",

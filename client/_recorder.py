@@ -14,7 +14,12 @@ from collections.abc import Iterator, Sequence
 from threading import get_ident
 from typing import Any, Protocol
 
+from burn_remote.protocol import ops as _declared  # noqa: F401  (the registry, filled)
 from burn_remote.protocol.graph import Graph, GraphNode
+from burn_remote.protocol.registry import by_category
+
+ALWAYS_RUN = by_category("collective")
+"""Ops kept even when nothing holds their result (dead-code elimination skips them)."""
 
 MAX_PENDING_OPS = 10_000
 """Past this many recorded ops the device flushes on its own, bounding client memory."""
@@ -274,12 +279,17 @@ class Recorder:
         """Dead-code elimination: keep nodes that feed a tensor somebody still holds.
 
         Gradients nobody asked for (of inputs that need none) and values dropped before the
-        sync disappear here, so no engine computes them.
+        sync disappear here, so no engine computes them. Collectives always stay: the other
+        ranks of their group wait for them whether or not this rank keeps the result.
         """
         refs = self.refs
         needed: set[int] = set()
         keep: list[Node] = []
         for n in reversed(nodes):
+            if n.op in ALWAYS_RUN:
+                keep.append(n)
+                needed.update(n.inputs)
+                continue
             for o in n.outputs:  # a plain loop: this runs once per node per sync
                 if o in refs or o in needed:
                     keep.append(n)

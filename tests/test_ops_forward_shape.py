@@ -396,3 +396,15 @@ def test_one_hot(device):
     np.testing.assert_array_equal(yi.numpy(), [0, 1, 0])
     with pytest.raises(RecordError, match="positive"):
         F.one_hot(device.tensor(idx), num_classes=0)
+
+
+@pytest.mark.ops("all_reduce")
+def test_all_reduce_of_local_replicas():
+    from burn_remote import collective as C
+
+    rng = np.random.default_rng(3)
+    devs = C.local_devices(2)
+    xs = [rng.standard_normal((3, 5)).astype(np.float32) for _ in devs]
+    with C.Group(devs) as g:
+        outs = [C.all_reduce(d.tensor(x), g, "sum") for d, x in zip(devs, xs)]
+        assert_close(outs[1], xs[0] + xs[1])

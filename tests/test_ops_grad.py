@@ -579,3 +579,39 @@ def test_integer_tensors_cannot_require_grad(cpu):
         cpu.tensor([1, 2], requires_grad=True)
     with pytest.raises(RecordError):
         F.exp(cpu.tensor([1, 2]))
+
+
+# --- collectives ------------------------------------------------------------------------------
+
+
+@pytest.mark.ops("all_reduce")
+def test_all_reduce_gradient_against_finite_differences():
+    """loss = sum_k <c_k, mean_r x_r> over ranks k: each rank's backward all-reduces its
+    incoming gradient, so every x_j gets (1/n) sum_k c_k, checked by central differences of
+    the same loss in NumPy."""
+    from burn_remote import collective as C
+
+    rng = np.random.default_rng(5)
+    devs = C.local_devices(3)
+    xs = [rng.standard_normal(4) for _ in devs]
+    cs = [rng.standard_normal(4) for _ in devs]
+
+    def loss(values):
+        mean = np.mean(values, axis=0)
+        return sum(float(c @ mean) for c in cs)
+
+    with C.Group(devs) as g:
+        ts = [d.tensor(x, requires_grad=True) for d, x in zip(devs, xs)]
+        for d, t, c in zip(devs, ts, cs):
+            (C.all_reduce(t, g, "mean") * d.tensor(c)).sum().backward()
+        C.sync(devs)
+        eps = 1e-6
+        for j, t in enumerate(ts):
+            want = np.zeros(4)
+            for i in range(4):
+                up = [x.copy() for x in xs]
+                down = [x.copy() for x in xs]
+                up[j][i] += eps
+                down[j][i] -= eps
+                want[i] = (loss(up) - loss(down)) / (2 * eps)
+            np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-6, atol=1e-8)

@@ -39,6 +39,8 @@ NOT_EXPORTABLE: dict[str, str] = {
     "an exported model runs in eval mode, where no draw is recorded",
     "cross_entropy": "a training loss: an exported model ends at its outputs (logits)",
     "cross_entropy_backward": _BACKWARD,
+    "all_reduce": "a collective across a device group (data-parallel training): an exported "
+    "model runs on one device",
 }
 
 

@@ -690,3 +690,10 @@ def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
     else:
         buf2, step = buf, g
     return p - lr * step, buf2
+
+
+# Collectives: one kernel for every backend (engine/collective); the group member moves the
+# bytes, through the host or NCCL, whatever the arrays are.
+from ..collective import all_reduce_kernel  # noqa: E402
+
+KERNELS["all_reduce"] = all_reduce_kernel

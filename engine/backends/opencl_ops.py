@@ -362,6 +362,9 @@ def build_kernels(be: OpenCLBackend) -> dict[str, Any]:
     kernels.update(_movement(be))
     kernels.update(nn_kernels(be))
     kernels.update(loss_kernels(kernels))
+    from ..collective import all_reduce_kernel  # the bytes leave the device anyway
+
+    kernels["all_reduce"] = all_reduce_kernel
     return kernels
 
 

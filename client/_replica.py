@@ -1,0 +1,152 @@
+"""Local replicas: in-process devices whose graphs run on a worker thread each, in order.
+
+A collective is a rendezvous: rank 0's graph cannot finish its ``all_reduce`` before rank
+1's graph reaches its own. On an ordinary local device a flush runs the graph in the
+caller's thread, so a loop that steps rank 0, then rank 1, would wait forever at rank 0.
+A replica works like a GPU stream instead: uploads, graphs and drops are queued to its
+worker and the caller goes on; reads, ``sync`` and statistics wait until the worker has run
+everything queued before them. Failures of queued work are kept and raised at that next
+wait, as a remote device raises a server's errors at the next sync.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._device import Device, LocalRuntime
+from ._group_error import as_group_error
+from ._recorder import OpFailed
+
+MAX_QUEUED = 256
+"""Operations a replica's caller may queue ahead of its worker; past this ``put`` waits
+(back-pressure; a replica stuck at a rendezvous fails by the group's timeout, so the wait
+ends)."""
+
+
+class ReplicaRuntime(LocalRuntime):
+    """A LocalRuntime driven by its own worker thread (see the module docstring)."""
+
+    def __init__(self, spec: str, name: str) -> None:
+        super().__init__(spec, pooled=False)
+        self.name = name
+        self.groups: dict[int, Any] = {}
+        """Group id -> this replica's member (``engine.collective``), set by ``Group``."""
+        self.partners: dict[int, list[Any]] = {}
+        """Group id -> the other ranks' devices: flushed before this replica waits."""
+        self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue(MAX_QUEUED)
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._worker = threading.Thread(target=self._work, name=f"replica {name}", daemon=True)
+        self._worker.start()
+
+    # --- the worker -------------------------------------------------------------------------
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                job()
+            except BaseException as exc:  # kept for the next wait, in order
+                with self._lock:
+                    self._errors.append(exc)
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker after everything queued; its result. Raises the first
+        failure of queued work since the last wait, else ``fn``'s own."""
+        self._flush_partners()
+        done = threading.Event()
+        box: list[Any] = []
+        failed: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                box.append(fn())
+            except BaseException as exc:
+                failed.append(exc)
+            finally:
+                done.set()
+
+        self._queue.put(job)
+        done.wait()
+        with self._lock:
+            errors, self._errors = self._errors + failed, []
+        if errors:
+            first = errors[0]
+            if isinstance(first, KeyError):  # an input of a graph after a failed one
+                raise OpFailed(f"tensor {first} was never computed (an earlier step failed)")
+            raise first
+        return box[0]
+
+    def _flush_partners(self) -> None:
+        """Before waiting, queue what the other ranks of our groups have recorded: our
+        graphs may wait at a collective for theirs (``loss.item()`` on rank 0 right after
+        recording every rank's step). Recording must then happen on one thread, the one
+        that waits; with several recording threads, call ``collective.sync(devices)``."""
+        for devices in list(self.partners.values()):
+            for dev in devices:
+                if dev._rec.pending and not dev._rec._held:
+                    dev._rec.flush()
+
+    # --- Runtime protocol -------------------------------------------------------------------
+    def upload(self, tensor_id: int, array: Any) -> None:
+        self._queue.put(lambda: LocalRuntime.upload(self, tensor_id, array))
+
+    def execute(self, capture: Any) -> None:
+        from burn_remote.engine.collective import scope
+
+        def run() -> None:
+            try:
+                with scope(self.groups, self.backend):
+                    LocalRuntime.execute(self, capture)
+            except OpFailed as exc:
+                raise as_group_error(exc) from exc.__cause__
+
+        self._queue.put(run)
+
+    def drop(self, ids: Sequence[int], into_graph: bool = False) -> None:
+        if threading.current_thread() is self._worker:  # from execute (donated inputs)
+            LocalRuntime.drop(self, ids, into_graph)
+        else:
+            ids = list(ids)
+            self._queue.put(lambda: LocalRuntime.drop(self, ids, into_graph))
+
+    def read(self, tensor_id: int) -> Any:
+        def get() -> Any:
+            if tensor_id not in self.store:
+                raise OpFailed(f"tensor {tensor_id} was never computed (an earlier step failed)")
+            return LocalRuntime.read(self, tensor_id)
+
+        return self._call(get)
+
+    def wait(self) -> None:
+        """Until everything queued ran; raises the first failure since the last wait."""
+        self._call(lambda: None)
+
+    def memory_stats(self) -> Any:
+        return self._call(lambda: LocalRuntime.memory_stats(self))
+
+    def stats(self) -> dict[str, int]:
+        return self._call(lambda: LocalRuntime.stats(self))
+
+
+class ReplicaDevice(Device):
+    """One of ``collective.local_devices(n)``: a CPU device of its own (``Device.cpu()`` is
+    one shared object, so it cannot be two ranks)."""
+
+    def __init__(self, spec: str, index: int) -> None:
+        super().__init__(spec, ReplicaRuntime(spec, f"local:{index}"))
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"ReplicaDevice({self.spec!r}, {self.index})"
+
+    def __reduce__(self) -> tuple:
+        raise TypeError(f"cannot pickle {self!r}: a replica lives only in this process")
+
+    def sync(self) -> None:
+        super().sync()
+        self._rec.runtime.wait()
+
+
+__all__ = ["MAX_QUEUED", "ReplicaDevice", "ReplicaRuntime"]

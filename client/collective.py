@@ -1,0 +1,169 @@
+"""Collectives across devices: ``Group``, ``all_reduce``, ``GroupError``.
+
+A group is an ordered set of devices (ranks). ``all_reduce`` records one op in the graph of
+the tensor's device, so a data-parallel step (forward, backward, gradient all-reduce,
+optimizer update) is one graph per rank, hashed, cached and replayed like any other.
+
+- Remote devices (``RemoteDevice`` on distinct servers): the client tells every server the
+  group (ranks, peers, a one-time capability) over its authenticated session; the servers
+  link up along a ring and move the bytes among themselves (a bandwidth-optimal ring over
+  their QUIC links; NCCL between GPU servers), never through the client.
+- Local replicas (``local_devices(n)``): devices in this process whose graphs run on a
+  worker thread each, so every rank reaches the rendezvous concurrently (see ``_replica``).
+
+Every rank must issue the same collectives (shape, dtype, op) in the same order. A rank that
+dies, is cut off, is late or disagrees fails the step on every surviving rank with
+``GroupError`` naming it -- within seconds, never a hang -- and the group stays failed:
+``close()`` it and build a new ``Group`` from the survivors.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Sequence
+from typing import Any
+
+from ._device import Device
+from ._group_error import GroupError
+from ._replica import ReplicaDevice
+from ._tensor import Tensor
+
+RENDEZVOUS_TIMEOUT = float(os.environ.get("BURN_REMOTE_RENDEZVOUS_TIMEOUT", "120"))
+"""Default seconds a rank waits at a collective for the others (a rank that is alive but
+never arrives: a client that stopped stepping it, or a different sequence of calls). A dead
+or cut-off rank is found much sooner, by the links' heartbeats (LINK_TIMEOUT)."""
+
+LINK_TIMEOUT = 3.0
+"""Seconds of silence after which a server declares a ring neighbour dead (heartbeats every
+LINK_TIMEOUT / 6): the bound on how long a dead rank goes unnoticed."""
+
+
+def local_devices(n: int, spec: str = "cpu") -> list[Device]:
+    """``n`` distinct in-process replicas of device ``spec`` (ranks for tests and laptops);
+    each runs its graphs on its own worker thread, in order."""
+    if n < 1:
+        raise ValueError(f"local_devices: n must be >= 1, got {n}")
+    return [ReplicaDevice(spec, k) for k in range(n)]
+
+
+class Group:
+    """An ordered set of devices that run collectives together; rank = position.
+
+    Args:
+        devices: all from ``local_devices`` or all ``RemoteDevice``s of distinct servers.
+        timeout: seconds a rank waits at a collective for the others (RENDEZVOUS_TIMEOUT).
+
+    Raises:
+        ValueError: an empty list, a device listed twice, or local and remote mixed.
+        GroupError: (remote) a server could not be set up or could not reach its
+            ring neighbour; it names the rank.
+    """
+
+    def __init__(self, devices: Sequence[Device], timeout: float | None = None) -> None:
+        devices = list(devices)
+        if not devices:
+            raise ValueError("Group: needs at least one device")
+        if len({id(d) for d in devices}) != len(devices):
+            raise ValueError("Group: a device is listed twice (each rank needs its own device)")
+        self.devices = devices
+        self.id = secrets.randbits(63) | 1
+        """Random, fixed for the group's life: the ``group`` attribute of its ops."""
+        self.timeout = RENDEZVOUS_TIMEOUT if timeout is None else float(timeout)
+        self.closed = False
+        self._ranks = {id(d): r for r, d in enumerate(devices)}
+        if all(isinstance(d, ReplicaDevice) for d in devices):
+            self._impl: Any = _LocalImpl(self)
+        elif not any(isinstance(d, ReplicaDevice) for d in devices):
+            from ._collective_remote import RemoteImpl
+
+            self._impl = RemoteImpl(self)
+        else:
+            raise ValueError("Group: devices must be all local replicas or all RemoteDevices")
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+    def rank(self, device: Device) -> int:
+        """The rank of ``device`` (ValueError when it is not in the group)."""
+        try:
+            return self._ranks[id(device)]
+        except KeyError:
+            raise ValueError(f"{device!r} is not in this group") from None
+
+    def close(self) -> None:
+        """Leave the group on every rank (servers close their links); ranks waiting at a
+        collective fail with GroupError. Idempotent."""
+        if not self.closed:
+            self.closed = True
+            self._impl.close()
+
+    def __enter__(self) -> Group:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Group {self.id:016x} of {self.size}{' (closed)' if self.closed else ''}>"
+
+
+class _LocalImpl:
+    """Local replicas: an in-memory rendezvous (``engine.collective.local``)."""
+
+    def __init__(self, group: Group) -> None:
+        from burn_remote.engine.collective.local import LocalGroup
+
+        names = [d._rec.runtime.name for d in group.devices]
+        self.shared = LocalGroup(group.id, names, group.timeout)
+        self.devices = group.devices
+        for dev, member in zip(group.devices, self.shared.members):
+            dev._rec.runtime.groups[group.id] = member
+            dev._rec.runtime.partners[group.id] = [d for d in group.devices if d is not dev]
+
+    def close(self) -> None:
+        self.shared.close()
+        for dev in self.devices:
+            dev._rec.runtime.groups.pop(self.shared.id, None)
+            dev._rec.runtime.partners.pop(self.shared.id, None)
+
+
+def all_reduce(x: Tensor, group: Group, op: str = "mean") -> Tensor:
+    """The elementwise sum (``op="sum"``) or mean (``"mean"``) of ``x`` over the group's
+    ranks, on ``x``'s device; lazy, like any op. Every rank must call it in the same order
+    with the same shape and dtype."""
+    from ._ops import call
+
+    if not isinstance(group, Group):
+        raise TypeError(f"all_reduce: group must be a collective.Group, got {type(group).__name__}")
+    if group.closed:
+        raise ValueError(f"all_reduce: {group!r} is closed; build a new Group")
+    group.rank(x.device)  # refuses a tensor on a device outside the group
+    return call("all_reduce", x, group=group.id, op=op)
+
+
+def sync(devices: Sequence[Device]) -> None:
+    """Flush every device first (so all ranks reach their collectives), then wait for each;
+    raises the first failure after all have been waited for."""
+    for d in devices:
+        d.flush()
+    first: BaseException | None = None
+    for d in devices:
+        try:
+            d.sync()
+        except Exception as exc:
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+__all__ = [
+    "LINK_TIMEOUT",
+    "RENDEZVOUS_TIMEOUT",
+    "Group",
+    "GroupError",
+    "all_reduce",
+    "local_devices",
+    "sync",
+]
