@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -329,6 +330,18 @@ class RemoteDevice(Device):
         """Run everything recorded and wait until the server did; raises its errors."""
         super().sync()
         self._rt.sync()
+
+    def stats(self) -> dict[str, int | str]:
+        """Message and byte counters, and ``path``: how datagrams reach the server now --
+        ``"direct host:port"``, or ``"relay"`` while a relayed session has no hole-punched
+        path (it moves to one when both NATs allow it, and back when it fails)."""
+        return {**super().stats(), "path": self.path()}
+
+    def path(self) -> str:
+        """``"direct host:port"`` or ``"relay"`` (see :meth:`stats`)."""
+        agent = sys.modules.get("burn_remote.protocol.relay._agent")
+        shown = agent.tunnel_path(self.address) if agent is not None else None
+        return shown or f"direct {self.address[0]}:{self.address[1]}"
 
     def session_stats(self) -> dict[str, int]:
         """This session's and the whole server's tensor counts, bytes and peaks, live sessions."""

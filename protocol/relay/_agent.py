@@ -168,6 +168,12 @@ class RelayAgent:
     def dial(self, peer: PeerId) -> tuple[str, int]:
         return self.call(RelayClient.dial, peer)
 
+    def path_of(self, address: tuple) -> str | None:
+        """Which way our tunnel to the peer at ``address`` (a shim) goes now: ``"relay"``
+        or ``"direct host:port"``; None when ``address`` is not one of our shims."""
+        client = self._client
+        return None if client is None else client.path_of(address)
+
     def probe(self, peer: PeerId, address: tuple[str, int]) -> bool:
         """Whether a QUIC handshake with ``peer`` at ``address`` gets an answer (even a
         refusal: that still proves the path works)."""
@@ -225,6 +231,18 @@ def is_relay_tunnel(address: tuple) -> bool:
     return any(a._client is not None and a._client.is_tunnel(address) for a in agents)
 
 
+def tunnel_path(address: tuple) -> str | None:
+    """``"relay"`` or ``"direct host:port"`` when ``address`` is this process's end of a relay
+    tunnel (see :func:`is_relay_tunnel`), else None: what ``RemoteDevice.stats()`` reports."""
+    with RelayAgent._lock:
+        agents = list(RelayAgent._agents.values())
+    for agent in agents:
+        shown = agent.path_of(address)
+        if shown is not None:
+            return shown
+    return None
+
+
 def resolve_via_relay(
     peer: str, relay: str | None = None, key_path: str | Path | None = None
 ) -> tuple[str, int] | None:
@@ -259,4 +277,5 @@ __all__ = [
     "is_relay_tunnel",
     "resolve_via_relay",
     "serve_via_relay",
+    "tunnel_path",
 ]

@@ -6,6 +6,10 @@ there leaves as ``SEND(peer, datagram)`` to the relay, and ``RECV(peer, datagram
 relay is delivered back from the shim. A serving node gets one shim per remote peer, which
 forwards to its QUIC port, so the server sees each relayed client as a distinct address.
 The relay only ever handles QUIC packets, encrypted end to end: it holds no session key.
+
+Because QUIC sees only the shim, the shim's traffic can leave by another way without QUIC
+noticing: ``_direct`` moves it to a hole-punched direct path when one validates, and back to
+the relay when that path goes quiet.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from dataclasses import dataclass
 import trio
 
 from ..transport import Identity, PeerId, TransportError
+from . import _disco
 from . import _wire as w
+from ._direct import DirectPaths, direct_enabled, open_direct_socket
 from ._records import AddressRecord, RecordRefused
 
 log = logging.getLogger("burn_remote.relay")
@@ -65,13 +71,22 @@ class RelayClient:
         self.relayed_in = 0
         self.observed: str | None = None
         """Our QUIC socket's address as the relay last saw it (set by ``serve_via_relay``)."""
+        self.direct: DirectPaths | None = None
+        """Hole punching (None when off): moves each shim's traffic to a direct path."""
 
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, identity: Identity, relay: tuple[str, int], *, authenticate: bool = True
+        cls,
+        identity: Identity,
+        relay: tuple[str, int],
+        *,
+        authenticate: bool = True,
+        direct: bool | None = None,
     ) -> AsyncIterator[RelayClient]:
-        """Associate with the relay at ``relay`` (and prove our key unless told not to)."""
+        """Associate with the relay at ``relay`` (and prove our key unless told not to).
+        ``direct`` (default: ``$BURN_REMOTE_DIRECT``, on) punches holes towards the peers
+        the tunnel carries."""
         family = socket.AF_INET6 if ":" in relay[0] else socket.AF_INET
         sock = trio.socket.socket(family, socket.SOCK_DGRAM)
         with sock:
@@ -83,11 +98,37 @@ class RelayClient:
                     if authenticate:
                         await client.authenticate()
                         nursery.start_soon(client._ping_loop)
+                        if direct_enabled() if direct is None else direct:
+                            await client._start_direct(family)
                     yield client
                 finally:
                     nursery.cancel_scope.cancel()
                     for shim in client._shims.values():
                         shim.sock.close()
+                    if client.direct is not None:
+                        client.direct.close()
+
+    async def _start_direct(self, family: int) -> None:
+        direct = DirectPaths(
+            self.identity,
+            await open_direct_socket(family),
+            self._sock.getpeername()[:2],
+            self.local_host,
+            self._relay_send,
+            self._deliver,
+        )
+        self.direct = direct
+        self._nursery.start_soon(direct.run)
+        await direct.observe()  # the first CALL_ME_MAYBE should carry the reflexive address
+        self._nursery.start_soon(direct.observe_loop)
+
+    def path_of(self, address: tuple) -> str | None:
+        """``"relay"`` or ``"direct host:port"`` for the peer behind our shim at
+        ``address``; None when ``address`` is no shim of ours."""
+        for shim in self._shims.values():
+            if shim.sock.getsockname()[:2] == tuple(address[:2]):
+                return self.direct.describe(shim.peer) if self.direct else "relay"
+        return None
 
     @property
     def local_host(self) -> str:
@@ -170,6 +211,8 @@ class RelayClient:
         shim = _Shim(peer, sock, target)
         self._shims[peer] = shim
         self._nursery.start_soon(self._shim_loop, shim)
+        if self.direct is not None:
+            self.direct.start(self._nursery, peer)
         return shim
 
     async def _shim_loop(self, shim: _Shim) -> None:
@@ -180,11 +223,19 @@ class RelayClient:
                 shim.target = addr
             elif addr != shim.target:
                 continue  # only the endpoint the shim serves may use it
+            if self.direct is not None and await self.direct.send(shim.peer, data):
+                continue
             try:
                 await self._sock.send(header + data)
                 self.relayed_out += 1
             except OSError:
                 pass  # the network dropped it; QUIC retransmits
+
+    async def _relay_send(self, peer: PeerId, payload: bytes) -> None:
+        try:
+            await self._sock.send(bytes([w.SEND]) + peer.raw + payload)
+        except OSError:
+            pass  # lost like any datagram; disco messages are repeated
 
     async def _read_loop(self) -> None:
         while True:
@@ -196,22 +247,36 @@ class RelayClient:
             if not data:
                 continue
             if data[0] == w.RECV and len(data) > 33:
-                await self._deliver(PeerId(data[1:33]), data[33:])
+                if _disco.is_disco(data[33:]):
+                    await self._on_relayed_disco(PeerId(data[1:33]), data[33:])
+                else:
+                    await self._deliver(PeerId(data[1:33]), data[33:])
             else:
                 try:
                     self._replies_send.send_nowait(data)
                 except trio.WouldBlock:
                     pass
 
-    async def _deliver(self, src: PeerId, payload: bytes) -> None:
+    async def _on_relayed_disco(self, src: PeerId, payload: bytes) -> None:
+        """A CALL_ME_MAYBE: a server makes the peer's shim first (the QUIC handshake that
+        follows, or already came, uses it), then both sides punch."""
+        if self.direct is None or await self._shim_for(src) is None:
+            return
+        await self.direct.on_relayed(src, payload)
+
+    async def _shim_for(self, src: PeerId) -> _Shim | None:
         shim = self._shims.get(src)
-        if shim is None:
-            if self.serve_to is None:
-                return
+        if shim is None and self.serve_to is not None:
             try:
                 shim = await self._new_shim(src, self.serve_to)
             except RelayError:
-                return
+                return None
+        return shim
+
+    async def _deliver(self, src: PeerId, payload: bytes) -> None:
+        shim = await self._shim_for(src)
+        if shim is None:
+            return
         if shim.target is not None:
             try:
                 await shim.sock.sendto(payload, shim.target)

@@ -21,6 +21,13 @@ def stop_process(server: Server) -> str:
     return server.output()
 
 
+@pytest.fixture(autouse=True)
+def _relay_carries_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the relay itself: no hole punching (test_holepunch turns it
+    back on), so what they send does cross the relay."""
+    monkeypatch.setenv("BURN_REMOTE_DIRECT", "0")
+
+
 @pytest.fixture
 def relay(tmp_path: Path) -> Iterator[Server]:
     r = start_relay(

@@ -1,0 +1,247 @@
+"""Hole punching under QUIC: a relayed peer's datagrams move to a direct path and back.
+
+The QUIC endpoint above never notices: it talks to the tunnel's per-peer shim address (see
+``_client``), which stays the same for the connection's life. This layer decides, datagram
+by datagram, whether the shim's traffic leaves through the relay or from our *direct
+socket* straight to the peer -- Iroh's magicsock, on the tunnel we already had.
+
+* The direct socket learns its NAT mapping from the relay (OBSERVE, as the QUIC socket does
+  for the record) and offers it, with its local address, to each peer in a CALL_ME_MAYBE
+  sent through the relay when the peer's shim is made; the peer answers with its own.
+* Both sides then ping each other's candidates at once from their direct sockets, which
+  opens both NATs (``_peerpath`` has the rules). Disco messages are signed with the node
+  keys (``_disco``), so nobody else can validate an address for a peer.
+* Incoming QUIC datagrams on the direct socket are accepted only from addresses the peer
+  has proved with a signed message, and are delivered to the shim exactly as relayed ones.
+
+``$BURN_REMOTE_DIRECT=0`` turns it off for a process (the relay then carries everything).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from ..transport import Identity, PeerId
+from . import _disco as d
+from . import _wire as w
+from ._peerpath import PeerPath
+
+log = logging.getLogger("burn_remote.relay")
+
+DIRECT_ENV = "BURN_REMOTE_DIRECT"
+"""``0`` turns hole punching off for this process: relayed peers stay relayed."""
+TICK = 0.1
+"""Seconds between checks of which pings are due."""
+OBSERVE_TIMEOUT = 1.0
+"""Seconds to wait for the relay's OBSERVED answer (a lost one is retried next refresh)."""
+OBSERVE_REFRESH = 30.0
+"""Seconds between refreshes of the direct socket's reflexive address."""
+CMM_INTERVAL = 30.0
+"""Seconds between CALL_ME_MAYBEs to one peer (one is sent at once when its shim is made,
+and again when the peer sends one and ours is older than a second)."""
+CMM_ANSWER_GAP = 1.0
+"""A CALL_ME_MAYBE is answered with ours unless ours went less than this many seconds ago."""
+
+
+def direct_enabled() -> bool:
+    return os.environ.get(DIRECT_ENV, "1").strip() not in ("0", "false", "no", "off")
+
+
+RelaySend = Callable[[PeerId, bytes], Awaitable[None]]
+Deliver = Callable[[PeerId, bytes], Awaitable[None]]
+
+
+class DirectPaths:
+    """The direct socket and the path state of every relayed peer."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        sock: trio.socket.SocketType,
+        relay: tuple,
+        local_host: str,
+        relay_send: RelaySend,
+        deliver: Deliver,
+    ) -> None:
+        self.identity = identity
+        self._sock = sock
+        self._relay = relay
+        self._local = (local_host, sock.getsockname()[1])
+        self._relay_send = relay_send
+        self._deliver = deliver
+        self.peers: dict[PeerId, PeerPath] = {}
+        self._by_addr: dict[tuple, PeerId] = {}
+        self._cmm_sent: dict[PeerId, float] = {}
+        self.reflexive: tuple | None = None
+        self._observe_txid = b""
+        self._observed = trio.Event()
+        self.sent_direct = 0
+        self.received_direct = 0
+
+    def close(self) -> None:
+        self._sock.close()
+
+    # -- candidates ------------------------------------------------------------------------
+
+    def candidates(self) -> list[tuple]:
+        """Our addresses to offer: where the relay sees the direct socket, and the socket's
+        own address on the route to the relay (the peer may share our network)."""
+        out = [self.reflexive] if self.reflexive else []
+        return out + ([self._local] if self._local not in out else [])
+
+    async def observe(self) -> None:
+        """Ask the relay which address our direct socket has (one try; the answer arrives
+        on :meth:`run`'s loop)."""
+        self._observe_txid = d.new_txid()[: w.TXID]
+        self._observed = trio.Event()
+        request = bytes([w.OBSERVE]) + self._observe_txid + bytes(w.OBSERVE_MIN - w.TXID)
+        try:
+            await self._sock.sendto(request, self._relay)
+        except OSError:
+            return
+        with trio.move_on_after(OBSERVE_TIMEOUT):
+            await self._observed.wait()
+
+    async def observe_loop(self) -> None:
+        """Keep the reflexive address fresh (a NAT may drop an idle mapping and make a new
+        one); retried quickly until the first answer."""
+        while True:
+            await self.observe()
+            await trio.sleep(OBSERVE_REFRESH if self.reflexive else OBSERVE_TIMEOUT)
+
+    # -- peers -----------------------------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery, peer: PeerId) -> None:
+        """Begin punching towards ``peer`` (its shim was just made)."""
+        if peer in self.peers:
+            return
+        self.peers[peer] = PeerPath()
+        nursery.start_soon(self._peer_loop, peer)
+
+    async def _send_cmm(self, peer: PeerId) -> None:
+        self._cmm_sent[peer] = time.monotonic()
+        await self._relay_send(peer, d.call_me_maybe(self.identity, peer, self.candidates()))
+
+    async def _peer_loop(self, peer: PeerId) -> None:
+        path = self.peers[peer]
+        await self._send_cmm(peer)
+        while True:
+            now = time.monotonic()
+            if now - self._cmm_sent.get(peer, now) >= CMM_INTERVAL:
+                await self._send_cmm(peer)
+            for addr in path.pings_due(now):
+                txid = d.new_txid()
+                path.pinged(addr, txid, now)
+                await self._sendto(d.ping(self.identity, peer, txid), addr)
+            self._report(peer, path, now)
+            await trio.sleep(TICK)
+
+    def _report(self, peer: PeerId, path: PeerPath, now: float) -> None:
+        shown = path.describe(now)
+        if shown != path.reported:
+            how = f" (rtt {path.rtt * 1000:.1f} ms)" if shown != "relay" else ""
+            was = "" if shown != "relay" else f"; {path.reported} went quiet"
+            log.info("path to %s...: %s%s%s", str(peer)[:12], shown, how, was)
+            path.reported = shown
+
+    def describe(self, peer: PeerId) -> str:
+        path = self.peers.get(peer)
+        return "relay" if path is None else path.describe(time.monotonic())
+
+    async def on_relayed(self, src: PeerId, data: bytes) -> None:
+        """A disco message that came through the relay (a CALL_ME_MAYBE)."""
+        try:
+            msg = d.decode(data, self.identity.peer_id)
+        except d.DiscoRefused as exc:
+            log.debug("disco from the relay dropped: %s", exc)
+            return
+        path = self.peers.get(src)
+        if msg.sender != src or msg.kind != d.CALL_ME_MAYBE or path is None:
+            return
+        now = time.monotonic()
+        path.add_candidates(msg.candidates, now)
+        if now - self._cmm_sent.get(src, float("-inf")) >= CMM_ANSWER_GAP:
+            await self._send_cmm(src)
+
+    # -- data ------------------------------------------------------------------------------
+
+    async def send(self, peer: PeerId, data: bytes) -> bool:
+        """Send ``data`` on the peer's direct path; False when there is none (use the
+        relay)."""
+        path = self.peers.get(peer)
+        addr = path.direct(time.monotonic()) if path is not None else None
+        if addr is None:
+            return False
+        await self._sendto(data, addr)
+        self.sent_direct += 1
+        return True
+
+    async def _sendto(self, data: bytes, addr: tuple) -> None:
+        try:
+            await self._sock.sendto(data, addr)
+        except OSError:
+            pass  # unreachable now: the pings notice, QUIC retransmits
+
+    async def run(self) -> None:
+        """Read the direct socket: QUIC datagrams from proved addresses, disco, OBSERVED."""
+        while True:
+            try:
+                data, addr = await self._sock.recvfrom(65535)
+            except OSError:  # an ICMP error from an earlier send
+                continue
+            if not data:
+                continue
+            addr = tuple(addr[:2])
+            if data[0] & 0xC0:
+                peer = self._by_addr.get(addr)
+                path = self.peers.get(peer) if peer is not None else None
+                if path is not None and path.accepts(addr, time.monotonic()):
+                    self.received_direct += 1
+                    await self._deliver(peer, data)
+            elif d.is_disco(data):
+                await self._on_disco(data, addr)
+            elif data[0] == w.OBSERVED and addr == tuple(self._relay[:2]):
+                self._on_observed(data)
+
+    def _on_observed(self, data: bytes) -> None:
+        if data[1 : 1 + w.TXID] != self._observe_txid or not self._observe_txid:
+            return
+        try:
+            self.reflexive = w.parse_hostport(data[1 + w.TXID :].decode(errors="replace"))
+        except ValueError:
+            return
+        self._observed.set()
+
+    async def _on_disco(self, data: bytes, addr: tuple) -> None:
+        try:
+            msg = d.decode(data, self.identity.peer_id)
+        except d.DiscoRefused as exc:
+            log.debug("disco from %s dropped: %s", addr, exc)
+            return
+        path = self.peers.get(msg.sender)
+        if path is None:
+            return  # only peers that reached us through the relay may punch
+        now = time.monotonic()
+        if msg.kind == d.PING:
+            path.on_ping(addr, now)
+            self._by_addr[addr] = msg.sender
+            await self._sendto(d.pong(self.identity, msg.sender, msg.txid, addr), addr)
+        elif msg.kind == d.PONG and path.on_pong(msg.txid, addr, now):
+            self._by_addr[addr] = msg.sender
+            self._report(msg.sender, path, now)
+
+
+async def open_direct_socket(family: int) -> trio.socket.SocketType:
+    """The direct socket: wildcard address, a port of the kernel's choosing."""
+    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+    await sock.bind(("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0))
+    return sock
+
+
+__all__ = ["DIRECT_ENV", "DirectPaths", "direct_enabled", "open_direct_socket"]
