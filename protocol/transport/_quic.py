@@ -12,13 +12,16 @@ Changes to stock aioquic, each kept to an override:
 * **STREAM frames may exceed 16 KiB.** aioquic writes a STREAM frame's length as a 2-byte
   varint, so a frame longer than 16383 bytes is corrupt; with 64 KiB loopback datagrams the
   length is written as a 4-byte varint instead (RFC 9000 varints allow either).
-* **ACKs are delayed, but not for long bursts.** aioquic acknowledges every ack-eliciting
-  packet within 1 ms, so a client sending a training step a millisecond got an ACK per
-  step: a packet built, encrypted, sent, received and processed in Python on both ends.
-  Here an ACK waits up to ``ACK_DELAY`` (under the 25 ms ``max_ack_delay`` we advertise),
-  or goes out at once after ``ACK_EVERY_BYTES``, which keeps bulk transfers clocked (RFC
-  9000 13.2.2 suggests every second packet; for 64 KiB datagrams at hundreds of MB/s that
-  is an ACK per 128 KiB, more ACK work than data work in Python).
+* **ACKs are delayed, but not for long bursts, and ride on data.** aioquic acknowledges
+  every ack-eliciting packet within 1 ms, so a client sending a training step a millisecond
+  got an ACK per step: a packet built, encrypted, sent, received and processed in Python on
+  both ends. Here an ACK waits up to ``ACK_DELAY`` (under the 25 ms ``max_ack_delay`` we
+  advertise), or goes out at once after ``ACK_EVERY_BYTES``, which keeps bulk transfers
+  clocked (RFC 9000 13.2.2 suggests every second packet; for 64 KiB datagrams at hundreds
+  of MB/s that is an ACK per 128 KiB, more ACK work than data work in Python). And a packet
+  that carries stream data carries the pending ACK too (RFC 9000 13.2.1 allows it; aioquic
+  only writes an ACK once its delay expired): in request/reply traffic every ACK rides on a
+  request or a reply, and no datagram carries an ACK alone.
 * **Flow-control windows follow the reader.** Stock aioquic doubles a receive window once
   half of it has *arrived*, whether or not the application read anything, so a peer can make
   it buffer without bound. Here the window is what the application consumed plus a fixed
@@ -48,8 +51,11 @@ Authorize = Callable[[PeerId], str | None]
 
 _VARINT_MAX = 8
 
-ACK_DELAY = 0.005
-"""Seconds an ack-eliciting packet may wait for its ACK (aioquic's default is 1 ms)."""
+ACK_DELAY = 0.020
+"""Seconds an ack-eliciting packet may wait for its ACK (aioquic's default is 1 ms). Below
+the 25 ms ``max_ack_delay`` both ends advertise (the peer's loss timer allows for it), and
+longer than a training loop's gap between reads (ten steps), so the ACK a reply is owed
+rides on the next request instead of a datagram of its own."""
 ACK_EVERY_BYTES = 256 * 1024
 """Bytes received without an ACK after which one is sent at once."""
 
@@ -132,6 +138,7 @@ class PeerQuicConnection(QuicConnection):
         self.max_packets_in_flight = max_packets_in_flight
         self._ack_delay = ACK_DELAY
         self._unacked_bytes = 0
+        self._data_queued = False  # stream data written since the last build
         self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
         self.app_consumed: dict[int, int] = {}
         self.app_buffered = 0
@@ -147,7 +154,17 @@ class PeerQuicConnection(QuicConnection):
         cap = self.max_packets_in_flight * self._max_datagram_size
         if cc.congestion_window > cap:
             cc.congestion_window = cap
+        if self._data_queued:  # the pending ACK leaves with this data, not alone later
+            self._data_queued = False
+            space = self._spaces.get(tls.Epoch.ONE_RTT)
+            if space is not None and space.ack_at is not None and self._handshake_confirmed:
+                space.ack_at = now
         return super().datagrams_to_send(now)
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        """aioquic's; the next build also carries the ACK we owe (see the module's doc)."""
+        super().send_stream_data(stream_id, data, end_stream)
+        self._data_queued = True
 
     def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
         """aioquic's, then the ACK policy of ``ACK_DELAY`` and ``ACK_EVERY_BYTES``."""

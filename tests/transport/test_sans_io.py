@@ -199,3 +199,29 @@ def test_a_datagram_is_built_after_receiving_only_when_one_is_due():
     assert not server.datagrams_to_send(now)  # as building would show
     assert server.send_due(now + ACK_DELAY)
     assert server.datagrams_to_send(now + ACK_DELAY)
+
+
+def test_a_reply_carries_the_ack_it_owes():
+    """A request waits for its ACK; the reply written meanwhile carries it, so the request's
+    sender sees its data acknowledged by the reply alone, and no ACK-only datagram follows."""
+    from aioquic import tls
+
+    client, server, _, _ = make_pair()
+    exchange(client, server)
+    sid = client.open_bidi_stream()
+    now = Clock.now = Clock.now + 1.0
+    for turn in range(3):  # request, reply: each carries the other's ACK
+        client.send_stream_data(sid, b"request %d" % turn)
+        assert roundtrip(client, server, now) == 1
+        assert server._spaces[tls.Epoch.ONE_RTT].ack_at is not None  # owed, not yet due
+        while server.next_event() is not None:
+            pass
+        server.send_stream_data(sid, b"reply %d" % turn)
+        assert roundtrip(server, client, now) == 1
+        assert server._spaces[tls.Epoch.ONE_RTT].ack_at is None  # it left with the reply
+        assert client.sender_buffered(sid) == 0  # the request is acknowledged
+        while client.next_event() is not None:
+            pass
+        now += 0.001
+    client_space = client._spaces[tls.Epoch.ONE_RTT]
+    assert client_space.ack_at is not None  # the last reply's ACK waits for the next request
