@@ -23,6 +23,9 @@ _LAZY = {
     "optim": (".optim", None),
     "CaptureError": ("._compile", "CaptureError"),
     "compile": ("._compile", "compile"),
+    "DataParallel": ("._dataparallel", "DataParallel"),
+    "ReplicaDivergence": ("._dataparallel", "ReplicaDivergence"),
+    "ShardError": ("._dp_shard", "ShardError"),
     "Extension": ("._extension", "Extension"),
     "ExtensionOp": ("._extension", "ExtensionOp"),
     "ChecksumError": ("._jobs", "ChecksumError"),
@@ -87,6 +90,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
         tensor,
         zeros,
     )
+    from ._dataparallel import DataParallel, ReplicaDivergence  # noqa: F401
+    from ._dp_shard import ShardError  # noqa: F401
     from ._extension import Extension, ExtensionOp  # noqa: F401
     from ._jobs import ChecksumError, Job, JobError, Jobs  # noqa: F401
     from ._remote import RemoteDevice, RemoteError  # noqa: F401
@@ -100,6 +105,7 @@ __all__ = [
     "ChecksumError",
     "collective",
     "compile",
+    "DataParallel",
     "Device",
     "Extension",
     "ExtensionOp",
@@ -110,6 +116,8 @@ __all__ = [
     "RecordError",
     "RemoteDevice",
     "RemoteError",
+    "ReplicaDivergence",
+    "ShardError",
     "Tensor",
     "arange",
     "as_tensor",

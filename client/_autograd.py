@@ -77,7 +77,31 @@ def _topo(root: Any) -> list[GradNode]:
     return order
 
 
+@contextlib.contextmanager
+def backward_hook(hook: Any) -> Iterator[None]:
+    """While active in this thread, every `backward` calls `hook.before(root)` first and
+    `hook.after(root)` once the gradients are recorded. DataParallel reduces gradients across
+    replicas this way, so they are averaged when `backward()` returns, as in PyTorch's DDP:
+    clipping and the optimizer see the whole-batch gradient."""
+    prev = getattr(_state, "hook", None)
+    _state.hook = hook
+    try:
+        yield
+    finally:
+        _state.hook = prev
+
+
 def backward(root: Any, grad: Any = None) -> None:
+    hook = getattr(_state, "hook", None)
+    if hook is None:
+        _backward(root, grad)
+        return
+    hook.before(root)
+    _backward(root, grad)
+    hook.after(root)
+
+
+def _backward(root: Any, grad: Any = None) -> None:
     from ._ops import Builder, call
     from ._recorder import fmt_location
 

@@ -27,8 +27,12 @@ class CaptureError(RuntimeError):
 
 def _live_tensors(dev: Any) -> list[Tensor]:
     """Every Tensor object alive on `dev` (one pass over the collector's objects; recording
-    only, never on a replay)."""
-    return [o for o in gc.get_objects() if type(o) is Tensor and o._dev is dev]
+    only, never on a replay). A Tensor refers to its device, so the device's referrers hold
+    them all. Not `gc.get_objects()`: its list holds every object, including a tuple that
+    another thread is building from an iterator, whose resize then fails with CPython's
+    SystemError ("bad argument to internal function"); local replicas run graphs on worker
+    threads while the client records the next replica's step."""
+    return [o for o in gc.get_referrers(dev) if type(o) is Tensor and o._dev is dev]
 
 
 _WEAK_CLASH = {
