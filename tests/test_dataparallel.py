@@ -329,3 +329,47 @@ def test_one_device_is_plain_captured_training_bit_for_bit():
     want, _ = train_one(Device.cpu(), mlp, 12, 5)
     got, _, dp = train_parallel([Device.cpu()], mlp, 12, 5)
     assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.slow
+def test_gpt2_small_sized_lora_on_two_replicas_equals_one_device():
+    """At the size users bring (124M parameters, ~500 MB per replica): replication, the
+    bucketed all-reduce of the adapters' gradients and the digest over every tensor."""
+    import gc
+
+    import burn_remote as br
+
+    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=32)
+    ids = np.random.default_rng(6).integers(0, cfg.vocab, (2, 2, cfg.context + 1))
+
+    def build():
+        nn.seed(5)
+        model = br.lora.apply_lora(
+            nn.GPT(cfg), br.lora.LoraConfig(r=4, alpha=8, target_modules=["c_attn"])
+        )
+        return model, optim.AdamW(model, lr=1e-3)
+
+    def step(model, opt, x, y):
+        loss = model.loss(x, y)
+        loss.backward()
+        optim.clip_grad_norm(model, 1.0)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    model, opt = build()
+    dev = Device.cpu()
+    for s in ids:
+        step(model, opt, dev.tensor(s[:, :-1]), dev.tensor(s[:, 1:]))
+    want = {n: t.numpy() for n, t in model.named_parameters() if ".lora_" in n}
+    del model, opt
+    gc.collect()
+    model, opt = build()
+    dp = DataParallel(model, opt, devices=collective.local_devices(2))
+    run = dp.compile(step)
+    for s in ids:
+        run(s[:, :-1], s[:, 1:])
+    got = {n: t.numpy() for n, t in model.named_parameters() if ".lora_" in n}
+    assert_state_close(got, want)
+    assert len(dp.check_in_sync()) == 64
+    dp.close()
