@@ -24,7 +24,7 @@ _LAZY = {
     "CaptureError": ("._compile", "CaptureError"),
     "compile": ("._compile", "compile"),
     "DataParallel": ("._dataparallel", "DataParallel"),
-    "ReplicaDivergence": ("._dataparallel", "ReplicaDivergence"),
+    "ReplicaDivergence": ("._dp_digest", "ReplicaDivergence"),
     "ShardError": ("._dp_shard", "ShardError"),
     "Extension": ("._extension", "Extension"),
     "ExtensionOp": ("._extension", "ExtensionOp"),
@@ -90,7 +90,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerl
         tensor,
         zeros,
     )
-    from ._dataparallel import DataParallel, ReplicaDivergence  # noqa: F401
+    from ._dataparallel import DataParallel  # noqa: F401
+    from ._dp_digest import ReplicaDivergence  # noqa: F401
     from ._dp_shard import ShardError  # noqa: F401
     from ._extension import Extension, ExtensionOp  # noqa: F401
     from ._jobs import ChecksumError, Job, JobError, Jobs  # noqa: F401

@@ -27,89 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from ._autograd import backward_hook, no_grad
-from ._compile import compile as _compile
-from ._dp_grads import BUCKET_BYTES, REDUCED_FLOATS, GradientReducer, reduce_tensors
+from ._dp_digest import ReplicaDivergence, digests
+from ._dp_grads import BUCKET_BYTES
 from ._dp_replicate import Replica, adopt, optimizer_params, replicate
 from ._dp_shard import split_batch
+from ._dp_snapshot import _Snapshot
+from ._dp_step import DataParallelStep, _upload
 from ._dp_sync import Outcome, wait_all
-from ._ops import call
 from ._recorder import epoch
-from ._tensor import Tensor, make_tensor
 
 REDUCTIONS = ("mean", "sum")
 """How a replica's loss relates to the whole batch's: a mean over its samples (gradients and
 returned values are weighted by shard size) or a sum (they are summed)."""
-
-
-class ReplicaDivergence(RuntimeError):
-    """`check_in_sync` found a replica whose parameters differ from rank 0's."""
-
-    def __init__(self, message: str, rank: int, device: Any, name: str) -> None:
-        super().__init__(message)
-        self.rank, self.device, self.name = rank, device, name
-
-
-class _Held:
-    """A device tensor id kept alive without a Tensor object: step capture looks for state
-    among live Tensors, so a snapshot must not add holders it would mistake for state."""
-
-    __slots__ = ("dev", "id", "shape", "dtype")
-
-    def __init__(self, t: Tensor) -> None:
-        self.dev, self.id, self.shape, self.dtype = t._dev, t._id, t.shape, t.dtype
-        self.dev._rec.retain(self.id)
-
-    def tensor(self) -> Tensor:
-        return make_tensor(self.dev, self.id, self.shape, self.dtype)
-
-    def release(self) -> None:
-        if self.dev is not None:
-            self.dev._rec.release(self.id)
-            self.dev = None
-
-
-class _Snapshot:
-    """One replica's state at a moment it was known good: holding the ids keeps the values
-    on the device (the next step cannot overwrite them in place; one extra copy)."""
-
-    __slots__ = ("tensors", "slots", "steps")
-
-    def __init__(self, rep: Replica) -> None:
-        self.tensors = [_Held(t) for _, t in rep.model.named_tensors()]
-        self.slots: list[dict[str, _Held]] = []
-        self.steps = 0
-        if rep.optimizer is not None:
-            for p in optimizer_params(rep.optimizer):
-                slots = rep.optimizer.state.get(id(p), {})
-                self.slots.append({k: _Held(v) for k, v in slots.items()})
-            self.steps = rep.optimizer.steps
-
-    def restore(self, rep: Replica) -> None:
-        for (_, t), held in zip(rep.model.named_tensors(), self.tensors):
-            t._assign(held.tensor())
-            t.grad = None
-        opt = rep.optimizer
-        if opt is not None:
-            opt.state = {
-                id(p): {k: v.tensor() for k, v in slots.items()}
-                for p, slots in zip(optimizer_params(opt), self.slots)
-                if slots
-            }
-            opt.steps = self.steps
-
-    def release(self) -> None:
-        for h in self.tensors:
-            h.release()
-        for slots in self.slots:
-            for h in slots.values():
-                h.release()
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:  # interpreter shutdown
-            pass
 
 
 class DataParallel:
@@ -350,9 +279,9 @@ class DataParallel:
             ReplicaDivergence: names the first replica (rank, device) and tensor that differ.
         """
         self._settle(snapshot=False)
-        ref = _digests(self.replicas[0], optimizer)
+        ref = digests(self.replicas[0], optimizer)
         for rep in self.replicas[1:]:
-            mine = _digests(rep, optimizer)
+            mine = digests(rep, optimizer)
             for (name, a), (_, b) in zip(ref, mine):
                 if a != b:
                     raise ReplicaDivergence(
@@ -449,146 +378,6 @@ class DataParallel:
                 group.close()
             except Exception:  # a group with a dead member may not close cleanly
                 pass
-
-
-class DataParallelStep:
-    """A step compiled for every replica (see `DataParallel.compile`)."""
-
-    def __init__(self, dp: DataParallel, fn: Callable[..., Any]) -> None:
-        self.dp = dp
-        self.fn = fn
-        self.name = getattr(fn, "__qualname__", repr(fn))
-        self._compiled: dict[int, Any] = {}
-        """id(replica) -> its Compiled body."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.dp._run(self, args, kwargs)
-
-    def reset(self) -> None:
-        """Forget every replica's capture (the group changed: the all_reduce's group id is
-        part of the graph)."""
-        for c in self._compiled.values():
-            c.reset()
-        self._compiled.clear()
-
-    def stats(self) -> dict[str, int]:
-        """Recordings and replays summed over replicas."""
-        out = {"recordings": 0, "replays": 0, "captures": 0}
-        for c in self._compiled.values():
-            for k, v in c.stats().items():
-                out[k] += v
-        return out
-
-    def _for(self, rep: Replica) -> Any:
-        c = self._compiled.get(id(rep))
-        if c is None:
-            c = self._compiled[id(rep)] = _compile(_body(self, rep), device=rep.device)
-        return c
-
-
-def _body(step: DataParallelStep, rep: Replica) -> Callable[..., Any]:
-    dp, fn = step.dp, step.fn
-
-    def data_parallel_step(args: tuple, kwargs: dict[str, Any], weight: Tensor) -> Any:
-        reducer = GradientReducer(rep.model.parameters(), weight, dp.group, dp.bucket_bytes)
-        with backward_hook(reducer):
-            result = fn(rep.model, rep.optimizer, *args, **kwargs)
-        return _combine(result, reducer, weight, dp.group, dp.bucket_bytes, step.name)
-
-    data_parallel_step.__qualname__ = f"DataParallel({step.name})"
-    return data_parallel_step
-
-
-def _combine(
-    result: Any, reducer: GradientReducer, weight: Tensor, group: Any, limit: int, name: str
-) -> Any:
-    """The step's result with every tensor combined across replicas like the gradients (a
-    loss that a backward started from is already combined: it rode in a gradient bucket)."""
-    leaves: list[Tensor] = []
-    spec = _tree(result, leaves)
-    if not leaves:
-        return result
-    todo = []
-    for k, t in enumerate(leaves):
-        if t.dtype not in REDUCED_FLOATS:
-            raise TypeError(
-                f"DataParallel step {name} returns a {t.dtype} tensor: results are combined "
-                "across replicas like gradients (weighted mean or sum), so return float "
-                "tensors (a count: .float(), with loss_reduction='sum' or as a mean)"
-            )
-        if t._id not in reducer.losses:
-            todo.append(k)
-    with no_grad():
-        done = reduce_tensors([leaves[k].detach() for k in todo], weight, group, limit)
-    combined = list(leaves)
-    for k, v in zip(todo, done):
-        combined[k] = v
-    for k, t in enumerate(leaves):
-        if t._id in reducer.losses:
-            combined[k] = reducer.losses[t._id]
-    return _untree(spec, iter(combined))
-
-
-def _tree(obj: Any, leaves: list[Tensor]) -> Any:
-    if isinstance(obj, Tensor):
-        leaves.append(obj)
-        return None
-    if isinstance(obj, list | tuple):
-        return (type(obj), [_tree(x, leaves) for x in obj])
-    if isinstance(obj, dict):
-        return (dict, {k: _tree(x, leaves) for k, x in obj.items()})
-    return ("=", obj)
-
-
-def _untree(spec: Any, leaves: Any) -> Any:
-    if spec is None:
-        return next(leaves)
-    kind, body = spec
-    if kind == "=":
-        return body
-    if kind is dict:
-        return {k: _untree(s, leaves) for k, s in body.items()}
-    items = [_untree(s, leaves) for s in body]
-    return kind(*items) if hasattr(kind, "_fields") else kind(items)
-
-
-def _upload(obj: Any, dev: Any) -> Any:
-    """Host arrays -> tensors on `dev` (the shard's values), structures kept."""
-    if isinstance(obj, np.ndarray) or (hasattr(obj, "__array__") and hasattr(obj, "shape")):
-        return dev.tensor(obj)
-    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
-        return type(obj)(*[_upload(x, dev) for x in obj])
-    if isinstance(obj, list | tuple):
-        return type(obj)(_upload(x, dev) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _upload(x, dev) for k, x in obj.items()}
-    return obj
-
-
-def _digests(rep: Replica, optimizer: bool) -> list[tuple[str, str]]:
-    """(name, sha256 hex) of every tensor of the replica, read in one transfer per dtype."""
-    named = list(rep.model.named_tensors())
-    if optimizer and rep.optimizer is not None:
-        opt = rep.optimizer
-        names = {id(t): n for n, t in named}  # the model's names (an optimizer over bare
-        # tensors calls them param.0, param.1 ...)
-        for p in optimizer_params(opt):
-            for slot, t in sorted(opt.state.get(id(p), {}).items()):
-                named.append((f"optimizer.{names[id(p)]}.{slot}", t))
-    by_dtype: dict[str, list[int]] = {}
-    for k, (_, t) in enumerate(named):
-        by_dtype.setdefault(t.dtype, []).append(k)
-    out: list[tuple[str, str] | None] = [None] * len(named)
-    with no_grad():
-        for positions in by_dtype.values():
-            flat = [named[k][1].reshape(-1) for k in positions]
-            arr = (flat[0] if len(flat) == 1 else call("cat", *flat, axis=0)).numpy()
-            start = 0
-            for k in positions:
-                n = int(named[k][1].size)
-                out[k] = (named[k][0], hashlib.sha256(arr[start : start + n].tobytes()).hexdigest())
-                start += n
-    return out  # type: ignore[return-value]
 
 
 def _check_devices(devices: list[Any]) -> None:
