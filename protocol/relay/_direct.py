@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -38,6 +39,8 @@ DIRECT_ENV = "BURN_REMOTE_DIRECT"
 """``0`` turns hole punching off for this process: relayed peers stay relayed."""
 TICK = 0.1
 """Seconds between checks of which pings are due."""
+IDLE_TICK = 1.0
+"""The same, for a peer that gave no sign for a minute (nothing is pinged then)."""
 OBSERVE_TIMEOUT = 1.0
 """Seconds to wait for the relay's OBSERVED answer (a lost one is retried next refresh)."""
 OBSERVE_REFRESH = 30.0
@@ -45,6 +48,9 @@ OBSERVE_REFRESH = 30.0
 CMM_INTERVAL = 30.0
 """Seconds between CALL_ME_MAYBEs to one peer (one is sent at once when its shim is made,
 and again when the peer sends one and ours is older than a second)."""
+REPLAY_BYTES = 1 << 20
+"""Bytes of the newest datagrams sent on a direct path kept for a replay through the relay
+when that path goes quiet (see :meth:`DirectPaths._replay`)."""
 CMM_ANSWER_GAP = 1.0
 """A CALL_ME_MAYBE is answered with ours unless ours went less than this many seconds ago."""
 
@@ -76,6 +82,8 @@ class DirectPaths:
         self._relay_send = relay_send
         self._deliver = deliver
         self.peers: dict[PeerId, PeerPath] = {}
+        self._recent: dict[PeerId, deque[bytes]] = {}
+        self._recent_bytes: dict[PeerId, int] = {}
         self._by_addr: dict[tuple, PeerId] = {}
         self._cmm_sent: dict[PeerId, float] = {}
         self.reflexive: tuple | None = None
@@ -135,12 +143,14 @@ class DirectPaths:
             now = time.monotonic()
             if now - self._cmm_sent.get(peer, now) >= CMM_INTERVAL:
                 await self._send_cmm(peer)
+            if path.reported != "relay" and path.direct(now) is None:
+                await self._replay(peer)
             for addr in path.pings_due(now):
                 txid = d.new_txid()
                 path.pinged(addr, txid, now)
                 await self._sendto(d.ping(self.identity, peer, txid), addr)
             self._report(peer, path, now)
-            await trio.sleep(TICK)
+            await trio.sleep(TICK if path.active(now) else IDLE_TICK)
 
     def _report(self, peer: PeerId, path: PeerPath, now: float) -> None:
         shown = path.describe(now)
@@ -149,6 +159,18 @@ class DirectPaths:
             was = "" if shown != "relay" else f"; {path.reported} went quiet"
             log.info("path to %s...: %s%s%s", str(peer)[:12], shown, how, was)
             path.reported = shown
+
+    async def _replay(self, peer: PeerId) -> None:
+        """Resend through the relay the newest datagrams the dead path may have swallowed.
+
+        Not needed for correctness (QUIC retransmits), but QUIC only notices a silent path
+        after its probe timeouts, which back off while the path is dead: seconds more. A
+        replayed datagram it already had is dropped as a duplicate; one it lacked is
+        acknowledged, and those acknowledgements make it retransmit older losses at once."""
+        recent = self._recent.pop(peer, deque())
+        self._recent_bytes.pop(peer, None)
+        for data in recent:
+            await self._relay_send(peer, data)
 
     def describe(self, peer: PeerId) -> str:
         path = self.peers.get(peer)
@@ -180,6 +202,12 @@ class DirectPaths:
             return False
         await self._sendto(data, addr)
         self.sent_direct += 1
+        recent = self._recent.setdefault(peer, deque())
+        recent.append(data)
+        size = self._recent_bytes.get(peer, 0) + len(data)
+        while size > REPLAY_BYTES:
+            size -= len(recent.popleft())
+        self._recent_bytes[peer] = size
         return True
 
     async def _sendto(self, data: bytes, addr: tuple) -> None:

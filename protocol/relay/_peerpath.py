@@ -12,7 +12,8 @@ after Iroh's magicsock:
   relay -- QUIC above retransmits whatever the dead path swallowed, so nothing is lost.
 * Punching pings every candidate each :data:`PUNCH_INTERVAL` for :data:`PUNCH_WINDOW` after
   the candidates arrive (both sides at once, so both NATs open), then each
-  :data:`RETRY_INTERVAL`, so that a path that comes back is found again.
+  :data:`RETRY_INTERVAL`, so that a path that comes back is found again, until the peer has
+  given no sign for :data:`GIVE_UP`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ PUNCH_WINDOW = 10.0
 """Seconds of fast punching after new candidates arrive."""
 RETRY_INTERVAL = 5.0
 """Seconds between pings of each candidate outside the punching window."""
+GIVE_UP = 60.0
+"""Seconds after the last sign of the peer (a CALL_ME_MAYBE, PING or PONG) when pinging
+stops: a peer that went away is not pinged for ever. Its next CALL_ME_MAYBE starts again."""
 MAX_PENDING = 64
 """PINGs awaiting a PONG that are remembered (oldest forgotten first)."""
 PING_LIFETIME = 5.0
@@ -88,6 +92,8 @@ class PeerPath:
 
     def pings_due(self, now: float) -> list[Address]:
         """Addresses to ping now (each is then passed to :meth:`pinged`)."""
+        if not self.active(now):
+            return []
         current = self.direct(now)
         due = []
         for addr in self.candidates:
@@ -102,6 +108,11 @@ class PeerPath:
             if now - self.last_ping.get(addr, float("-inf")) >= interval:
                 due.append(addr)
         return due
+
+    def active(self, now: float) -> bool:
+        """Whether the peer gave a sign within :data:`GIVE_UP` (else nobody is pinged)."""
+        last_sign = max(self.punch_since, max(self.heard.values(), default=float("-inf")))
+        return now - last_sign <= GIVE_UP
 
     def pinged(self, addr: Address, txid: bytes, now: float) -> None:
         self.last_ping[addr] = now

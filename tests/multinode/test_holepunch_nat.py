@@ -24,24 +24,23 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Lab, _ip, netns_refusal, start_relay, start_server, stop_process
-from .natlab import cut, make_router, nat_tool
+from .conftest import Lab, netns_refusal, start_relay, start_server, stop_process
+from .natlab import (
+    CLIENT,
+    NODES,
+    RELAY,
+    ROUTER_A,
+    ROUTER_B,
+    SERVER,
+    build_two_nats,
+    cut,
+    nat_tool,
+    remove,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(240)]
 
-PUBLIC = "10.233.0"
-RELAY, ROUTER_A, ROUTER_B = f"{PUBLIC}.1", f"{PUBLIC}.2", f"{PUBLIC}.3"
-CLIENT, SERVER = "10.233.1.2", "10.233.2.2"
 CLIENT_JOB = Path(__file__).with_name("client_punch.py")
-
-
-def _veth(a: str, a_if: str, b: str, b_if: str) -> None:
-    _ip("-n", a, "link", "add", a_if, "type", "veth", "peer", "name", b_if, "netns", b)
-
-
-def _link(ns: str, dev: str, addr: str) -> None:
-    _ip("-n", ns, "addr", "add", addr, "dev", dev)
-    _ip("-n", ns, "link", "set", dev, "up")
 
 
 @pytest.fixture
@@ -55,30 +54,11 @@ def punch_lab(tmp_path: Path) -> Iterator[Callable[..., tuple[Lab, dict]]]:
     if nat_tool() is None:
         pytest.skip("neither nft nor iptables is installed (Debian: apt-get install nftables)")
     tag = secrets.token_hex(3)
-    lab = Lab({n: f"brp{tag}-{n}" for n in ("hub", "relay", "ra", "rb", "cli", "srv")})
+    lab = Lab({n: f"brp{tag}-{n}" for n in NODES})
     procs: dict = {}
 
     def build(*, random_ports: bool) -> tuple[Lab, dict]:
-        for ns in lab.names.values():
-            _ip("netns", "add", ns)
-            _ip("-n", ns, "link", "set", "lo", "up")
-        hub = lab.names["hub"]
-        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", hub, "link", "set", "br0", "up")
-        for node, addr in (("relay", RELAY), ("ra", ROUTER_A), ("rb", ROUTER_B)):
-            _veth(hub, f"v{node}", lab.names[node], "eth0")
-            _ip("-n", hub, "link", "set", f"v{node}", "master", "br0", "up")
-            _link(lab.names[node], "eth0", f"{addr}/24")
-        for router, host, net, addr in (("ra", "cli", "10.233.1", CLIENT),
-                                         ("rb", "srv", "10.233.2", SERVER)):  # fmt: skip
-            r, h = lab.names[router], lab.names[host]
-            _veth(r, "eth1", h, "eth0")
-            _link(r, "eth1", f"{net}.1/24")
-            _link(h, "eth0", f"{addr}/24")
-            _ip("-n", h, "route", "add", "default", "via", f"{net}.1")
-            subprocess.run(["ip", "netns", "exec", r, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
-                           check=True, timeout=30)  # fmt: skip
-            make_router(r, random_ports=random_ports)
+        build_two_nats(lab.names, random_ports=random_ports)
         procs["relay"] = start_relay(
             tmp_path / "relay", "--listen", f"{RELAY}:7400", prefix=lab.exec_prefix("relay")
         )
@@ -96,8 +76,7 @@ def punch_lab(tmp_path: Path) -> Iterator[Callable[..., tuple[Lab, dict]]]:
         for proc in procs.values():
             if proc.proc.poll() is None:
                 stop_process(proc)
-        for ns in lab.names.values():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+        remove(lab.names)
 
 
 def _client(lab: Lab, server_peer: str, home: Path, steps: int, cut_at: int = 0):

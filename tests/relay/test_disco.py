@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from burn_remote.protocol.relay import _disco as d
 from burn_remote.protocol.relay._peerpath import (
+    GIVE_UP,
     HEARD_TTL,
     PATH_TRUST,
     PING_LIFETIME,
@@ -83,3 +84,6 @@ def test_punching_pings_fast_then_slowly_and_a_ping_adds_its_source() -> None:
             path.pinged(addr, bytes([t]), float(t))
     # past the punching window: one ping per RETRY_INTERVAL (5 s; the last went at 25 s)
     assert path.pings_due(29.0) == [] and path.pings_due(30.0) == [A, B]
+    assert path.pings_due(0.7 + GIVE_UP + 1) == []  # no sign of the peer for a minute
+    path.add_candidates([A], now=100.0)  # it called again
+    assert path.pings_due(100.0) == [A, B]
