@@ -372,6 +372,8 @@ class Device:
     def sync(self) -> None:
         """Run everything recorded so far and wait; raises OpFailed for a failed op."""
         self._rec.flush()
+        if self._rec.partners:  # the other ranks of our groups must reach their collectives
+            self._rec.flush_partners()
 
     def stats(self) -> dict[str, int]:
         return self._rec.runtime.stats()

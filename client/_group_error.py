@@ -17,6 +17,20 @@ class GroupError(OpFailed):
         self.group, self.rank, self.peer = group, rank, peer
 
 
+def group_error(message: str, prefix: str = "") -> GroupError:
+    """The GroupError of a server's ``Error(GROUP)`` (its message names group and culprit:
+    ``protocol.messages.GROUP_MESSAGE``); ``prefix`` says where (the op and line)."""
+    import re
+
+    from burn_remote.protocol.messages import GROUP_MESSAGE
+
+    found = re.search(GROUP_MESSAGE, message)
+    text = f"{prefix}{message}"
+    if found is None:
+        return GroupError(text)
+    return GroupError(text, int(found["group"], 16), int(found["rank"]), found["peer"])
+
+
 def as_group_error(exc: OpFailed) -> OpFailed:
     """``exc`` as a GroupError when a collective's failure caused it (else ``exc``)."""
     from burn_remote.engine.collective import GroupFailure
@@ -29,4 +43,4 @@ def as_group_error(exc: OpFailed) -> OpFailed:
     return GroupError(str(exc), cause.group, cause.rank, cause.peer)
 
 
-__all__ = ["GroupError", "as_group_error"]
+__all__ = ["GroupError", "as_group_error", "group_error"]

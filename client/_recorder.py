@@ -165,6 +165,9 @@ class Recorder:
         self._held = False
         self.log: Any = None
         """The `_compile` capture log while a compiled function records its step, else None."""
+        self.partners: dict[int, list[Any]] = {}
+        """Group id -> the other ranks' devices (``collective.Group``): flushed before this
+        device waits, since our graphs may wait at a collective for theirs."""
 
     def _refuse_if_foreign(self) -> None:
         """While the capturing thread records a compiled step, work it puts on any other
@@ -352,8 +355,20 @@ class Recorder:
             if dead:
                 self.runtime.drop(dead)
 
+    def flush_partners(self) -> None:
+        """Send what the other ranks of our groups have recorded or queued, so that a read
+        on one rank right after recording every rank's step cannot wait forever at a
+        collective. Assumes one recording thread, the one that waits; with several, call
+        ``collective.sync(devices)``."""
+        for devices in list(self.partners.values()):
+            for dev in devices:
+                if not dev._rec._held:
+                    dev.flush()
+
     def read(self, tensor_id: int) -> Any:
         self.flush()
+        if self.partners:
+            self.flush_partners()
         if tensor_id not in self.specs:
             raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
         return self.runtime.read(tensor_id)

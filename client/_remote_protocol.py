@@ -19,6 +19,7 @@ import numpy as np
 from burn_remote.protocol import dtypes
 from burn_remote.protocol import messages as m
 
+from ._group_error import group_error
 from ._recorder import OpFailed, op_failure
 
 BATCH_MAX_MESSAGES = 512
@@ -266,7 +267,8 @@ class ClientProtocol:
             | m.JobInfo
             | m.JobEvents
             | m.ArtifactChunk
-            | m.StatusInfo,
+            | m.StatusInfo
+            | m.GroupReady,
         ):
             self._answered(msg.request_id)
             self.results[msg.request_id] = msg
@@ -292,9 +294,13 @@ class ClientProtocol:
                 exc = op_failure(sent.where(err.node), op, err.message)
             else:
                 exc = OpFailed(f"graph execution failed on the server: {err.message}")
+            if err.code == m.GROUP:  # a collective failed: the error names the culprit rank
+                exc = group_error(err.message, str(exc)[: -len(err.message)])
             self.errors.append(exc)
         elif err.request_id and err.request_id <= self._rid and _is_request(err):
-            self.results[err.request_id] = OpFailed(err.message)
+            self.results[err.request_id] = (
+                group_error(err.message) if err.code == m.GROUP else OpFailed(err.message)
+            )
         else:
             self.errors.append(OpFailed(f"server error {err.code}: {err.message}"))
 
@@ -345,6 +351,7 @@ def _is_request(err: m.Error) -> bool:
         m.MALFORMED,
         m.JOB,
         m.FORBIDDEN,
+        m.GROUP,
     )
 
 

@@ -34,8 +34,6 @@ class ReplicaRuntime(LocalRuntime):
         self.name = name
         self.groups: dict[int, Any] = {}
         """Group id -> this replica's member (``engine.collective``), set by ``Group``."""
-        self.partners: dict[int, list[Any]] = {}
-        """Group id -> the other ranks' devices: flushed before this replica waits."""
         self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue(MAX_QUEUED)
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
@@ -54,7 +52,6 @@ class ReplicaRuntime(LocalRuntime):
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the worker after everything queued; its result. Raises the first
         failure of queued work since the last wait, else ``fn``'s own."""
-        self._flush_partners()
         done = threading.Event()
         box: list[Any] = []
         failed: list[BaseException] = []
@@ -77,16 +74,6 @@ class ReplicaRuntime(LocalRuntime):
                 raise OpFailed(f"tensor {first} was never computed (an earlier step failed)")
             raise first
         return box[0]
-
-    def _flush_partners(self) -> None:
-        """Before waiting, queue what the other ranks of our groups have recorded: our
-        graphs may wait at a collective for theirs (``loss.item()`` on rank 0 right after
-        recording every rank's step). Recording must then happen on one thread, the one
-        that waits; with several recording threads, call ``collective.sync(devices)``."""
-        for devices in list(self.partners.values()):
-            for dev in devices:
-                if dev._rec.pending and not dev._rec._held:
-                    dev._rec.flush()
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: Any) -> None:

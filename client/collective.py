@@ -80,6 +80,8 @@ class Group:
             self._impl = RemoteImpl(self)
         else:
             raise ValueError("Group: devices must be all local replicas or all RemoteDevices")
+        for dev in devices:  # a read on one rank sends what the others recorded first
+            dev._rec.partners[self.id] = [d for d in devices if d is not dev]
 
     @property
     def size(self) -> int:
@@ -98,6 +100,8 @@ class Group:
         if not self.closed:
             self.closed = True
             self._impl.close()
+            for dev in self.devices:
+                dev._rec.partners.pop(self.id, None)
 
     def __enter__(self) -> Group:
         return self
@@ -120,13 +124,11 @@ class _LocalImpl:
         self.devices = group.devices
         for dev, member in zip(group.devices, self.shared.members):
             dev._rec.runtime.groups[group.id] = member
-            dev._rec.runtime.partners[group.id] = [d for d in group.devices if d is not dev]
 
     def close(self) -> None:
         self.shared.close()
         for dev in self.devices:
             dev._rec.runtime.groups.pop(self.shared.id, None)
-            dev._rec.runtime.partners.pop(self.shared.id, None)
 
 
 def all_reduce(x: Tensor, group: Group, op: str = "mean") -> Tensor:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..protocol import dtypes
 from ..protocol.graph import Graph, GraphError
+from ..protocol.ops import COLLECTIVE
 from ..protocol.registry import OPS
 from .backend import Backend
 
@@ -66,6 +67,9 @@ class Plan:
     peak_bytes: int = 0
     """Most bytes of intermediates alive at once (from declared shapes; set by the server,
     which reserves them in its memory ledger for each run)."""
+    collective: bool = False
+    """The graph has a collective op: a run waits for other ranks, so it never runs on a
+    server's network loop (that loop moves the collective's bytes)."""
 
 
 def compile_graph(graph: Graph, backend: Backend) -> Plan:
@@ -149,6 +153,7 @@ def _compile(graph: Graph, backend: Backend) -> Plan:
     plan = Plan(
         graph, steps, slot, n_inputs, value_slots, constants, tuple(graph.outputs), liveness
     )
+    plan.collective = any(step.op in COLLECTIVE for step in steps)
     # a backend may rewrite the plan once per compiled graph (GPU backends fuse elementwise
     # chains into generated kernels; engine/fusion.py)
     optimize = getattr(backend, "optimize_plan", None)

@@ -81,6 +81,11 @@ SESSION_EXPIRED = 12
 """A resume token names no parked session (its grace period is over, or it never existed)."""
 FORBIDDEN = 13
 """The request needs the ``admin`` role (authorised-peers file) or the server's own key."""
+GROUP = 14
+"""A device group could not be set up, or a collective could not complete: a rank died, was
+cut off, was late or disagreed. The message has the form ``group <16 hex digits>: rank <r>
+(<peer id>): <reason>`` (``GROUP_MESSAGE``) naming the culprit; every later collective on
+that group fails the same way."""
 
 
 class DecodeError(ValueError):
@@ -343,6 +348,140 @@ class BulkAck:
     """Bytes of the transfer held by the receiver, counted from 0."""
 
 
+# --- device groups and collectives (tags 60..69) ------------------------------------------
+MAX_GROUP = 256
+"""Most ranks in one device group (the length of GroupSetup.peers)."""
+GROUP_MESSAGE = r"group (?P<group>[0-9a-f]{16}): rank (?P<rank>-?\d+) \((?P<peer>[^)]*)\): "
+"""The start of an Error(GROUP) message (a regular expression): the group and the culprit."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSetup:
+    """Client -> server: this server is rank ``rank`` of group ``group_id``; answered by
+    GroupReady. Its ring neighbours may then link to it presenting ``capability``."""
+
+    TAG: ClassVar[int] = 60
+    request_id: int
+    """Client-chosen id the reply repeats."""
+    group_id: int
+    """Client-chosen, random, non-zero; the ``group`` attribute of the group's ops."""
+    rank: int
+    """This server's rank; ``peers[rank]`` must be its own peer id."""
+    peers: tuple[str, ...]
+    """Peer id of every rank, in rank order (1..MAX_GROUP, no repeats)."""
+    capability: bytes
+    """32 random bytes, the same for every rank: a link presenting them is of this group."""
+    timeout_ms: int
+    """How long a rank waits at a collective for the others (late ranks fail the group)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupReady:
+    """Server -> client: answer to GroupSetup."""
+
+    TAG: ClassVar[int] = 61
+    request_id: int
+    """The GroupSetup's id."""
+    device: str
+    """The server's device (``cpu``, ``cuda:0``, ...): the client picks the engine from them."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStart:
+    """Client -> server, once every rank answered GroupSetup: link to the ring neighbours;
+    answered by Ack once both links are up, or Error(GROUP) naming the rank that failed."""
+
+    TAG: ClassVar[int] = 62
+    request_id: int
+    """Client-chosen id the reply repeats."""
+    group_id: int
+    """The group."""
+    engine: str
+    """``ring`` (the ring over the servers' links) or ``nccl`` (every rank on a GPU)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupClose:
+    """Client -> server: leave the group (its links close; ranks waiting fail). No reply."""
+
+    TAG: ClassVar[int] = 63
+    group_id: int
+    """The group."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLink:
+    """Server -> server, first frame of the first stream of a link connection: rank ``rank``
+    links to its ring successor. The successor answers with a GroupLink of its own rank and
+    an empty capability, or with Error(CAPABILITY) and closes the connection."""
+
+    TAG: ClassVar[int] = 64
+    group_id: int
+    """The group."""
+    rank: int
+    """The sender's rank."""
+    capability: bytes
+    """GroupSetup.capability (empty in the answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupBeat:
+    """Server -> server on a link's first stream, both ways, every LINK_BEAT seconds: the
+    sender is alive (LINK_TIMEOUT of silence fails the group, naming the silent rank)."""
+
+    TAG: ClassVar[int] = 65
+    group_id: int
+    """The group."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAbort:
+    """Server -> server on a link's first stream: the group failed because of rank ``rank``;
+    the receiver fails it the same way and forwards this on its other link."""
+
+    TAG: ClassVar[int] = 66
+    group_id: int
+    """The group."""
+    rank: int
+    """The culprit."""
+    reason: str
+    """Why (for people)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RingHeader:
+    """First frame of one all-reduce on a link's data stream (the second stream the dialling
+    rank opens; data flows from it to its successor); the pieces follow as raw-bytes frames
+    in the order of the ring schedule (``engine/collective/ring.py``)."""
+
+    TAG: ClassVar[int] = 67
+    seq: int
+    """The collective's number in the group (0, 1, ...): every rank's k-th call meet."""
+    dtype: str
+    """Wire dtype of the tensor."""
+    count: int
+    """Elements of the (flattened) tensor."""
+    op: str
+    """``sum`` or ``mean``."""
+
+
+@dataclass(frozen=True, slots=True)
+class NcclId:
+    """Server -> server on a link's first stream (engine ``nccl``): rank 0's NCCL unique id,
+    passed along the ring so that every rank creates the same communicator."""
+
+    TAG: ClassVar[int] = 68
+    group_id: int
+    """The group."""
+    unique_id: bytes
+    """``cupy.cuda.nccl.get_unique_id()`` as bytes (128)."""
+
+
+GROUP_MESSAGES = (GroupSetup, GroupReady, GroupStart, GroupClose)
+"""The client's group messages (server-to-server ones: GroupLink, GroupBeat, GroupAbort,
+RingHeader, NcclId)."""
+
+
 # --- jobs (server/jobs; tags 40..49 are reserved for them) -----------------------------------
 JOB_PAGE = 100
 """Most jobs one JobList reply holds (a job row with its spec is at most ~MAX_SPEC bytes of
@@ -561,6 +700,15 @@ Message = (
     | ArtifactChunk
     | ServerStatus
     | StatusInfo
+    | GroupSetup
+    | GroupReady
+    | GroupStart
+    | GroupClose
+    | GroupLink
+    | GroupBeat
+    | GroupAbort
+    | RingHeader
+    | NcclId
 )
 MESSAGES: dict[int, type] = {
     c.TAG: c
@@ -586,6 +734,12 @@ MESSAGES: dict[int, type] = {
         *JOB_MESSAGES,
         ServerStatus,
         StatusInfo,
+        *GROUP_MESSAGES,
+        GroupLink,
+        GroupBeat,
+        GroupAbort,
+        RingHeader,
+        NcclId,
     )
 }
 
@@ -608,6 +762,9 @@ CLIENT_REQUESTS: tuple[type, ...] = (
     ArtifactPut,
     ArtifactGet,
     ServerStatus,
+    GroupSetup,
+    GroupStart,
+    GroupClose,
 )
 """What a client may send on its control stream after Hello: the server's handler table has
 exactly one entry for each (``server/_handlers.py``; a test checks)."""
@@ -680,8 +837,15 @@ def _names(v: Any, name: str) -> dict[str, str]:
     return {_str(k, f"{name} key"): _str(x, f"{name}[{k!r}]") for k, x in v.items()}
 
 
+def _peers(v: Any, name: str) -> tuple[str, ...]:
+    if type(v) is not list or not 1 <= len(v) <= MAX_GROUP:
+        raise DecodeError(f"{name}: expected an array of 1..{MAX_GROUP} peer ids, got {_show(v)}")
+    return tuple(_str(x, f"{name}[{i}]") for i, x in enumerate(v))
+
+
 _CHECKS = {
     "int": _u64,
+    "tuple[str, ...]": _peers,
     "str": _str,
     "bytes": _bin,
     "tuple[int, ...]": _ids,

@@ -34,6 +34,7 @@ from ..protocol.transport import (
     Identity,
     TransportError,
 )
+from ._groups import is_group_link
 from ._peers import dial_peer
 from ._replies import Failure, Place, SendBulk, StartFetch
 from ._resume import Parking, run_session
@@ -96,6 +97,9 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
             from ._relay_glue import start_relay_agent
 
             await start_relay_agent(nursery, opts, ep)
+        from ._groups import GroupService
+
+        opts.state.collectives = GroupService(opts.state, ep, nursery)
         parking = Parking(opts.resume_grace)
         opts.state.resume_grace = opts.resume_grace
         nursery.start_soon(parking.sweep_loop)
@@ -127,6 +131,13 @@ async def _connection(
         if first is None:
             return
         control.stop_oversized = False  # an oversized control frame is answered (LIMIT)
+        if is_group_link(first) and state.collectives is not None:
+            await state.collectives.serve_link(conn, control, first)
+            return
+        policy = state.authorized
+        if policy is not None and policy.is_guest_only(conn.peer_id):
+            await conn.close("this peer is admitted for device-group links only")
+            return
         if _is_fetch(first):
             await _serve_fetch(state, conn, control, first)
             return

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.collective import GroupFailure, scope
 from ..engine.executor import ExecutionError
 from ..protocol import dtypes
 from ..protocol import messages as m
@@ -113,10 +114,13 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
     ]
     s.drop(tuple(msg.input_ids[k] for k in donated))
     try:
-        outs = s.state.run(
-            plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
-        )
+        with scope(s.groups, s.state.backend):
+            outs = s.state.run(
+                plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
+            )
     except ExecutionError as exc:
+        if isinstance(exc.__cause__, GroupFailure):  # names the group and the culprit rank
+            raise Failure(m.GROUP, str(exc.__cause__), exc.node) from None
         raise Failure(m.EXECUTION, str(exc), exc.node) from None
     except (TypeError, ValueError, OverflowError) as exc:
         raise Failure(m.MALFORMED, f"bad bindings: {exc}") from None
@@ -208,6 +212,46 @@ def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
     return None
 
 
+def group_setup(s: Any, msg: m.GroupSetup, now: float) -> Reply:
+    """Become rank ``msg.rank`` of a group (the links come with GroupStart)."""
+    svc = _groups_of(s)
+    try:
+        svc.setup(s, msg)
+    except ValueError as exc:
+        raise Failure(m.GROUP, f"GroupSetup refused: {exc}") from None
+    return [m.GroupReady(msg.request_id, s.state.device)]
+
+
+def group_start(s: Any, msg: m.GroupStart, now: float) -> Reply:
+    """Link to the ring neighbours; waits (on a job worker) until both links are up."""
+    import trio
+
+    svc = _groups_of(s)
+    handle = s.groups.get(msg.group_id)
+    if handle is None:
+        raise Failure(m.GROUP, f"group {msg.group_id:016x} is not set up in this session")
+    try:
+        trio.from_thread.run(svc.start, handle.member, msg.engine, trio_token=svc.token)
+    except GroupFailure as exc:
+        raise Failure(m.GROUP, str(exc)) from None
+    except ValueError as exc:
+        raise Failure(m.MALFORMED, f"GroupStart: {exc}") from None
+    return [m.Ack(msg.request_id)]
+
+
+def group_close(s: Any, msg: m.GroupClose, now: float) -> Reply:
+    if s.state.collectives is not None:
+        s.state.collectives.close(s, msg.group_id)
+    return None
+
+
+def _groups_of(s: Any) -> Any:
+    svc = s.state.collectives
+    if svc is None:
+        raise Failure(m.GROUP, "this server runs no device groups (it serves no network loop)")
+    return svc
+
+
 def _inline_upload(s: Any, msg: m.Upload) -> float | None:
     """A small inline upload is a copy of at most BULK_THRESHOLD bytes."""
     return 0.0 if not msg.bulk_id else None
@@ -216,7 +260,7 @@ def _inline_upload(s: Any, msg: m.Upload) -> float | None:
 def _inline_execute(s: Any, msg: m.ExecuteGraph) -> float | None:
     """The plan's last run time (plans are shared, so any session's run counts)."""
     plan = s.state.plan(msg.digest.hex())
-    return None if plan is None else plan.seconds
+    return None if plan is None or plan.collective else plan.seconds
 
 
 def _inline_read(s: Any, msg: m.Read) -> float | None:
@@ -251,6 +295,9 @@ HANDLERS: dict[type, Handler] = {
     m.Expose: Handler(expose, Place.LOOP),
     m.Fetch: Handler(fetch, Place.ENGINE),
     m.ServerStatus: Handler(status, Place.JOBS),  # reads the job store
+    m.GroupSetup: Handler(group_setup, Place.LOOP),
+    m.GroupStart: Handler(group_start, Place.JOBS),  # waits for the ring links
+    m.GroupClose: Handler(group_close, Place.LOOP),
     **JOB_HANDLERS,
 }
 """Every client request after Hello (Hello itself opens the session: ``Session._hello``)."""

@@ -48,6 +48,7 @@ ERROR_NAMES = {
     for name in (
         "MALFORMED", "VERSION", "UNKNOWN_GRAPH", "BAD_GRAPH", "EXECUTION", "MISSING_TENSOR",
         "LIMIT", "STALLED", "CAPABILITY", "INTERNAL", "JOB", "SESSION_EXPIRED", "FORBIDDEN",
+        "GROUP",
     )
 }  # fmt: skip
 """Error code -> the kind metrics and logs name it by."""
@@ -95,6 +96,9 @@ class Session:
         self.bulk_out: dict[int, BulkSend] = {}
         """Transfers to the client not yet wholly acknowledged."""
         self.fetched: dict[int, Any] = {}
+        self.groups: dict[int, Any] = {}
+        """Group id -> this session's member (``_groups.MemberHandle``): the scope of its
+        graphs' collectives."""
         self.waiting: tuple[str, int] | None = None
         """("bulk", bulk_id) or ("fetch", tensor_id) while ``step`` cannot go on."""
         self.opened: float | None = None
@@ -391,6 +395,8 @@ class Session:
         self.bulk_partial.clear()
         self.bulk_out.clear()
         self.fetched.clear()
+        if self.groups and self.state.collectives is not None:
+            self.state.collectives.close_session(self)
         with self._bulk_lock:
             self.state.hold(-self.bulk_reserved)
             self.bulk_reserved = 0

@@ -11,5 +11,5 @@ class GroupFailure(RuntimeError):
 
     def __init__(self, group: int, rank: int, peer: str, reason: str) -> None:
         self.group, self.rank, self.peer, self.reason = group, rank, peer, reason
-        who = f"rank {rank} ({peer})" if rank >= 0 else "this device"
-        super().__init__(f"group {group:016x}: {who}: {reason}")
+        # the form of protocol/messages.py GROUP_MESSAGE (rank -1, no peer: this device)
+        super().__init__(f"group {group:016x}: rank {rank} ({peer}): {reason}")

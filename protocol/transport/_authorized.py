@@ -84,6 +84,8 @@ class AuthorizedPeers:
         self._path: Path | None = None
         self._stamp: tuple[float, int] | None = None
         self._peers: dict[PeerId, str] = {}
+        self._guests: dict[PeerId, int] = {}
+        """Peers admitted for device-group links only (``admit_guest``), with a count."""
         if isinstance(peers, str | os.PathLike):
             self._path = Path(peers)
             if self._path.exists():
@@ -120,9 +122,30 @@ class AuthorizedPeers:
             return None
         if self._path is not None:
             self._reload()
-        if peer in self._peers:
+        if peer in self._peers or peer in self._guests:
             return None
         return f"peer {peer} is not in this server's authorized peers"
+
+    def admit_guest(self, peer: PeerId) -> None:
+        """Admit ``peer`` at the TLS layer although it is not authorised: a client that is
+        made it a ring neighbour of a device group. The server lets such a connection do a
+        group link and nothing else (``is_guest_only``). Counted: one per group."""
+        self._guests[peer] = self._guests.get(peer, 0) + 1
+
+    def release_guest(self, peer: PeerId) -> None:
+        n = self._guests.get(peer, 0) - 1
+        if n > 0:
+            self._guests[peer] = n
+        else:
+            self._guests.pop(peer, None)
+
+    def is_guest_only(self, peer: PeerId | None) -> bool:
+        """Admitted only as a group neighbour (not authorised, not open mode)."""
+        if peer is None or self.allow_any or peer not in self._guests:
+            return False
+        if self._path is not None:
+            self._reload()
+        return peer not in self._peers
 
     def role(self, peer: PeerId | str) -> str:
         """The peer's role: ``admin`` only where the file says so, else ``user``."""

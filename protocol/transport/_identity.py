@@ -118,7 +118,10 @@ class Identity:
         if p.exists():
             return cls.load(p)
         ident = cls.generate()
-        ident.save(p)
+        try:
+            ident.save(p)
+        except FileExistsError:  # another thread or process created it first: use theirs
+            return cls.load(p)
         return ident
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -130,9 +133,17 @@ class Identity:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
+        # Written whole under a private name, then linked in place: a concurrent first use
+        # (two devices connecting at once) never reads a half-written key. link() fails
+        # if the key exists, so a key is never overwritten.
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+            os.link(tmp, p)
+        finally:
+            tmp.unlink()
 
     def certificate(self) -> x509.Certificate:
         """A self-signed certificate of this key; the peer checks the key, not the name."""

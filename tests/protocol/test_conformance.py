@@ -496,3 +496,75 @@ def test_a_session_resumes_with_a_full_welcome_and_an_unknown_token_expires(
     stranger.send(raw=_wrap(0, 0, frame(msg("Hello", VERSION, os.urandom(16), {}))))
     (err,) = _unwrap(next(stranger.frames()))[2]
     assert err["code"] == ERR["SESSION_EXPIRED"]
+
+
+# --- device groups (section 11) ------------------------------------------------------------------
+GROUP_PREFIX = r"group (?P<group>[0-9a-f]{16}): rank (?P<rank>-?\d+) \((?P<peer>[^)]*)\): "
+"""The start of an Error(GROUP) message, as section 6 writes it."""
+
+
+def test_a_one_rank_group_all_reduces_inside_a_graph(raw: Raw, server: Daemon) -> None:
+    import re
+
+    gid = 0x1234
+    raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id], os.urandom(32), 5000))
+    (ready,) = raw.replies("GroupReady")
+    assert (ready["request_id"], ready["device"]) == (1, "cpu")
+    raw.send(msg("GroupStart", 2, gid, "ring"))
+    (ack,) = raw.replies("Ack")
+    assert ack["request_id"] == 2
+    nodes = [["all_reduce", [0], [["group", gid], ["op", "mean"]], [[[3], F32]]]]
+    data, digest = graph([[[3], F32]], nodes, [1])
+    x = np.array([1.0, -2.0, 3.5], np.float32)
+    raw.send(
+        upload(1, x),
+        msg("RegisterGraph", 3, digest, data),
+        msg("ExecuteGraph", 4, digest, [1], [], [2], []),
+        msg("Read", 5, 2),
+    )
+    (data_reply,) = raw.replies("Data")
+    assert np.frombuffer(data_reply["data"], np.float32).tolist() == x.tolist()
+    raw.send(msg("GroupClose", gid), msg("ExecuteGraph", 6, digest, [1], [], [3], []))
+    raw.send(msg("Sync", 7))
+    (err,) = errors(raw.replies("Ack"))
+    assert (err["code"], err["node"], err["request_id"]) == (ERR["GROUP"], 0, 6)
+    found = re.match(GROUP_PREFIX, err["message"])
+    assert found and found["group"] == f"{gid:016x}" and found["rank"] == "-1", err
+
+
+def test_group_setup_refusals_are_group(raw: Raw, server: Daemon) -> None:
+    other = str(Identity.generate().peer_id)
+    raw.send(
+        msg("GroupSetup", 1, 5, 0, [other, server.peer_id], os.urandom(32), 1000),  # not it
+        msg("GroupSetup", 2, 6, 0, [server.peer_id, server.peer_id], os.urandom(32), 1000),
+        msg("GroupSetup", 3, 7, 0, [server.peer_id], os.urandom(31), 1000),  # short capability
+        msg("GroupStart", 4, 99, "ring"),  # never set up
+        msg("Sync", 5),
+    )
+    errs = errors(raw.replies("Ack"))
+    assert [(e["code"], e["request_id"]) for e in errs] == [(ERR["GROUP"], r) for r in (1, 2, 3, 4)]
+    assert "not this server" in errs[0]["message"] and "twice" in errs[1]["message"]
+
+
+def test_a_group_link_needs_the_capability_and_the_right_rank(
+    raw: Raw, server: Daemon, tmp_path: Path
+) -> None:
+    neighbour_key = tmp_path / "neighbour"
+    neighbour = str(Identity.load_or_create(neighbour_key).peer_id)
+    gid, cap = 0x77, os.urandom(32)
+    raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
+    raw.replies("GroupReady")
+    wrong = Raw(server, neighbour_key)
+    wrong.send(msg("GroupLink", gid, 1, os.urandom(32)))
+    (err,) = wrong.replies("Error")
+    assert err["code"] == ERR["CAPABILITY"] and "capability" in err["message"]
+    right = Raw(server, neighbour_key)
+    right.send(msg("GroupLink", gid, 1, cap))
+    (answer,) = right.replies("GroupLink")
+    assert (answer["group_id"], answer["rank"], answer["capability"]) == (gid, 0, b"")
+    right.send(msg("GroupBeat", gid))
+    # the server must dial its successor (rank 1) itself: it knows no address for it
+    raw.send(msg("GroupStart", 2, gid, "ring"))
+    (err,) = errors(raw.replies("Error", timeout=60))
+    assert err["code"] == ERR["GROUP"] and f"rank 1 ({neighbour})" in err["message"]
+    right.close()

@@ -82,6 +82,9 @@ def test_loop_handlers_never_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             m.encode(m.Upload(900, "float32", (2,), b"\0" * 8, 0)),
             m.encode([m.Sync(901), m.MemoryStats(902, 0, 0, 0, 0, 0, 0, 0), m.Resync()]),
             m.encode([m.Expose(903, tid, "a" * 52), m.Read(904, 900), m.Drop((900,))]),
+            # group set-up runs on the loop too (this in-process state serves no groups:
+            # refused at once, which is what is checked here, without a wait)
+            m.encode([m.GroupSetup(905, 9, 0, ("a" * 52,), b"\0" * 32, 1000), m.GroupClose(9)]),
         ]
         for frame in frames:
             session.feed_control(frame)
@@ -94,7 +97,8 @@ def test_loop_handlers_never_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert not session.queue, "a message the loop should run was left for a worker"
         assert waits.calls == []
         replies = [msg for out in outs for msg in m.decode(out)]
-        assert not [r for r in replies if isinstance(r, m.Error)], replies
+        refused = [r for r in replies if isinstance(r, m.Error)]
+        assert [(r.code, r.request_id) for r in refused] == [(m.GROUP, 905)], replies
 
         # The instrument sees a wait: a job poll waits for events, and the loop refuses it.
         job = state.jobs.store.add_job({"kind": "train"}, "no-such-device", 1, session.peer_id)

@@ -1,0 +1,153 @@
+"""The ring all-reduce between real servers on loopback: values against NumPy (2 and 3
+servers, odd sizes, dtypes, a compiled step that replays), servers that do not authorise
+each other linked by the group capability only, and faults: a killed server fails the step
+on every survivor with a GroupError naming it (by the links' heartbeats, long before the
+rendezvous timeout), the survivors' servers stay up, and a group rebuilt from them works."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import burn_remote as br
+import numpy as np
+import pytest
+from burn_remote import RemoteDevice
+from burn_remote import collective as C
+
+pytestmark = pytest.mark.slow
+
+WATCHDOG = 60.0
+"""A hang is reported as such (the test fails) instead of blocking the suite."""
+
+
+def _bounded(fn):
+    """Run ``fn`` on a thread; fail the test if it has not returned after WATCHDOG."""
+    box: list = []
+
+    def run():
+        try:
+            box.append(("ok", fn()))
+        except BaseException as exc:
+            box.append(("err", exc))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(WATCHDOG)
+    assert box, f"hung for {WATCHDOG} s"
+    kind, value = box[0]
+    if kind == "err":
+        raise value
+    return value
+
+
+def _devices(daemons):
+    return [RemoteDevice(d.target) for d in daemons]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ring_matches_numpy(servers, n):
+    devs = _devices(servers(n, "--allow-any"))
+    rng = np.random.default_rng(n)
+    with C.Group(devs) as g:
+        for count, dtype in [(1, "float32"), (7, "float64"), (1001, "float32"),
+                             (3 * 2**20 + 5, "float32"), (999, "int64"), (64, "float16")]:  # fmt: skip
+            xs = [(rng.standard_normal(count) * 4).astype(dtype) for _ in devs]
+            outs = [C.all_reduce(d.tensor(x), g, "sum") for d, x in zip(devs, xs)]
+            got = _bounded(lambda outs=outs: [o.numpy() for o in outs])
+            want = np.sum([x.astype(np.float64) for x in xs], axis=0)
+            tol = 1e-2 if dtype == "float16" else 1e-5
+            np.testing.assert_allclose(got[0].astype(np.float64), want, rtol=tol, atol=tol)
+            assert all(o.tobytes() == got[0].tobytes() for o in got), "ranks differ"
+        means = [C.all_reduce(d.tensor(np.full((2, 3), float(k))), g, "mean")
+                 for k, d in enumerate(devs)]  # fmt: skip
+        np.testing.assert_allclose(means[-1].numpy(), np.full((2, 3), (n - 1) / 2))
+
+
+def test_compiled_step_replays_over_the_ring(servers):
+    devs = _devices(servers(2, "--allow-any"))
+    g = C.Group(devs)
+    ws = [d.tensor(np.ones(5, np.float32), requires_grad=True) for d in devs]
+
+    @br.compile
+    def grad_mean(w, x):
+        (w * x).sum().backward()
+        return C.all_reduce(w.grad, g, "mean")
+
+    for it in range(5):
+        outs = []
+        for k, (d, w) in enumerate(zip(devs, ws)):
+            w.grad = None
+            outs.append(grad_mean(w, d.tensor(np.full(5, float(2 * k + it), np.float32))))
+        got = _bounded(lambda outs=outs: [o.numpy() for o in outs])
+        for o in got:
+            np.testing.assert_array_equal(o, np.full(5, 1.0 + it, np.float32))
+    assert devs[0].stats()["graphs_registered"] <= 2  # registered once, then replayed
+    g.close()
+
+
+def test_servers_link_on_the_capability_without_authorising_each_other(
+    servers, client_home, tmp_path
+):
+    from burn_remote.protocol.transport import Identity
+
+    me = Identity.load_or_create(client_home / "key").peer_id
+    allowed = tmp_path / "authorized_peers"
+    allowed.write_text(f"{me} client\n")
+    daemons = servers(3, "--authorized-peers", str(allowed))
+    devs = _devices(daemons)
+    with C.Group(devs) as g:
+        outs = [C.all_reduce(d.tensor(np.full(10, float(k))), g, "sum") for k, d in enumerate(devs)]
+        np.testing.assert_array_equal(_bounded(outs[1].numpy), np.full(10, 3.0))
+
+
+def test_a_killed_server_fails_every_survivor_naming_it(servers, tmp_path):
+    daemons = servers(3, "--allow-any")
+    devs = _devices(daemons)
+    g = C.Group(devs, timeout=600)  # only the heartbeats can end the wait soon
+    outs = [C.all_reduce(d.tensor(np.ones(100, np.float32)), g) for d in devs]
+    _bounded(lambda: [o.numpy() for o in outs])
+    victim = daemons[1]
+    victim.proc.kill()
+    victim.proc.wait()
+    start = time.monotonic()
+    survivors = [devs[0], devs[2]]
+    outs = [C.all_reduce(d.tensor(np.ones(100, np.float32)), g) for d in survivors]
+    for d in survivors:
+        d.flush()
+    for o in outs:
+        with pytest.raises(C.GroupError) as info:
+            _bounded(o.numpy)
+        assert info.value.rank == 1 and info.value.peer == victim.peer_id, info.value
+        assert f"rank 1 ({victim.peer_id})" in str(info.value)
+    print(f"GroupError on both survivors after {time.monotonic() - start:.2f} s")
+    # the survivors' servers are up, their sessions go on, and a new group works
+    g.close()
+    with C.Group(survivors) as g2:
+        again = [C.all_reduce(d.tensor(np.full(4, 2.0)), g2, "sum") for d in survivors]
+        np.testing.assert_array_equal(_bounded(again[0].numpy), np.full(4, 4.0))
+    assert float((devs[2].tensor(np.ones(3)) * 2).sum().item()) == 6.0
+    other = RemoteDevice(daemons[0].target, key=str(tmp_path / "another-client-key"))
+    assert float((other.tensor(np.ones(3)) * 3).sum().item()) == 9.0
+
+
+def test_mismatched_calls_fail_every_rank(servers):
+    devs = _devices(servers(2, "--allow-any"))
+    g = C.Group(devs, timeout=600)
+    outs = [C.all_reduce(d.tensor(np.ones(3 + k, np.float32)), g) for k, d in enumerate(devs)]
+    for o in outs:
+        with pytest.raises(C.GroupError, match="all_reduce #0"):
+            _bounded(o.numpy)
+    g.close()
+
+
+def test_a_server_refuses_a_group_that_names_another_server_as_it(servers):
+    from burn_remote.protocol import messages as m
+
+    a, b = servers(2, "--allow-any")
+    dev = RemoteDevice(a.target)
+    with pytest.raises(C.GroupError, match="not this server"):
+        dev._rt._call(m.GroupSetup, 7, 0, (b.peer_id, a.peer_id), bytes(32), 1000)
+    with pytest.raises(C.GroupError, match="listed twice"):
+        dev._rt._call(m.GroupSetup, 8, 0, (a.peer_id, a.peer_id), bytes(32), 1000)
+    assert float(dev.tensor(np.ones(2)).sum().item()) == 2.0  # the session goes on
