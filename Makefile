@@ -59,7 +59,7 @@ gpu-check: $(STAMP)
 		-o addopts="" --timeout 120 -k "cuda or gpu" -m "not netns" \
 		tests/test_cuda_gpu.py tests/test_memory_cupy.py tests/test_gpu_backends.py \
 		tests/test_ops_forward.py tests/test_ops_forward_nn.py tests/test_ops_forward_shape.py \
-		tests/test_ops_grad.py tests/test_dtypes.py tests/test_indexing.py
+		tests/test_ops_grad.py tests/test_dtypes.py tests/test_indexing.py tests/collective/test_nccl.py
 	timeout 170 $(BIN)/python bench/gpu.py --steps 20 --budget 150
 
 clean:

@@ -85,6 +85,9 @@ class GroupMember:
         self._nursery: trio.Nursery | None = None
         self._progress = trio.lowlevel.ParkingLot()
         self._received = 0
+        self._moved = {"succ": 0.0, "pred": 0.0}
+        """When a piece last left (to the successor) or arrived (from the predecessor): a
+        link busy with ring data is alive even if its heartbeats queue behind the data."""
 
     def name(self, rank: int) -> str:
         return self.peers[rank] if 0 <= rank < self.size else ""
@@ -181,7 +184,7 @@ class GroupMember:
             return
         self.succ_ctl = ctl
         self._progress.unpark_all()
-        await self._tend(ctl, self.succ)
+        await self._tend(ctl, self.succ, "succ")
 
     async def attach_predecessor(self, conn: Connection, ctl: FrameStream) -> None:
         """The predecessor's link arrived (its connection's handler calls this and stays
@@ -191,10 +194,10 @@ class GroupMember:
         self._progress.unpark_all()
         if self._nursery is None:  # never: run() starts at GroupSetup, before any link
             return
-        self._nursery.start_soon(self._tend, ctl, self.pred)
+        self._nursery.start_soon(self._tend, ctl, self.pred, "pred")
         await self.ended.wait()
 
-    async def _tend(self, ctl: FrameStream, rank: int) -> None:
+    async def _tend(self, ctl: FrameStream, rank: int, side: str) -> None:
         """Heartbeats out, heartbeats and aborts in, and the watchdog, for one link."""
         seen = [trio.current_time()]
 
@@ -207,7 +210,8 @@ class GroupMember:
         async def watch() -> None:
             while True:
                 await trio.sleep(LINK_BEAT)
-                if trio.current_time() - seen[0] > LINK_TIMEOUT:
+                now = trio.current_time()
+                if now - max(seen[0], self._moved[side]) > LINK_TIMEOUT:
                     self.fail(rank, f"silent for {LINK_TIMEOUT:g} s: dead or cut off")
                     return
 
@@ -280,6 +284,7 @@ class GroupMember:
                 while self._received < need:
                     await self._progress.park()
             await out.send_frame(raw[a * item : b * item].data)
+            self._moved["succ"] = trio.current_time()
 
     async def _receive_all(self, acc: np.ndarray, seq: int, op: str) -> None:
         if self.data_in is None:
@@ -312,6 +317,7 @@ class GroupMember:
                 self.fail(self.pred, f"sent a malformed piece of all_reduce #{seq}")
                 return
             ring.apply(acc, a, b, np.frombuffer(frame, acc.dtype), reduce)
+            self._moved["pred"] = trio.current_time()
             self._received += 1
             self._progress.unpark_all()
 
