@@ -210,6 +210,13 @@ class DataParallel:
                 weight = n / shards.total if self.loss_reduction == "mean" else 1.0
                 run = step._for(rep)
                 results.append(run(_upload(a, rep.device), _upload(kw, rep.device), weight))
+        except ConnectionError as exc:  # a replica's server is gone: the step cannot happen
+            rank = len(results)
+            for rep in self.replicas:
+                rep.device._rec.pending = []
+            self.last_failure = Outcome({rank: exc}, {rank})
+            self._broken = True
+            raise _failure(self, self.last_failure) from exc
         except BaseException:
             self._abort(submitted=len(results))
             raise
@@ -241,6 +248,13 @@ class DataParallel:
         if not outcome.ok:
             self.last_failure = outcome
             self._broken = True
+            if outcome.dead and set(outcome.errors) <= outcome.dead and self._snapshots:
+                # the dead ranks' own connections failed, every survivor ran all it was
+                # given: their state now is good, the snapshot moves up to it
+                for r in set(range(len(self.replicas))) - outcome.dead:
+                    self._snapshots[r].release()
+                    self._snapshots[r] = _Snapshot(self.replicas[r])
+                self._snapshot_step = self.steps
             raise _failure(self, outcome)
         if snapshot:
             self._drop_snapshots()
@@ -345,6 +359,7 @@ class DataParallel:
             adopt(self._user, keep[0])
             keep[0] = self._user
         self._close_group()
+        wait_all([r.device for r in keep])  # the old group's failed steps: drained, not raised
         for rank, r in enumerate(keep):
             r.rank = rank
         self.replicas = keep
@@ -408,15 +423,27 @@ def _check_optimizer(model: Any, optimizer: Any) -> None:
 
 
 def _failure(dp: DataParallel, outcome: Outcome) -> BaseException:
-    """The error to raise: a survivor's GroupError (it names the culprit) when there is one,
-    with a note of what DataParallel saw and how to go on."""
+    """The error to raise, with a note of what DataParallel saw and how to go on: a
+    survivor's GroupError (it names the culprit) when there is one; a GroupError naming the
+    rank when only its own connection failed (nobody was in a collective with it yet)."""
     from . import collective
 
     errors = outcome.errors
     first = next((e for e in errors.values() if isinstance(e, collective.GroupError)), None)
+    dead = sorted(outcome.dead)
+    if first is None and dead:
+        rank = dead[0]
+        dev = dp.replicas[rank].device
+        peer = getattr(dev, "peer_id", f"local:{rank}")
+        gid = dp.group.id if dp.group is not None else 0
+        first = collective.GroupError(
+            f"group {gid:016x}: rank {rank} ({peer}): its connection was lost: {errors[rank]}",
+            gid,
+            rank,
+            peer,
+        )
     if first is None:
         first = errors[min(errors)]
-    dead = sorted(outcome.dead)
     if dead:
         alive = [f"rank {r.rank} ({r.device})" for r in dp.replicas if r.rank not in outcome.dead]
         first.add_note(

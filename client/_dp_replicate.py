@@ -14,7 +14,15 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from ._autograd import no_grad
+from ._ops import call
 from ._tensor import Tensor
+
+MOVE_BUCKET_BYTES = 256 * 1024 * 1024
+"""Largest flat tensor one replication transfer carries. Tensors are moved flattened and
+concatenated per dtype: one server-to-server move (one capability, one bulk stream) per
+bucket instead of one per tensor (a GPT has hundreds, and a session may hold only so many
+unredeemed capabilities at once)."""
 
 
 @dataclass
@@ -48,9 +56,27 @@ def state_tensors(model: Any, opt: Any) -> list[Tensor]:
     return out
 
 
-def _move(t: Tensor, device: Any) -> None:
-    if t.device is not device:
-        t._assign(t.to(device))
+def move_all(tensors: list[Tensor], device: Any, limit: int = MOVE_BUCKET_BYTES) -> None:
+    """Move every tensor to `device` in place (the same objects), in few transfers."""
+    from ._dp_grads import _buckets
+
+    away = [t for t in tensors if t.device is not device]
+    by_source: dict[int, list[Tensor]] = {}
+    for t in away:
+        by_source.setdefault(id(t.device), []).append(t)
+    with no_grad():
+        for group in by_source.values():
+            for bucket in _buckets(group, limit):
+                parts = [group[k] for k in bucket]
+                if len(parts) == 1:
+                    parts[0]._assign(parts[0].to(device))
+                    continue
+                flat = call("cat", *[p.reshape(-1) for p in parts], axis=0).to(device)
+                start = 0
+                for p in parts:
+                    n = int(p.size)
+                    p._assign(flat[start : start + n].reshape(p.shape))
+                    start += n
 
 
 def replicate(model: Any, opt: Any, device: Any, rank: int) -> Replica:
@@ -58,21 +84,21 @@ def replicate(model: Any, opt: Any, device: Any, rank: int) -> Replica:
     model_r, opt_r = copy.deepcopy((model, opt))
     for _, t in model_r.named_tensors():
         t.grad = None
-    model_r.to(device)  # parameters and every buffer, the same objects
+    tensors = [t for _, t in model_r._named(("_params", "_buffers"), persistent_only=False)]
     if opt_r is not None:
         mine, theirs = optimizer_params(opt), optimizer_params(opt_r)
         state = {}
         for p, p_r in zip(mine, theirs):
             slots = opt_r.state.get(id(p))
             if slots:
-                for t in slots.values():
-                    _move(t, device)
+                tensors += list(slots.values())
                 state[id(p_r)] = slots
         opt_r.state = state
         for g, g_r in zip(opt.groups, opt_r.groups):
             g_r.settings = g.settings  # shared: a scheduler on rank 0 steers every replica
             g_r.bindings = {}
         opt_r.defaults = opt.defaults
+    move_all(tensors, device)
     return Replica(rank, device, model_r, opt_r)
 
 
@@ -93,4 +119,12 @@ def adopt(dst: Replica, src: Replica) -> None:
     dst.device = src.device
 
 
-__all__ = ["Replica", "adopt", "optimizer_params", "replicate", "state_tensors"]
+__all__ = [
+    "MOVE_BUCKET_BYTES",
+    "Replica",
+    "adopt",
+    "move_all",
+    "optimizer_params",
+    "replicate",
+    "state_tensors",
+]
