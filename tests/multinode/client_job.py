@@ -51,6 +51,7 @@ def main() -> None:
         out["moved_from_relayed_sum"] = float(back.sum().item())
     except Exception as exc:  # reported to the test, which decides (see test_netns.py)
         out["moved_from_relayed_error"] = f"{type(exc).__name__}: {exc}"
+    ring_check(out, [one, two, *(RemoteDevice(p) for p in more)])
     two.close()
     if more:
         three = RemoteDevice(more[0])
@@ -65,6 +66,25 @@ def main() -> None:
         three.close()
     one.close()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def ring_check(out: dict, devices: list) -> None:
+    """The servers all-reduce among themselves over their own links (resolved through the
+    relay where they have no route to each other): every rank gets NumPy's sum."""
+    from burn_remote import collective as C
+
+    try:
+        with C.Group(devices) as group:
+            xs = [np.arange(100_003, dtype=np.float32) * (k + 1) for k in range(len(devices))]
+            outs = [C.all_reduce(d.tensor(x), group, "sum") for d, x in zip(devices, xs)]
+            got = [o.numpy() for o in outs]
+        want = np.sum(xs, axis=0)
+        out["ring_ranks"] = len(devices)
+        out["ring_equal"] = all(np.allclose(g, want, rtol=1e-6) for g in got) and all(
+            g.tobytes() == got[0].tobytes() for g in got
+        )
+    except Exception as exc:  # reported to the test, which decides (see test_netns.py)
+        out["ring_error"] = f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

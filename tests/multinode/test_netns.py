@@ -99,6 +99,14 @@ def test_move_from_a_server_only_the_relay_connects_to_the_destination(
     assert observed["moved_from_relay_only_sum"] == 3.0 * sum(range(1000))
 
 
+def test_servers_all_reduce_over_their_own_links(lab: Lab, observed: dict) -> None:
+    """A ring of every server (three in the namespace lab, where s1 and s3 have no route
+    to each other and link through the relay; two in the compose lab)."""
+    assert observed.get("ring_error") is None, observed.get("ring_error")
+    assert observed["ring_ranks"] == len(lab.servers)
+    assert observed["ring_equal"]
+
+
 def test_netns_really_isolates(lab: Lab) -> None:
     if not lab.names:
         pytest.skip("external lab")
