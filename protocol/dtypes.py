@@ -48,6 +48,10 @@ def to_numpy(name: str) -> np.dtype:
 
 def from_numpy(dtype: np.dtype | type) -> str:
     """The wire name of a NumPy dtype; float64 data stays float64, other kinds must be listed."""
+    if isinstance(dtype, np.dtype):  # the common case first: ``dt.name`` is slow in NumPy
+        name = _FROM_NUMPY.get(dtype)
+        if name is not None:
+            return name
     dt = np.dtype(dtype)
     if dt.name == "bfloat16" and "bfloat16" not in _NUMPY:
         to_numpy("bfloat16")  # an ml_dtypes array: ml_dtypes is loaded already, register it

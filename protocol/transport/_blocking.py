@@ -116,6 +116,7 @@ class BlockingConnection:
         self._handed_out = False
         """Set once ``connect`` returned it: only then is ``on_closed`` called."""
         self._armed: float | None = None  # the deadline the reader sleeps towards
+        self._timer: float | None = None  # QUIC's timer after the last round or send
         self._next_ping = time.monotonic() + (config.keepalive_interval or float("inf"))
         self._ping_uid = 0
         self._wake_r, self._wake_w = os.pipe()
@@ -306,7 +307,7 @@ class BlockingConnection:
             except OSError as exc:  # ICMP errors from a gone peer surface here
                 if exc.errno not in SEND_LOSS_ERRNOS:
                     raise
-        timer = quic.get_timer()
+        timer = self._timer = quic.get_timer()
         if timer is not None and (self._armed is None or timer < self._armed):
             self._armed = timer
             if threading.current_thread() is not self._thread:
@@ -418,7 +419,7 @@ class BlockingConnection:
                 continue
             quic.receive_datagram(data, self._remote, time.monotonic())
         now = time.monotonic()
-        timer = quic.get_timer()
+        timer = self._timer = quic.get_timer()  # a send below (_transmit) updates it
         fired = timer is not None and now >= timer
         if fired:
             quic.handle_timer(now)  # may queue a probe, which only a build sends
@@ -429,15 +430,15 @@ class BlockingConnection:
                 self._send_ping()
         frames, window_due = self._deliveries()
         if quic._close_pending or (
-            self._error is None and (fired or window_due or quic.send_due(now))
+            self._error is None and (fired or window_due or quic.send_due_at(now, self._timer))
         ):
             self._transmit()
         return frames
 
     def _deadline(self) -> float:
-        """When the reader must wake without a datagram: QUIC's timer or the next PING."""
-        timer = self._quic.get_timer()
-        self._armed = timer
+        """When the reader must wake without a datagram: QUIC's timer (as the last round or
+        send left it: aioquic's ``get_timer`` is not free) or the next PING."""
+        timer = self._armed = self._timer
         return self._next_ping if timer is None else min(timer, self._next_ping)
 
 

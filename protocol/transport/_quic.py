@@ -240,9 +240,12 @@ class PeerQuicConnection(QuicConnection):
         PATH_RESPONSE, new connection ids) arrive in ack-eliciting packets, so they leave
         with that ACK, at most ``ACK_DELAY`` later. Window updates are the driver's to check
         (``window_update_due``), as it consumes data."""
+        return self.send_due_at(now, self.get_timer())
+
+    def send_due_at(self, now: float, timer: float | None) -> bool:
+        """``send_due`` for a caller that just read ``get_timer()`` (it is not free)."""
         if not self._handshake_confirmed or self._close_pending or self._handshake_done_pending:
             return True
-        timer = self.get_timer()
         if timer is not None and timer <= now:
             return True
         return any(not s.sender.buffer_is_empty for s in self._streams.values())
