@@ -50,6 +50,9 @@ IDLE_TIMEOUT = float(os.environ.get("BURN_REMOTE_IDLE_TIMEOUT", "30"))
 """Seconds without a packet from the server after which the connection is given up (QUIC's
 idle timeout; the smaller of this and the server's ``--idle-timeout`` applies). Keep-alives
 every third of it keep a quiet but live connection open."""
+QUIC_ENGINE = os.environ.get("BURN_REMOTE_QUIC_ENGINE", "aioquic")
+"""The QUIC implementation of this process's remote devices: ``aioquic`` (the default) or
+``qh3`` (compiled, less CPU per packet; ``pip install 'burn-remote[qh3]'``)."""
 RETRY_PAUSE = 0.25
 """Seconds between dials while resuming."""
 WELCOME_WAIT = 30.0
@@ -227,15 +230,16 @@ class Link:
     def _dial(self, resuming: bool) -> None:
         """Connect (again, until RESUME_TIMEOUT, when resuming), then send what waited."""
         timeout = ATTEMPT_TIMEOUT if resuming else CONNECT_TIMEOUT
-        config = EndpointConfig(
-            max_frame_size=m.MAX_FRAME,
-            handshake_timeout=timeout,
-            idle_timeout=IDLE_TIMEOUT,
-            keepalive_interval=max(0.2, IDLE_TIMEOUT / 3),
-        )
         started = time.monotonic()
         window = self._resume_window()
         try:
+            config = EndpointConfig(
+                max_frame_size=m.MAX_FRAME,
+                handshake_timeout=timeout,
+                idle_timeout=IDLE_TIMEOUT,
+                keepalive_interval=max(0.2, IDLE_TIMEOUT / 3),
+                quic_engine=QUIC_ENGINE,
+            )
             identity = Identity.load_or_create(self.key_path or default_key_path())
             while True:
                 try:

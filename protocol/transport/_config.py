@@ -37,6 +37,9 @@ DEFAULT_DATAGRAM_SIZE = 1350
 JUMBO_THRESHOLD = 1500
 """Above this datagram size, the handshake runs at ``DEFAULT_DATAGRAM_SIZE`` first."""
 
+QUIC_ENGINES = ("aioquic", "qh3")
+"""QUIC implementations a client connection may run on (aioquic is the default)."""
+
 MIN_DATAGRAM_SIZE = 1200
 """QUIC's floor: every path must carry this much (RFC 9000 section 14)."""
 
@@ -89,6 +92,11 @@ class EndpointConfig:
     thousands of small packets on a fast path, and its per-packet bookkeeping then costs
     more than the extra window gains (1452-byte datagrams on loopback: ~25 -> ~50 MB/s)."""
 
+    quic_engine: str = "aioquic"
+    """The QUIC implementation of client connections made with ``BlockingConnection``:
+    ``"aioquic"``, or ``"qh3"`` (compiled, faster; the optional ``qh3`` extra). Servers and
+    trio endpoints always run aioquic (see ``_qh3`` for why)."""
+
     udp_offload: bool = False
     """Use Linux UDP GSO/GRO (many datagrams per syscall). Off by default: on loopback it
     measured slower (the kernel segments in software); try it on NICs with offload."""
@@ -104,6 +112,10 @@ class EndpointConfig:
             raise ValueError(f"max_frame_size must be in 1..{FRAME_SIZE_LIMIT}")
         if self.stream_window > self.connection_window:
             raise ValueError("stream_window may not exceed connection_window")
+        if self.quic_engine not in QUIC_ENGINES:
+            raise ValueError(
+                f"quic_engine {self.quic_engine!r}: expected one of {', '.join(QUIC_ENGINES)}"
+            )
         if self.send_buffer <= 0 or self.max_streams <= 0:
             raise ValueError("send_buffer and max_streams must be positive")
 

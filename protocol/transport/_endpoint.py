@@ -125,6 +125,12 @@ class Endpoint:
                 explicitly so that a missing list never means "everyone".
         """
         config = config or EndpointConfig()
+        if config.quic_engine != "aioquic":
+            raise ValueError(
+                f"quic_engine {config.quic_engine!r} runs client connections only "
+                "(BlockingConnection); a trio Endpoint runs aioquic (it checks client "
+                "certificates, which qh3's TLS server cannot ask for)"
+            )
         if isinstance(authorized_peers, AuthorizedPeers):
             authorized = authorized_peers
         else:

@@ -1,0 +1,214 @@
+"""The client connection on qh3 (an aioquic fork whose QUIC core is compiled): optional.
+
+Why: per datagram, aioquic's Python costs a client ~100-200 us of CPU on a small machine;
+qh3 does the same work in native code. Why client-only: a server must ask for and check the
+client's certificate (our mutual Ed25519 authentication), and qh3 2.x's TLS server never
+sends a CertificateRequest; so servers run aioquic, and a client may run either (the two
+interoperate on the wire).
+
+``Qh3ClientConnection`` offers what ``BlockingConnection`` uses of ``PeerQuicConnection``,
+translated to qh3's public API:
+
+* the server's key is checked once TLS has verified the server's CertificateVerify (which
+  proves it holds the key) and before ``connect`` returns, so not one application byte is
+  sent to an impostor; a mismatch closes the connection with a ``bad_certificate`` alert
+  code, which the caller reports as ``PeerRejected``;
+* flow-control windows, ACK timing and datagram sizes are qh3's own (its core grants
+  credit as data is delivered; the reader thread consumes everything at once anyway);
+* send back-pressure counts what qh3 has queued for a stream plus what is in flight.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+from aioquic.quic import events
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from qh3.quic import events as qh3_events
+from qh3.quic.configuration import QuicConfiguration
+from qh3.quic.connection import QuicConnection
+from qh3.tls import SignatureAlgorithm
+
+from ._config import ALPN, EndpointConfig
+from ._errors import TransportError
+from ._identity import Identity, PeerId, peer_id_of_certificate
+from ._quic import ACK_DELAY
+
+_BAD_CERTIFICATE = 0x100 + 42
+"""CONNECTION_CLOSE code for the TLS alert bad_certificate (RFC 9001 4.8)."""
+
+SIGNATURE_ALGORITHMS = [
+    SignatureAlgorithm.ED25519,
+    SignatureAlgorithm.ECDSA_SECP256R1_SHA256,
+    SignatureAlgorithm.RSA_PSS_RSAE_SHA256,
+]
+"""What the client accepts in the server's CertificateVerify: Ed25519 first (every peer
+signs with its Ed25519 identity; qh3 leaves it out unless asked)."""
+
+
+class Qh3ClientConnection:
+    """A qh3 client connection with the methods ``BlockingConnection`` calls."""
+
+    def __init__(self, identity: Identity, peer: PeerId, config: EndpointConfig, size: int):
+        cert = identity.certificate().public_bytes(serialization.Encoding.PEM)
+        key = identity.private_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        configuration = QuicConfiguration(
+            alpn_protocols=[ALPN],
+            is_client=True,
+            verify_mode=ssl.CERT_NONE,  # no CA: the key itself is checked, see the module
+            idle_timeout=config.idle_timeout,
+            max_data=config.connection_window,
+            max_stream_data=config.stream_window,
+            max_datagram_size=size,
+            signature_algorithms=list(SIGNATURE_ALGORITHMS),
+        )
+        configuration.load_cert_chain(cert, key)
+        self._quic = QuicConnection(configuration=configuration)
+        self._expected = peer
+        self._finished: set[int] = set()
+        self._failed: events.ConnectionTerminated | None = None
+        self._now = 0.0  # when the last datagram arrived
+        self._ack_since: float | None = None  # when qh3's ACK timer was first seen armed
+        self.app_consumed: dict[int, int] = {}  # kept by the driver; qh3 grants by itself
+        self.peer_id: PeerId | None = None
+
+    # -- what aioquic's connection offers, delegated ------------------------------------------
+
+    def connect(self, addr: tuple, now: float) -> None:
+        self._quic.connect(addr, now=now)
+
+    def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
+        self._now = now
+        self._quic.receive_datagram(data, addr, now)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+        return self._quic.datagrams_to_send(now)
+
+    def get_timer(self) -> float | None:
+        """qh3's timer, except that an ACK may wait ``ACK_DELAY`` from when it became
+        pending (qh3 sends one within about a millisecond: in request/reply traffic that is
+        a datagram of its own, which costs the server a receive in Python, instead of a ride
+        on the next request)."""
+        core = self._quic._core
+        timer = None if core is None else core.get_timer()
+        if timer is None:
+            self._ack_since = None
+            return None
+        kind, at = timer
+        if kind != "ack_application":
+            self._ack_since = None
+            return at
+        if self._ack_since is None:
+            self._ack_since = self._now
+        return max(at, self._ack_since + ACK_DELAY)
+
+    def handle_timer(self, now: float) -> None:
+        self._quic.handle_timer(now)
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        self._quic.send_stream_data(stream_id, data, end_stream)
+        if end_stream:
+            self._finished.add(stream_id)
+
+    def send_ping(self, uid: int) -> None:
+        self._quic.send_ping(uid)
+
+    def stop_stream(self, stream_id: int, error_code: int) -> None:
+        self._quic.stop_stream(stream_id, error_code)
+
+    def close(self, error_code: int = 0, reason_phrase: str = "") -> None:
+        self._quic.close(error_code=error_code, reason_phrase=reason_phrase)
+
+    def next_event(self) -> events.QuicEvent | None:
+        """qh3's next event as aioquic's event class (the driver speaks aioquic's)."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            return failed
+        e = self._quic.next_event()
+        kind = type(e)
+        if kind is qh3_events.StreamDataReceived:
+            return events.StreamDataReceived(e.data, e.end_stream, e.stream_id)
+        if kind is qh3_events.HandshakeCompleted:
+            self._check_peer()
+            return self.next_event()
+        if kind is qh3_events.StreamReset:
+            return events.StreamReset(e.error_code, e.stream_id)
+        if kind is qh3_events.StopSendingReceived:
+            return events.StopSendingReceived(e.error_code, e.stream_id)
+        if kind is qh3_events.ConnectionTerminated:
+            return events.ConnectionTerminated(e.error_code, e.frame_type, e.reason_phrase)
+        if e is None:
+            return None
+        return self.next_event()  # nothing the driver acts on
+
+    # -- what PeerQuicConnection adds ---------------------------------------------------------
+
+    @property
+    def handshake_confirmed(self) -> bool:
+        return self._quic._handshake_confirmed and self.peer_id is not None
+
+    @property
+    def _close_pending(self) -> bool:
+        return False  # qh3 sends its CONNECTION_CLOSE from the next build, which close() asks for
+
+    def open_bidi_stream(self) -> int:
+        return self._quic._open_stream()
+
+    def finish_stream(self, stream_id: int) -> None:
+        if stream_id not in self._finished:
+            self.send_stream_data(stream_id, b"", end_stream=True)
+
+    def sender_buffered(self, stream_id: int) -> int:
+        """Bytes of this stream qh3 has not sent yet, plus everything in flight (qh3 does not
+        say per stream what awaits an acknowledgement)."""
+        quic = self._quic
+        if quic._core is None:
+            return 0
+        return quic.get_send_buffer_size(stream_id) + quic._core.bytes_in_flight
+
+    def unacknowledged(self) -> bool:
+        quic = self._quic
+        return quic._core is not None and (
+            quic.get_send_buffer_size() > 0 or quic._core.bytes_in_flight > 0
+        )
+
+    def send_due_at(self, now: float, timer: float | None) -> bool:
+        """A due timer (an ACK whose delay expired, a retransmission) or data queued: an
+        ACK is not sent for every datagram received (each would cost the server a receive
+        in Python)."""
+        if not self._quic._handshake_confirmed or (timer is not None and timer <= now):
+            return True
+        return self._quic.get_send_buffer_size() > 0
+
+    def window_update_due(self, stream_id: int) -> bool:
+        return False  # qh3's core sends its window updates from the next build
+
+    def _check_peer(self) -> None:
+        """The server proved it holds the key in its certificate; is it the one dialled?"""
+        cert = self._quic.get_peercert()
+        reason = None
+        try:
+            if cert is None:
+                raise TransportError("server presented no certificate")
+            actual = peer_id_of_certificate(x509.load_der_x509_certificate(cert.public_bytes()))
+        except (TransportError, ValueError) as exc:
+            reason = str(exc)
+        else:
+            if actual == self._expected:
+                self.peer_id = actual
+                return
+            reason = f"server presented peer id {actual}, but {self._expected} was dialled"
+        self._quic.close(error_code=_BAD_CERTIFICATE, reason_phrase=reason)
+        self._failed = events.ConnectionTerminated(_BAD_CERTIFICATE, None, reason)
+
+
+def qh3_client_connection(
+    identity: Identity, peer: PeerId, config: EndpointConfig, host: str
+) -> Qh3ClientConnection:
+    """The qh3 connection a client dials ``peer`` at ``host`` with."""
+    return Qh3ClientConnection(identity, peer, config, config.datagram_size_for(host))
