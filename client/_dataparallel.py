@@ -244,14 +244,15 @@ class DataParallel:
             self._broken = True
 
     def _settle(self, snapshot: bool) -> None:
-        outcome = wait_all(self.devices)
+        outcome = wait_all(self.devices, self._probe if self.group is not None else None)
         if not outcome.ok:
             self.last_failure = outcome
             self._broken = True
-            if outcome.dead and set(outcome.errors) <= outcome.dead and self._snapshots:
-                # the dead ranks' own connections failed, every survivor ran all it was
-                # given: their state now is good, the snapshot moves up to it
-                for r in set(range(len(self.replicas))) - outcome.dead:
+            alive = set(range(len(self.replicas))) - outcome.dead
+            if outcome.dead and alive <= outcome.completed and self._snapshots:
+                # every survivor ran all it was given before the failure showed (a rank
+                # died between steps): their state now is good, the snapshot moves up to it
+                for r in alive:
                     self._snapshots[r].release()
                     self._snapshots[r] = _Snapshot(self.replicas[r])
                 self._snapshot_step = self.steps
@@ -260,6 +261,24 @@ class DataParallel:
             self._drop_snapshots()
             self._snapshots = [_Snapshot(r) for r in self.replicas]
             self._snapshot_step = self.steps
+
+    def _probe(self) -> None:
+        """One tiny all-reduce on every rank (see `_dp_sync`): it completes once a lagging
+        rank catches up, or fails on every survivor naming a rank that died while idle."""
+        from . import collective
+        from ._autograd import no_grad
+
+        lost: ConnectionError | None = None
+        with no_grad():
+            for rep in self.replicas:
+                try:
+                    collective.all_reduce(rep.device.zeros((1,)), self.group, "sum")
+                    rep.device.flush()
+                except ConnectionError as exc:  # its connection is gone already
+                    rep.device._rec.pending = []
+                    lost = lost or exc
+        if lost is not None:
+            raise lost
 
     def _drop_snapshots(self) -> None:
         for snap in self._snapshots or ():
@@ -315,7 +334,7 @@ class DataParallel:
         failure was seen yet)."""
         outcome = self.last_failure
         if outcome is None:
-            outcome = wait_all(self.devices)
+            outcome = wait_all(self.devices, self._probe if self.group is not None else None)
             if not outcome.ok:
                 self.last_failure, self._broken = outcome, True
         return [r.device for r in self.replicas if r.rank not in outcome.dead]

@@ -2,22 +2,27 @@
 
 A step on a group either succeeds on every replica or fails on every survivor with the
 collective's GroupError naming the culprit; the culprit itself may not answer at all (a
-killed server answers nothing until the connection gives up). So the replicas are waited for
-concurrently, and the wait ends as soon as every rank is either done or named dead by a
-survivor's GroupError: a dead server never makes the user wait for its connection timeout.
-A server that dies while the group is idle is noticed by its neighbours' link heartbeats, and
-their sessions report it at their next sync; so while some rank has not answered, the ranks
-that did are asked again every `RECHECK_SECONDS`.
+killed or frozen server answers nothing until the connection gives up, a minute later). So
+the replicas are waited for concurrently, and the wait ends as soon as every rank is either
+done or named dead by a survivor's GroupError.
+
+A rank can also die while the group is idle: the others finished the step, the culprit never
+answers, and no survivor is in a collective that would notice. After `PROBE_AFTER` seconds of
+that, the caller's `probe` issues one tiny all-reduce on every rank: a live straggler joins it
+when it catches up, a dead or cut-off one makes it fail on every survivor with a GroupError
+naming it (the servers' link heartbeats; a local group's rendezvous timeout).
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-RECHECK_SECONDS = 1.0
-"""How often a rank that answered is asked again while another rank has not answered."""
+PROBE_AFTER = 1.0
+"""Seconds a rank may lag behind all the others (which answered) before the group is probed."""
 
 
 @dataclass
@@ -30,6 +35,8 @@ class Outcome:
     dead: set[int] = field(default_factory=set)
     """Ranks named as the culprit by a GroupError, or whose own connection failed for good.
     Other errors (an op that failed the same way on every replica) kill no rank."""
+    completed: set[int] = field(default_factory=set)
+    """Ranks that ran everything they were given before any probe (their state is good)."""
 
     @property
     def ok(self) -> bool:
@@ -47,67 +54,92 @@ def _is_lost(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError)
 
 
-def wait_all(devices: list[Any]) -> Outcome:
+class _Waits:
+    """One thread per rank, each waiting for one `sync` of its device."""
+
+    def __init__(self, devices: list[Any]) -> None:
+        self.devices = devices
+        self.lock = threading.Condition()
+        self.errors: dict[int, BaseException] = {}
+        self.done: set[int] = set()
+        self.busy: set[int] = set()
+        """Ranks whose thread is still inside `sync` (their device is in use)."""
+        self.completed: set[int] = set()
+        self.probed = False
+
+    def start(self, ranks: list[int]) -> None:
+        for r in ranks:
+            self.done.discard(r)
+            self.busy.add(r)
+            threading.Thread(target=self._wait, args=(r,), name=f"dp-wait-{r}", daemon=True).start()
+
+    def _wait(self, rank: int) -> None:
+        try:
+            self.devices[rank].sync()
+            with self.lock:
+                if not self.probed:
+                    self.completed.add(rank)
+        except BaseException as exc:  # reported to the caller, which raises
+            with self.lock:
+                self.errors[rank] = exc
+        finally:
+            with self.lock:
+                self.done.add(rank)
+                self.busy.discard(rank)
+                self.lock.notify_all()
+
+    def named(self) -> set[int]:
+        return {int(e.rank) for e in self.errors.values() if _is_group_error(e)}
+
+    def settled(self) -> bool:
+        """Every rank answered or is named dead, and no thread but a dead rank's still uses
+        its device (the caller goes on recording on the others)."""
+        named = self.named()
+        every = all(r in self.done or r in named for r in range(len(self.devices)))
+        return every and self.busy <= named
+
+    def stragglers(self) -> list[int]:
+        """Ranks still waited for while every other rank answered without an error."""
+        late = [r for r in range(len(self.devices)) if r not in self.done]
+        if late and not self.errors and len(late) < len(self.devices):
+            return late
+        return []
+
+
+def wait_all(devices: list[Any], probe: Callable[[], None] | None = None) -> Outcome:
     """Wait for each device (concurrently) to run what it was given (`sync` flushes it)."""
     out = Outcome()
-    if len(devices) == 1:
-        try:
-            devices[0].sync()
-        except BaseException as exc:  # reported to the caller, which raises
-            out.errors[0] = exc
-            if _is_lost(exc):
-                out.dead.add(0)
-        return out
-    done: set[int] = set()
-    running: set[int] = set(range(len(devices)))
-    lock = threading.Condition()
-
-    def named() -> set[int]:
-        return {int(e.rank) for e in out.errors.values() if _is_group_error(e)}
-
-    def settled() -> bool:
-        dead = named()
-        return all(r in done or r in dead for r in range(len(devices)))
-
-    def finished() -> bool:
-        """Settled, and no thread but a dead rank's still uses its device (the caller goes
-        on recording on the others)."""
-        return settled() and running <= named()
-
-    def wait(rank: int, dev: Any) -> None:
-        try:
-            poll(rank, dev)
-        finally:
-            with lock:
-                running.discard(rank)
-                lock.notify_all()
-
-    def poll(rank: int, dev: Any) -> None:
-        while True:
-            try:
-                dev.sync()
-            except BaseException as exc:  # reported to the caller, which raises
-                with lock:
-                    out.errors[rank] = exc
-                    done.add(rank)
-                    lock.notify_all()
-                return
-            with lock:
-                done.add(rank)
-                lock.notify_all()
-                if settled() or lock.wait_for(settled, RECHECK_SECONDS):
-                    return
-
-    for r, d in enumerate(devices):
-        threading.Thread(target=wait, args=(r, d), name=f"dp-wait-{r}", daemon=True).start()
-    with lock:
-        lock.wait_for(finished)
-        for r, exc in out.errors.items():
-            if _is_group_error(exc):
-                out.dead.add(int(exc.rank))
-            elif _is_lost(exc):
-                out.dead.add(r)
+    waits = _Waits(devices)
+    waits.start(list(range(len(devices))))
+    probed = probe is None or len(devices) == 1
+    lagging_since: float | None = None
+    with waits.lock:
+        while not waits.settled():
+            waits.lock.wait(PROBE_AFTER / 4)
+            late = waits.stragglers()
+            if not late or probed:
+                lagging_since = None
+                continue
+            lagging_since = lagging_since or time.monotonic()
+            if time.monotonic() - lagging_since < PROBE_AFTER:
+                continue
+            probed = waits.probed = True
+            waits.lock.release()
+            try:  # recorded here: the threads of the answered ranks are done with them
+                probe()  # type: ignore[misc]
+            except ConnectionError as exc:  # a device whose connection is already gone
+                waits.errors.setdefault(late[0], exc)
+            finally:
+                waits.lock.acquire()
+            waits.start([r for r in range(len(devices)) if r not in late])
+        out.errors = dict(waits.errors)
+        out.completed = set(waits.completed)
+    for r, exc in out.errors.items():
+        if _is_group_error(exc):
+            out.dead.add(int(exc.rank))
+        elif _is_lost(exc):
+            out.dead.add(r)
     return out
 
 
-__all__ = ["Outcome", "wait_all"]
+__all__ = ["PROBE_AFTER", "Outcome", "wait_all"]

@@ -415,7 +415,18 @@ class GroupService:
         if policy is not None and size > 1:
             for r in {member.pred, member.succ}:
                 policy.admit_guest(PeerId.parse(peers[r]))
-        self.nursery.start_soon(self._run, member)
+        self._spawn(self._run, member)
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        """Start a task on the loop from the loop or from an engine worker: a session's
+        messages run on a worker thread while a server-to-server move is under way (a
+        replica's model arriving just before its group is set up)."""
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:  # not on the loop's thread
+            trio.from_thread.run_sync(self.nursery.start_soon, fn, *args, trio_token=self.token)
+            return
+        self.nursery.start_soon(fn, *args)
 
     async def _run(self, member: GroupMember) -> None:
         try:

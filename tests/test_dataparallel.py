@@ -373,3 +373,36 @@ def test_gpt2_small_sized_lora_on_two_replicas_equals_one_device():
     assert_state_close(got, want)
     assert len(dp.check_in_sync()) == 64
     dp.close()
+
+
+def test_a_replica_that_hangs_between_steps_is_named_by_a_probe_not_waited_for():
+    """A rank that stops answering while the group is idle (its worker frozen: no error, no
+    answer) is not waited for: after PROBE_AFTER the group is probed with a tiny all-reduce,
+    which fails on every survivor naming it; rebuild continues without it."""
+    import threading
+
+    want, _ = train_one(Device.cpu(), mlp, 12, 6)
+    model, opt, step, batches = mlp(12, 6)
+    devices = collective.local_devices(3)
+    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
+    run = dp.compile(step)
+    for x, y in batches[:3]:
+        run(x, y)
+    dp.sync()
+    thaw = threading.Event()
+    devices[1]._rec.runtime._queue.put(lambda: thaw.wait(120))  # rank 1 hangs
+    try:
+        with pytest.raises(collective.GroupError) as info:
+            run(*batches[3])
+        assert info.value.rank == 1
+        assert dp.last_failure.dead == {1}
+        assert {r: e.rank for r, e in dp.last_failure.errors.items()} == {0: 1, 2: 1}
+        dp.rebuild()
+        assert dp.steps == 3 and dp.devices == [devices[0], devices[2]]
+        for x, y in batches[3:]:
+            run(x, y)
+        dp.check_in_sync()
+        assert_state_close(dp.state_dict(), want)
+    finally:
+        thaw.set()
+        dp.close()
