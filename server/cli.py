@@ -108,7 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.data_dir:  # the job store lives in the data directory (server/jobs)
             from burn_remote.server.jobs import JobService
 
-            state.jobs = JobService(args.data_dir, state, args.job_path)
+            state.jobs = JobService(args.data_dir, state, args.job_path, key_path=key)
     except (KeyFileError, ValueError, RuntimeError, OSError, StoreError, TransportError) as exc:
         return fail(exc)
     opts = ServeOptions(

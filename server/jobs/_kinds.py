@@ -40,31 +40,28 @@ def run_training(ctx: Any) -> dict[str, Path]:
     if ctx.checkpoint is not None:
         start = load_checkpoint(ctx.checkpoint, opt, rng)
         ctx.log(f"resumed from the checkpoint at step {start}")
-    steps, every, clip = spec["steps"], spec["checkpoint_every"], spec["clip"]
+    steps, clip = spec["steps"], spec["clip"]
+    if spec.get("devices"):
+        _train_data_parallel(ctx, model, opt, data, rng, start)
+    else:
 
-    @br.compile  # recorded once, then replayed: no per-step op recording on the server
-    def train_step(x: Any, y: Any) -> Any:
-        loss = loss_on(model, x, y)
-        loss.backward()
-        if clip is not None:
-            optim.clip_grad_norm(model, clip)
-        opt.step()
-        opt.zero_grad()
-        return loss
+        @br.compile  # recorded once, then replayed: no per-step op recording on the server
+        def train_step(x: Any, y: Any) -> Any:
+            loss = loss_on(model, x, y)
+            loss.backward()
+            if clip is not None:
+                optim.clip_grad_norm(model, clip)
+            opt.step()
+            opt.zero_grad()
+            return loss
 
-    ctx.started(start)
-    for step in range(start, steps):
-        ctx.check()
-        _seed_step(spec["seed"], step)  # dropout keys: the compiled step draws from here
-        x, y = data.sample(rng, spec["batch_size"])
-        loss = train_step(dev.tensor(x), dev.tensor(y))
-        value = float(loss.item())
-        if not np.isfinite(value):
-            raise FloatingPointError(f"loss became {value} at step {step + 1}")
-        ctx.progress(step + 1, value)
-        if (step + 1) % every == 0 and step + 1 < steps:
-            done = step + 1
-            ctx.save_checkpoint(done, lambda path, n=done: save_checkpoint(path, opt, n, rng))
+        ctx.started(start)
+        for step in range(start, steps):
+            ctx.check()
+            _seed_step(spec["seed"], step)  # dropout keys: the compiled step draws from here
+            x, y = data.sample(rng, spec["batch_size"])
+            loss = train_step(dev.tensor(x), dev.tensor(y))
+            _report(ctx, step, loss, lambda path, n=step + 1: save_checkpoint(path, opt, n, rng))
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     if spec["kind"] == "lora_finetune":
@@ -79,6 +76,54 @@ def run_training(ctx: Any) -> dict[str, Path]:
     else:
         model.save(path)
     return {path.name: path}
+
+
+def _report(ctx: Any, step: int, loss: Any, write: Any) -> None:
+    """Progress after `step`, and a checkpoint every `checkpoint_every` steps."""
+    spec = ctx.spec
+    value = float(loss.item())
+    if not np.isfinite(value):
+        raise FloatingPointError(f"loss became {value} at step {step + 1}")
+    ctx.progress(step + 1, value)
+    done = step + 1
+    if done % spec["checkpoint_every"] == 0 and done < spec["steps"]:
+        ctx.save_checkpoint(done, write)
+
+
+def _train_data_parallel(
+    ctx: Any, model: Any, opt: Any, data: Any, rng: np.random.Generator, start: int
+) -> None:
+    """The same steps on the servers of `devices`, each on its share of every batch; the
+    model ends on this server's device again (for the outputs), the checkpoint is one copy."""
+    from ._parallel import close_devices, connect_devices
+
+    spec, clip = ctx.spec, ctx.spec["clip"]
+    devices = connect_devices(spec["devices"], ctx.key_path)
+    ctx.log(f"data-parallel on {len(devices)} servers")
+    try:
+        dp = br.DataParallel(model, opt, devices=devices)
+
+        @dp.compile
+        def train_step(model: Any, opt: Any, x: Any, y: Any) -> Any:
+            loss = loss_on(model, x, y)
+            loss.backward()  # gradients come back averaged over the replicas
+            if clip is not None:
+                optim.clip_grad_norm(model, clip)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        ctx.started(start)
+        for step in range(start, spec["steps"]):
+            ctx.check()
+            _seed_step(spec["seed"], step)
+            x, y = data.sample(rng, spec["batch_size"])
+            loss = train_step(x, y)
+            _report(ctx, step, loss, lambda path, n=step + 1: save_checkpoint(path, opt, n, rng))
+        dp.close()
+        model.to(ctx.device)  # rank 0's copy: the outputs are written from here
+    finally:
+        close_devices(devices)
 
 
 def run_export(ctx: Any) -> dict[str, Path]:

@@ -73,6 +73,8 @@ class JobContext:
 
     def __init__(self, service: JobService, job: dict[str, Any], device: Any) -> None:
         self.service, self.job, self.device = service, job, device
+        self.key_path: Path | None = service.key_path
+        """The server's own key: how a data-parallel job dials the servers it names."""
         self.id: int = job["id"]
         self.spec: dict[str, Any] = job["spec"]
         self.work = service.store.root / "work" / str(self.id)
@@ -141,13 +143,16 @@ class JobService:
         data_dir: str | Path,
         engine: ServerState | str = "cpu",
         job_paths: list[str] | None = None,
+        key_path: str | Path | None = None,
     ) -> None:
         """``engine``: the server's state (jobs share its engine), or a device string for a
-        job service of its own (tests, tools)."""
+        job service of its own (tests, tools). ``key_path``: the server's identity, which
+        data-parallel jobs dial other servers with (None: the default key)."""
         self.state = engine if isinstance(engine, ServerState) else ServerState(engine)
         self.store = JobStore(data_dir)
         self.device = self.state.device
         self.job_paths = [Path(p).resolve() for p in job_paths or []]
+        self.key_path = Path(key_path) if key_path is not None else None
         self.changed = threading.Condition()
         self._cancel: set[int] = set()
         self._stopping = threading.Event()

@@ -15,6 +15,10 @@ A spec is a dict (or TOML text, parsed with tomllib) such as::
     r = 8
     target_modules = ["c_attn", "c_proj"]
 
+A training job may name several servers, ``devices = ["<peer-id>@host:port", "<peer-id>"]``:
+it then trains data-parallel on them (``burn_remote.DataParallel``), with this server as the
+coordinator that holds the data and writes the one checkpoint.
+
 Validation fills in defaults and refuses, with the dotted key path, anything else: wrong types
 (``lora.r: expected a positive integer, got "8x"``), unknown keys (with the closest valid one)
 and missing required keys. The validated spec is plain JSON data, stored as is in the job
@@ -137,6 +141,26 @@ def ref(v: Any, path: str) -> str:
     if type(v) is not str or not REF_RE.match(v):
         raise _fail(path, 'an input reference ("sha256:<hex>", "server:<path>" or "job:<id>")', v)
     return v
+
+
+MAX_JOB_DEVICES = 64
+"""Most servers one data-parallel job may name (each is a session and a ring link)."""
+
+
+def target(v: Any, path: str) -> str:
+    """A server to dial: ``PEER`` or ``PEER@HOST:PORT``, PEER a peer id (what
+    ``burn-remote id`` prints). Checked here, so a typo is refused at submission."""
+    from ...protocol.addressing import split_target
+    from ...protocol.transport import PeerId
+
+    if type(v) is not str or not v:
+        raise _fail(path, 'a server as "PEER-ID" or "PEER-ID@HOST:PORT"', v)
+    try:
+        peer, _ = split_target(v)
+        PeerId.parse(peer)
+    except ValueError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    return v.strip()
 
 
 def one_of(*choices: Any) -> Check:
@@ -331,6 +355,7 @@ _TRAINING = {
     "clip": (opt(pos_number), 1.0),
     "optimizer": (OPTIMIZER, lambda: OPTIMIZER({}, "optimizer")),
     "schedule": (SCHEDULE, lambda: SCHEDULE({}, "schedule")),
+    "devices": (opt(list_of(target, 1, MAX_JOB_DEVICES)), None),
 }
 SCHEMAS: dict[str, Check] = {
     "lora_finetune": table({**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}),
@@ -385,6 +410,20 @@ def _cross_check(spec: dict[str, Any]) -> None:
         raise SpecError("model.adapter_config: needs model.adapter")
     if model["adapter"] and not model["adapter"].startswith("job:") and not model["adapter_config"]:
         raise SpecError('model.adapter_config: required when model.adapter is not "job:<id>"')
+    devices = spec.get("devices")
+    if devices:
+        peers = [d.partition("@")[0].strip().lower() for d in devices]
+        for k, peer in enumerate(peers):
+            if peer in peers[:k]:
+                raise SpecError(
+                    f"devices[{k}]: the server {peer[:12]}... is also devices[{peers.index(peer)}]"
+                    " (each replica needs a server of its own)"
+                )
+        if spec["batch_size"] < len(devices):
+            raise SpecError(
+                f"batch_size: {spec['batch_size']} samples cannot be split across "
+                f"{len(devices)} devices (each replica needs at least one)"
+            )
     if "schedule" in spec:
         sched = spec["schedule"]
         if sched["warmup_steps"] > spec["steps"]:
@@ -405,4 +444,4 @@ def refs(spec: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["KINDS", "SpecError", "refs", "validate"]
+__all__ = ["KINDS", "MAX_JOB_DEVICES", "SpecError", "refs", "validate"]

@@ -17,6 +17,7 @@ from burn_remote.server.jobs._store import MIGRATIONS, write_atomic
 from tests.jobs.models import lora_spec
 
 REF = "sha256:" + "ab" * 32
+PEER, PEER2 = "a" * 52, "b" * 52
 TOML = f"""
 kind = "lora_finetune"
 steps = 10
@@ -44,6 +45,14 @@ r = "8x"
         (lambda s: s["model"].update(weights="/tmp/x"), "model.weights: expected an input ref"),
         (lambda s: s.update(kind="finetune"), 'kind: expected one of "lora_finetune"'),
         (lambda s: s["schedule"].update(warmup_steps=99), "schedule.warmup_steps: 99 exceeds"),
+        (lambda s: s.update(devices=["k51qz@10.0.0.1:7000"]), "devices[0]: not a peer id"),
+        (lambda s: s.update(devices=[PEER + "@nohost"]), "devices[0]: bad address 'nohost'"),
+        (lambda s: s.update(devices=[]), "devices: expected an array of 1..64 items"),
+        (lambda s: s.update(devices=[PEER, PEER.upper()]), "devices[1]: the server"),
+        (
+            lambda s: s.update(devices=[PEER, PEER2 + "@127.0.0.1:1"], batch_size=1),
+            "batch_size: 1 samples cannot be split across 2 devices",
+        ),
     ],
 )
 def test_malformed_specs_name_the_key_path(change, message):

@@ -1,0 +1,73 @@
+"""A LoRA fine-tuning job that names several servers (`devices = [...]`) trains on them
+data-parallel, coordinated by the server it was submitted to, and ends with the adapter one
+server training on the whole batch makes (within the rounding of another summation order);
+a malformed peer id is refused at submission naming its key path, and a server that cannot be
+reached fails the job before its first step, naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from burn_remote import JobError, RemoteDevice
+from burn_remote.nn._serialize import load_arrays
+from burn_remote.server.testing import start_daemon
+
+from tests.jobs.models import lora_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+STEPS = 12
+ADAPTER = "adapter_model.safetensors"
+
+
+def _spec(base, **extra):
+    """No dropout: replicas draw other masks than one server on the whole batch would."""
+    spec = lora_spec(*base, steps=STEPS, checkpoint_every=4, **extra)
+    spec["model"]["dropout"] = 0.0
+    spec["lora"]["dropout"] = 0.0
+    return spec
+
+
+def test_a_job_naming_two_servers_trains_like_one_server(base, tmp_path, client_home):
+    coordinator = start_daemon("serve", tmp_path / "c", "--device", "cpu", "--allow-any")
+    replicas = [
+        start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
+        for k in range(2)
+    ]
+    try:
+        for r in replicas:
+            r.know(*[o for o in replicas if o is not r])
+        jobs = RemoteDevice(coordinator.target).jobs
+        alone = jobs.submit(_spec(base))
+        assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
+        parallel = jobs.submit(_spec(base, devices=[r.target for r in replicas]))
+        done = parallel.wait(timeout=180)
+        assert done["state"] == "succeeded", done
+        notes = [e.get("message", "") for e in parallel.events(0)]
+        assert any("data-parallel on 2 servers" in n for n in notes), notes
+        assert any(e.get("checkpoint") == 4 for e in parallel.events(0))  # one copy, here
+        a = load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
+        b = load_arrays(parallel.fetch(tmp_path / "parallel")[ADAPTER])
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        assert any(np.abs(a[n]).max() > 0 for n in a if "lora_B" in n)  # it trained
+    finally:
+        for d in [coordinator, *replicas]:
+            d.stop()
+
+
+def test_a_typo_is_refused_and_an_unreachable_server_fails_the_job(base, spawn, tmp_path):
+    server = spawn()
+    jobs = RemoteDevice(server.target).jobs
+    with pytest.raises(JobError, match=r"devices\[1\]: not a peer id"):
+        jobs.submit(_spec(base, devices=[server.target, "k51qz-typo@127.0.0.1:7000"]))
+    with pytest.raises(JobError, match=r"devices\[1\]: the server .* is also devices\[0\]"):
+        jobs.submit(_spec(base, devices=[server.target, server.target]))
+    gone = start_daemon("serve", tmp_path / "gone", "--device", "cpu", "--allow-any")
+    gone.stop()  # a real peer id whose server is down
+    job = jobs.submit(_spec(base, devices=[gone.target, server.target]))
+    with pytest.raises(JobError, match=r"devices\[0\] \(.*\): cannot reach this server") as info:
+        job.wait(timeout=120)
+    assert gone.peer_id[:12] in str(info.value) and "not running" in str(info.value)
+    assert job.status()["step"] == 0  # refused before its first step
