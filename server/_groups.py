@@ -236,8 +236,9 @@ class GroupMember:
             self.fail(rank, f"link lost: {exc}")
 
     # --- the ring all-reduce ------------------------------------------------------------------
-    async def all_reduce_async(self, host: np.ndarray, op: str) -> np.ndarray:
-        """This rank's part of the k-th all-reduce of the group (loop thread)."""
+    async def all_reduce_async(self, acc: np.ndarray, op: str) -> np.ndarray:
+        """This rank's part of the k-th all-reduce of the group (loop thread), in place in
+        ``acc`` (the caller's own C-contiguous copy)."""
         seq, self._seq = self._seq, self._seq + 1
         if not self.linked.is_set() and self.failure is None:
             with trio.move_on_after(SETUP_TIMEOUT):
@@ -246,7 +247,7 @@ class GroupMember:
             raise self.failure
         if not self.linked.is_set():
             raise GroupFailure(self.id, -1, "", "the group was never started (GroupStart)")
-        acc = np.array(host, copy=True, order="C").reshape(-1)
+        shape, acc = acc.shape, acc.reshape(-1)
         self._received = 0  # pieces of this all-reduce received (the sender waits on it)
         if self.size > 1:
             with trio.CancelScope() as cs:
@@ -264,7 +265,7 @@ class GroupMember:
                 self.fail(-1, f"all_reduce #{seq} did not complete within {2 * self.timeout:g} s")
             if self.failure is not None:
                 raise self.failure
-        return ring.finish(acc, op, self.size).reshape(host.shape)
+        return ring.finish(acc, op, self.size).reshape(shape)
 
     def _plan(self, acc: np.ndarray) -> ring.Plan:
         return ring.Plan(self.rank, self.size, acc.size, acc.itemsize)
@@ -371,8 +372,10 @@ class MemberHandle:
         member = self.member
         if member.engine == "nccl" and member.nccl is not None:
             return member.nccl.all_reduce(x, op, backend, member)
-        host = np.asarray(backend.to_numpy(x))
-        out = trio.from_thread.run(member.all_reduce_async, host, op, trio_token=self.token)
+        # The working copy is made here, on the engine thread: a copy of hundreds of MiB
+        # on the loop would stall every link and session for its duration.
+        acc = np.array(backend.to_numpy(x), copy=True, order="C")
+        out = trio.from_thread.run(member.all_reduce_async, acc, op, trio_token=self.token)
         return backend.from_numpy(out)
 
 
