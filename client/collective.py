@@ -24,6 +24,8 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+from burn_remote.protocol.messages import LINK_TIMEOUT  # a dead rank goes unnoticed this long
+
 from ._device import Device
 from ._group_error import GroupError
 from ._replica import ReplicaDevice
@@ -33,10 +35,6 @@ RENDEZVOUS_TIMEOUT = float(os.environ.get("BURN_REMOTE_RENDEZVOUS_TIMEOUT", "120
 """Default seconds a rank waits at a collective for the others (a rank that is alive but
 never arrives: a client that stopped stepping it, or a different sequence of calls). A dead
 or cut-off rank is found much sooner, by the links' heartbeats (LINK_TIMEOUT)."""
-
-LINK_TIMEOUT = 3.0
-"""Seconds of silence after which a server declares a ring neighbour dead (heartbeats every
-LINK_TIMEOUT / 6): the bound on how long a dead rank goes unnoticed."""
 
 
 def local_devices(n: int, spec: str = "cpu") -> list[Device]:

@@ -351,6 +351,11 @@ class BulkAck:
 # --- device groups and collectives (tags 60..69) ------------------------------------------
 MAX_GROUP = 256
 """Most ranks in one device group (the length of GroupSetup.peers)."""
+LINK_TIMEOUT = 3.0
+"""Seconds of silence after which a server declares a ring neighbour dead or cut off (and
+fails the group naming it): the bound on how long a dead rank goes unnoticed."""
+LINK_BEAT = LINK_TIMEOUT / 6
+"""Seconds between GroupBeat heartbeats on each group link."""
 GROUP_MESSAGE = r"group (?P<group>[0-9a-f]{16}): rank (?P<rank>-?\d+) \((?P<peer>[^)]*)\): "
 """The start of an Error(GROUP) message (a regular expression): the group and the culprit."""
 

@@ -38,10 +38,8 @@ from ..protocol.transport import Connection, Endpoint, FrameStream, PeerId, Tran
 
 log = logging.getLogger("burn_remote.server")
 
-LINK_TIMEOUT = 3.0
-"""Seconds of silence on a link after which its peer is declared dead or cut off."""
-LINK_BEAT = LINK_TIMEOUT / 6
-"""Seconds between heartbeats on each link."""
+LINK_TIMEOUT = m.LINK_TIMEOUT
+LINK_BEAT = m.LINK_BEAT
 SETUP_TIMEOUT = 30.0
 """Seconds GroupStart waits for both ring links to come up."""
 ABORT_GRACE = 1.0
