@@ -25,8 +25,9 @@ import trio
 from ..transport import Identity, PeerId, TransportError
 from . import _disco
 from . import _wire as w
-from ._direct import DirectPaths, direct_enabled, open_direct_socket
+from ._direct import DirectPaths, direct_enabled
 from ._records import AddressRecord, RecordRefused
+from ._udp import receive_batch, send, udp_socket
 
 log = logging.getLogger("burn_remote.relay")
 
@@ -46,7 +47,7 @@ class RelayError(TransportError):
 @dataclass
 class _Shim:
     peer: PeerId
-    sock: trio.socket.SocketType
+    sock: socket.socket
     target: tuple | None
     """Where datagrams from ``peer`` are delivered (the local QUIC endpoint)."""
 
@@ -55,10 +56,16 @@ class RelayClient:
     """One authenticated UDP association with a relay: requests, and the tunnel's shims."""
 
     def __init__(
-        self, identity: Identity, sock: trio.socket.SocketType, nursery: trio.Nursery
+        self,
+        identity: Identity,
+        sock: trio.socket.SocketType,
+        nursery: trio.Nursery,
+        raw: socket.socket,
     ) -> None:
         self.identity = identity
         self._sock = sock
+        self._raw: socket.socket = raw
+        """The same socket as ``sock``, for the batched hot path (``_udp``)."""
         self._nursery = nursery
         self._lock = trio.Lock()
         self._replies_send, self._replies = trio.open_memory_channel[bytes](16)
@@ -88,11 +95,12 @@ class RelayClient:
         ``direct`` (default: ``$BURN_REMOTE_DIRECT``, on) punches holes towards the peers
         the tunnel carries."""
         family = socket.AF_INET6 if ":" in relay[0] else socket.AF_INET
-        sock = trio.socket.socket(family, socket.SOCK_DGRAM)
+        raw = socket.socket(family, socket.SOCK_DGRAM)
+        sock = trio.socket.from_stdlib_socket(raw)
         with sock:
             await sock.connect(relay)
             async with trio.open_nursery() as nursery:
-                client = cls(identity, sock, nursery)
+                client = cls(identity, sock, nursery, raw)
                 nursery.start_soon(client._read_loop)
                 try:
                     if authenticate:
@@ -111,7 +119,7 @@ class RelayClient:
     async def _start_direct(self, family: int) -> None:
         direct = DirectPaths(
             self.identity,
-            await open_direct_socket(family),
+            udp_socket(family, ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)),
             self._sock.getpeername()[:2],
             self.local_host,
             self._relay_send,
@@ -206,9 +214,7 @@ class RelayClient:
     async def _new_shim(self, peer: PeerId, target: tuple | None) -> _Shim:
         if len(self._shims) >= MAX_SHIMS:
             raise RelayError(f"tunnel already carries {MAX_SHIMS} peers")
-        sock = trio.socket.socket(self._sock.family, socket.SOCK_DGRAM)
-        await sock.bind((self.local_host, 0))
-        shim = _Shim(peer, sock, target)
+        shim = _Shim(peer, udp_socket(self._sock.family, (self.local_host, 0)), target)
         self._shims[peer] = shim
         self._nursery.start_soon(self._shim_loop, shim)
         if self.direct is not None:
@@ -217,45 +223,37 @@ class RelayClient:
 
     async def _shim_loop(self, shim: _Shim) -> None:
         header = bytes([w.SEND]) + shim.peer.raw
+        relay = self._raw
         while True:
-            data, addr = await shim.sock.recvfrom(65535)
-            if shim.target is None:
-                shim.target = addr
-            elif addr != shim.target:
-                continue  # only the endpoint the shim serves may use it
-            if self.direct is not None and await self.direct.send(shim.peer, data):
-                continue
-            try:
-                await self._sock.send(header + data)
-                self.relayed_out += 1
-            except OSError:
-                pass  # the network dropped it; QUIC retransmits
+            for data, addr in await receive_batch(shim.sock):
+                if shim.target is None:
+                    shim.target = addr
+                elif addr != shim.target:
+                    continue  # only the endpoint the shim serves may use it
+                if self.direct is not None and await self.direct.send(shim.peer, data):
+                    continue
+                if await send(relay, header + data):
+                    self.relayed_out += 1
 
     async def _relay_send(self, peer: PeerId, payload: bytes) -> None:
-        try:
-            await self._sock.send(bytes([w.SEND]) + peer.raw + payload)
-        except OSError:
-            pass  # lost like any datagram; disco messages are repeated
+        """A datagram for ``peer`` through the relay (lost like any other when dropped)."""
+        await send(self._raw, bytes([w.SEND]) + peer.raw + payload)
 
     async def _read_loop(self) -> None:
         while True:
-            try:
-                data = await self._sock.recv(65535)
-            except OSError:  # ICMP unreachable from a connected socket: relay not up yet
-                await trio.sleep(0.05)
-                continue
-            if not data:
-                continue
-            if data[0] == w.RECV and len(data) > 33:
-                if _disco.is_disco(data[33:]):
-                    await self._on_relayed_disco(PeerId(data[1:33]), data[33:])
+            for data, _addr in await receive_batch(self._raw):
+                if not data:
+                    continue
+                if data[0] == w.RECV and len(data) > 33:
+                    if _disco.is_disco(data[33:]):
+                        await self._on_relayed_disco(PeerId(data[1:33]), data[33:])
+                    else:
+                        await self._deliver(PeerId(data[1:33]), data[33:])
                 else:
-                    await self._deliver(PeerId(data[1:33]), data[33:])
-            else:
-                try:
-                    self._replies_send.send_nowait(data)
-                except trio.WouldBlock:
-                    pass
+                    try:
+                        self._replies_send.send_nowait(data)
+                    except trio.WouldBlock:
+                        pass
 
     async def _on_relayed_disco(self, src: PeerId, payload: bytes) -> None:
         """A CALL_ME_MAYBE: a server makes the peer's shim first (the QUIC handshake that
@@ -277,12 +275,8 @@ class RelayClient:
         shim = await self._shim_for(src)
         if shim is None:
             return
-        if shim.target is not None:
-            try:
-                await shim.sock.sendto(payload, shim.target)
-                self.relayed_in += 1
-            except OSError:
-                pass
+        if shim.target is not None and await send(shim.sock, payload, shim.target):
+            self.relayed_in += 1
 
     async def _ping_loop(self) -> None:
         """Refresh the registration; a relay that cannot be reached (our network is down,

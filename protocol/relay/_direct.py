@@ -32,6 +32,7 @@ from ..transport import Identity, PeerId
 from . import _disco as d
 from . import _wire as w
 from ._peerpath import PeerPath
+from ._udp import receive_batch, send
 
 log = logging.getLogger("burn_remote.relay")
 
@@ -69,7 +70,7 @@ class DirectPaths:
     def __init__(
         self,
         identity: Identity,
-        sock: trio.socket.SocketType,
+        sock: socket.socket,
         relay: tuple,
         local_host: str,
         relay_send: RelaySend,
@@ -109,9 +110,7 @@ class DirectPaths:
         self._observe_txid = d.new_txid()[: w.TXID]
         self._observed = trio.Event()
         request = bytes([w.OBSERVE]) + self._observe_txid + bytes(w.OBSERVE_MIN - w.TXID)
-        try:
-            await self._sock.sendto(request, self._relay)
-        except OSError:
+        if not await send(self._sock, request, self._relay):
             return
         with trio.move_on_after(OBSERVE_TIMEOUT):
             await self._observed.wait()
@@ -211,31 +210,25 @@ class DirectPaths:
         return True
 
     async def _sendto(self, data: bytes, addr: tuple) -> None:
-        try:
-            await self._sock.sendto(data, addr)
-        except OSError:
-            pass  # unreachable now: the pings notice, QUIC retransmits
+        await send(self._sock, data, addr)  # when lost: the pings notice, QUIC retransmits
 
     async def run(self) -> None:
         """Read the direct socket: QUIC datagrams from proved addresses, disco, OBSERVED."""
         while True:
-            try:
-                data, addr = await self._sock.recvfrom(65535)
-            except OSError:  # an ICMP error from an earlier send
-                continue
-            if not data:
-                continue
-            addr = tuple(addr[:2])
-            if data[0] & 0xC0:
-                peer = self._by_addr.get(addr)
-                path = self.peers.get(peer) if peer is not None else None
-                if path is not None and path.accepts(addr, time.monotonic()):
-                    self.received_direct += 1
-                    await self._deliver(peer, data)
-            elif d.is_disco(data):
-                await self._on_disco(data, addr)
-            elif data[0] == w.OBSERVED and addr == tuple(self._relay[:2]):
-                self._on_observed(data)
+            for data, source in await receive_batch(self._sock):
+                if not data:
+                    continue
+                addr = tuple(source[:2])
+                if data[0] & 0xC0:
+                    peer = self._by_addr.get(addr)
+                    path = self.peers.get(peer) if peer is not None else None
+                    if path is not None and path.accepts(addr, time.monotonic()):
+                        self.received_direct += 1
+                        await self._deliver(peer, data)
+                elif d.is_disco(data):
+                    await self._on_disco(data, addr)
+                elif data[0] == w.OBSERVED and addr == tuple(self._relay[:2]):
+                    self._on_observed(data)
 
     def _on_observed(self, data: bytes) -> None:
         if data[1 : 1 + w.TXID] != self._observe_txid or not self._observe_txid:
@@ -265,11 +258,4 @@ class DirectPaths:
             self._report(msg.sender, path, now)
 
 
-async def open_direct_socket(family: int) -> trio.socket.SocketType:
-    """The direct socket: wildcard address, a port of the kernel's choosing."""
-    sock = trio.socket.socket(family, socket.SOCK_DGRAM)
-    await sock.bind(("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0))
-    return sock
-
-
-__all__ = ["DIRECT_ENV", "DirectPaths", "direct_enabled", "open_direct_socket"]
+__all__ = ["DIRECT_ENV", "DirectPaths", "direct_enabled"]
