@@ -37,6 +37,7 @@ async def start_relay_agent(nursery: trio.Nursery, opts: Any, ep: Endpoint) -> N
             (host, port),
             addresses,
             endpoint=discover,
+            punch=ep,
             task_status=task_status,
         )
     )

@@ -65,6 +65,7 @@ async def serve_via_relay(
     *,
     ttl: int = 600,
     endpoint: Endpoint | None = None,
+    punch: Endpoint | None = None,
     task_status: trio.TaskStatus[RelayClient] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Register with ``relay``, publish our record, and forward relayed peers to our QUIC
@@ -72,8 +73,11 @@ async def serve_via_relay(
 
     With ``endpoint`` (our QUIC endpoint), each record also lists the address at which the
     relay sees that endpoint's socket (:func:`observe_address`): behind a NAT, the NAT's
-    public mapping. ``client.observed`` holds the last one seen (None: none yet)."""
-    async with RelayClient.open(identity, parse_host_port(relay)) as client:
+    public mapping. ``client.observed`` holds the last one seen (None: none yet).
+
+    With ``punch`` (our QUIC endpoint), relayed peers are moved to direct paths from that
+    endpoint's socket (see ``_direct``)."""
+    async with RelayClient.open(identity, parse_host_port(relay), endpoint=punch) as client:
         client.serve_to = relayed_target(quic_address, client.local_host)
 
         async def record() -> AddressRecord:

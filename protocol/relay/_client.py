@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ..transport import Identity, PeerId, TransportError
+from ..transport import Endpoint, Identity, PeerId, TransportError
 from . import _disco
 from . import _wire as w
 from ._direct import DirectPaths, direct_enabled
@@ -90,10 +90,12 @@ class RelayClient:
         *,
         authenticate: bool = True,
         direct: bool | None = None,
+        endpoint: Endpoint | None = None,
     ) -> AsyncIterator[RelayClient]:
         """Associate with the relay at ``relay`` (and prove our key unless told not to).
         ``direct`` (default: ``$BURN_REMOTE_DIRECT``, on) punches holes towards the peers
-        the tunnel carries."""
+        the tunnel carries: from ``endpoint``'s own socket when given (a server's QUIC
+        endpoint, in this trio run), else from a socket of its own."""
         family = socket.AF_INET6 if ":" in relay[0] else socket.AF_INET
         raw = socket.socket(family, socket.SOCK_DGRAM)
         sock = trio.socket.from_stdlib_socket(raw)
@@ -107,7 +109,7 @@ class RelayClient:
                         await client.authenticate()
                         nursery.start_soon(client._ping_loop)
                         if direct_enabled() if direct is None else direct:
-                            await client._start_direct(family)
+                            await client._start_direct(family, endpoint)
                     yield client
                 finally:
                     nursery.cancel_scope.cancel()
@@ -116,17 +118,23 @@ class RelayClient:
                     if client.direct is not None:
                         client.direct.close()
 
-    async def _start_direct(self, family: int) -> None:
+    async def _start_direct(self, family: int, endpoint: Endpoint | None) -> None:
+        if endpoint is None:
+            wildcard = ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)
+            port = {"sock": udp_socket(family, wildcard)}
+        else:
+            port = {"endpoint": endpoint}
         direct = DirectPaths(
             self.identity,
-            udp_socket(family, ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)),
             self._sock.getpeername()[:2],
             self.local_host,
             self._relay_send,
             self._deliver,
+            **port,
         )
         self.direct = direct
-        self._nursery.start_soon(direct.run)
+        if endpoint is None:
+            self._nursery.start_soon(direct.run)
         await direct.observe()  # the first CALL_ME_MAYBE should carry the reflexive address
         self._nursery.start_soon(direct.observe_loop)
 
@@ -218,7 +226,7 @@ class RelayClient:
         self._shims[peer] = shim
         self._nursery.start_soon(self._shim_loop, shim)
         if self.direct is not None:
-            self.direct.start(self._nursery, peer)
+            self.direct.start(self._nursery, peer, shim.sock.getsockname())
         return shim
 
     async def _shim_loop(self, shim: _Shim) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from ..transport import Identity, PeerId
+from ..transport import Endpoint, Identity, PeerId
 from . import _disco as d
 from . import _wire as w
 from ._peerpath import PeerPath
@@ -65,36 +65,73 @@ Deliver = Callable[[PeerId, bytes], Awaitable[None]]
 
 
 class DirectPaths:
-    """The direct socket and the path state of every relayed peer."""
+    """The direct path of every relayed peer, and the socket it uses.
+
+    Two ways to own that socket:
+
+    * a **direct socket** of its own (a client: its QUIC endpoint lives on another thread):
+      the shim hands each datagram to :meth:`send`, datagrams read by :meth:`run` go back
+      through the shim;
+    * the **QUIC endpoint's socket** (a server, ``endpoint=``): disco shares the socket as
+      OBSERVE does, and the endpoint itself maps each peer's shim address to its direct
+      path and back (:meth:`route`, :meth:`inbound`, installed as ``endpoint.router``): the
+      server's datagrams then skip the shim and the tunnel's two extra hops entirely.
+    """
 
     def __init__(
         self,
         identity: Identity,
-        sock: socket.socket,
         relay: tuple,
         local_host: str,
         relay_send: RelaySend,
         deliver: Deliver,
+        *,
+        sock: socket.socket | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
+        if (sock is None) == (endpoint is None):
+            raise ValueError("DirectPaths needs exactly one of sock and endpoint")
         self.identity = identity
         self._sock = sock
+        self._ep = endpoint
         self._relay = relay
-        self._local = (local_host, sock.getsockname()[1])
+        port = sock.getsockname()[1] if sock is not None else endpoint.local_address[1]
+        self._local = (local_host, port)
         self._relay_send = relay_send
         self._deliver = deliver
         self.peers: dict[PeerId, PeerPath] = {}
         self._recent: dict[PeerId, deque[bytes]] = {}
         self._recent_bytes: dict[PeerId, int] = {}
         self._by_addr: dict[tuple, PeerId] = {}
+        self._virtual: dict[PeerId, tuple] = {}
+        self._peer_at: dict[tuple, PeerId] = {}
         self._cmm_sent: dict[PeerId, float] = {}
         self.reflexive: tuple | None = None
         self._observe_txid = b""
         self._observed = trio.Event()
         self.sent_direct = 0
         self.received_direct = 0
+        if endpoint is not None:
+            self._chained = endpoint.on_foreign_datagram
+            endpoint.on_foreign_datagram = self._on_foreign
+            endpoint.router = self
 
     def close(self) -> None:
-        self._sock.close()
+        if self._sock is not None:
+            self._sock.close()
+        elif self._ep is not None and self._ep.router is self:
+            self._ep.router = None
+
+    def _send_now(self, data: bytes, addr: tuple) -> None:
+        """Send a disco or OBSERVE datagram (lost when the kernel's buffer is full: each is
+        repeated)."""
+        if self._ep is not None:
+            self._ep.send_datagram(data, addr)
+            return
+        try:
+            self._sock.sendto(data, addr)
+        except OSError:
+            pass
 
     # -- candidates ------------------------------------------------------------------------
 
@@ -110,8 +147,7 @@ class DirectPaths:
         self._observe_txid = d.new_txid()[: w.TXID]
         self._observed = trio.Event()
         request = bytes([w.OBSERVE]) + self._observe_txid + bytes(w.OBSERVE_MIN - w.TXID)
-        if not await send(self._sock, request, self._relay):
-            return
+        self._send_now(request, self._relay)
         with trio.move_on_after(OBSERVE_TIMEOUT):
             await self._observed.wait()
 
@@ -124,11 +160,14 @@ class DirectPaths:
 
     # -- peers -----------------------------------------------------------------------------
 
-    def start(self, nursery: trio.Nursery, peer: PeerId) -> None:
-        """Begin punching towards ``peer`` (its shim was just made)."""
+    def start(self, nursery: trio.Nursery, peer: PeerId, virtual: tuple) -> None:
+        """Begin punching towards ``peer``, whose shim (the address QUIC knows it by on
+        this side) was just made at ``virtual``."""
         if peer in self.peers:
             return
         self.peers[peer] = PeerPath()
+        self._virtual[peer] = tuple(virtual[:2])
+        self._peer_at[tuple(virtual[:2])] = peer
         nursery.start_soon(self._peer_loop, peer)
 
     async def _send_cmm(self, peer: PeerId) -> None:
@@ -147,7 +186,7 @@ class DirectPaths:
             for addr in path.pings_due(now):
                 txid = d.new_txid()
                 path.pinged(addr, txid, now)
-                await self._sendto(d.ping(self.identity, peer, txid), addr)
+                self._send_now(d.ping(self.identity, peer, txid), addr)
             self._report(peer, path, now)
             await trio.sleep(TICK if path.active(now) else IDLE_TICK)
 
@@ -197,9 +236,14 @@ class DirectPaths:
         relay)."""
         path = self.peers.get(peer)
         addr = path.direct(time.monotonic()) if path is not None else None
-        if addr is None:
-            return False
-        await self._sendto(data, addr)
+        if addr is None or self._sock is None:
+            return False  # (in endpoint mode the endpoint sends direct datagrams itself)
+        await send(self._sock, data, addr)  # when lost: the pings notice, QUIC retransmits
+        self._remember(peer, data)
+        return True
+
+    def _remember(self, peer: PeerId, data: bytes) -> None:
+        """Keep the newest datagrams sent directly, for :meth:`_replay`."""
         self.sent_direct += 1
         recent = self._recent.setdefault(peer, deque())
         recent.append(data)
@@ -207,10 +251,36 @@ class DirectPaths:
         while size > REPLAY_BYTES:
             size -= len(recent.popleft())
         self._recent_bytes[peer] = size
-        return True
 
-    async def _sendto(self, data: bytes, addr: tuple) -> None:
-        await send(self._sock, data, addr)  # when lost: the pings notice, QUIC retransmits
+    def route(self, data: bytes, addr: tuple) -> tuple:
+        """Endpoint mode: where a QUIC datagram for ``addr`` goes -- a peer's direct path
+        when ``addr`` is its shim and the path is up, else ``addr`` itself."""
+        peer = self._peer_at.get(addr[:2])
+        if peer is None:
+            return addr
+        real = self.peers[peer].direct(time.monotonic())
+        if real is None:
+            return addr
+        self._remember(peer, data)
+        return real
+
+    def inbound(self, addr: tuple) -> tuple:
+        """Endpoint mode: the address QUIC knows the sender by -- its shim's, when ``addr``
+        is a direct path the peer proved -- else ``addr`` itself."""
+        peer = self._by_addr.get(addr[:2])
+        if peer is None or not self.peers[peer].accepts(addr[:2], time.monotonic()):
+            return addr
+        self.received_direct += 1
+        return self._virtual[peer]
+
+    def _on_foreign(self, data: bytes, addr: tuple) -> None:
+        """Endpoint mode: a non-QUIC datagram on the QUIC socket."""
+        if d.is_disco(data):
+            self._on_disco(data, tuple(addr[:2]))
+        elif data[:1] == bytes([w.OBSERVED]) and data[1 : 1 + w.TXID] == self._observe_txid:
+            self._on_observed(data)
+        elif self._chained is not None:
+            self._chained(data, addr)
 
     async def run(self) -> None:
         """Read the direct socket: QUIC datagrams from proved addresses, disco, OBSERVED."""
@@ -226,7 +296,7 @@ class DirectPaths:
                         self.received_direct += 1
                         await self._deliver(peer, data)
                 elif d.is_disco(data):
-                    await self._on_disco(data, addr)
+                    self._on_disco(data, addr)
                 elif data[0] == w.OBSERVED and addr == tuple(self._relay[:2]):
                     self._on_observed(data)
 
@@ -239,7 +309,7 @@ class DirectPaths:
             return
         self._observed.set()
 
-    async def _on_disco(self, data: bytes, addr: tuple) -> None:
+    def _on_disco(self, data: bytes, addr: tuple) -> None:
         try:
             msg = d.decode(data, self.identity.peer_id)
         except d.DiscoRefused as exc:
@@ -252,7 +322,7 @@ class DirectPaths:
         if msg.kind == d.PING:
             path.on_ping(addr, now)
             self._by_addr[addr] = msg.sender
-            await self._sendto(d.pong(self.identity, msg.sender, msg.txid, addr), addr)
+            self._send_now(d.pong(self.identity, msg.sender, msg.txid, addr), addr)
         elif msg.kind == d.PONG and path.on_pong(msg.txid, addr, now):
             self._by_addr[addr] = msg.sender
             self._report(msg.sender, path, now)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import socket
 import weakref
+from collections.abc import Callable
 
 import trio
 
@@ -34,18 +35,28 @@ def _install(ep: Endpoint) -> dict[bytes, _Pending]:
     table = _waiting.get(ep)
     if table is None:
         table = _waiting[ep] = {}
-        ep.on_foreign_datagram = lambda data, addr: _answer(table, data)
+        chained = ep.on_foreign_datagram
+        ep.on_foreign_datagram = lambda data, addr: _answer(table, data, addr, chained)
     return table
 
 
-def _answer(table: dict[bytes, _Pending], data: bytes) -> None:
+def _answer(
+    table: dict[bytes, _Pending],
+    data: bytes,
+    addr: tuple,
+    chained: Callable[[bytes, tuple], None] | None,
+) -> None:
     """An OBSERVED for a question we asked (the random id proves that); anything else that
-    is not QUIC is dropped, as the endpoint drops any datagram it cannot use."""
+    is not QUIC goes to the handler installed before ours (hole punching's), if any, else
+    is dropped, as the endpoint drops any datagram it cannot use."""
     if len(data) > 1 + w.TXID and data[0] == w.OBSERVED:
         pending = table.get(data[1 : 1 + w.TXID])
         if pending is not None and pending.answer is None:
             pending.answer = data[1 + w.TXID :].decode(errors="replace")
             pending.arrived.set()
+            return
+    if chained is not None:
+        chained(data, addr)
 
 
 async def observe_address(

@@ -18,7 +18,7 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from aioquic.buffer import Buffer
@@ -67,6 +67,14 @@ errors from a gone or unreachable peer, a local firewall rule that drops it (net
 answers EPERM), a full device queue. Anything else is a bug and is raised."""
 
 
+class Router(Protocol):
+    """What :attr:`Endpoint.router` must offer (see ``relay._direct.DirectPaths``)."""
+
+    def route(self, data: bytes, addr: tuple) -> tuple: ...
+
+    def inbound(self, addr: tuple) -> tuple: ...
+
+
 class Endpoint:
     """A node's UDP endpoint: dials peers and, while :meth:`serve` runs, accepts them.
 
@@ -97,6 +105,10 @@ class Endpoint:
         bit set, RFC 9000 17.2-17.3): the relay's address-discovery answers share the QUIC
         socket, as STUN shares it in ICE, so that they observe this socket's NAT mapping."""
         self._admission = _Admission()
+        self.router: Router | None = None
+        """A path layer under QUIC (hole punching, ``relay._direct``): maps the address a
+        connection knows a peer by to where its datagrams really go, and back. QUIC never
+        sees the real address, so a path change is no migration to it."""
         # Off by default: on loopback, GSO measured ~2x slower and GRO neutral (bench).
         self._gso = config.udp_offload and _try_setsockopt(sock, _UDP_SEGMENT, 0)
         self._gro = config.udp_offload and _try_setsockopt(sock, _UDP_GRO, 1)
@@ -256,6 +268,9 @@ class Endpoint:
         """Send datagrams, several per syscall where the kernel offers UDP GSO: a run of
         equal-size datagrams to one address (the last may be shorter) goes out in one
         ``sendmsg``; the wire still carries the same separate datagrams."""
+        router = self.router
+        if router is not None:
+            datagrams = [(data, router.route(data, addr)) for data, addr in datagrams]
         if not self._gso or len(datagrams) == 1 or self._backlog:
             for data, addr in datagrams:
                 self._sendto(data, addr)
@@ -346,6 +361,8 @@ class Endpoint:
                     dcid = data[6 : 6 + data[5]]
                 else:
                     dcid = data[1 : 1 + CID_LENGTH]
+                if self.router is not None:
+                    addr = self.router.inbound(addr)
                 conn = cids.get(dcid)
                 if conn is not None:
                     conn._quic.receive_datagram(data, addr, now)

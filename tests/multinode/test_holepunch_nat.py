@@ -111,8 +111,8 @@ def test_session_moves_to_the_direct_path_and_back_to_the_relay_when_it_is_cut(
     assert result["dialled"][0] == CLIENT  # our end of the relay tunnel: the session starts relayed
     log = server.output()
     # Both ends moved to the other's NAT mapping, and both went back to the relay.
-    assert f"direct {ROUTER_B}:" in " ".join(result["paths"][:7]), result
-    assert all(p.startswith("direct") for p in result["paths"][:8]), result
+    assert result["paths"][0].startswith(f"direct {ROUTER_B}:"), result  # NAT B's mapping
+    assert result["paths"][7].startswith("direct"), result  # still direct when it is cut
     assert result["final_path"] == "relay", result
     assert f": direct {ROUTER_A}:" in log, log
     assert log.rindex(": relay;") > log.index(f": direct {ROUTER_A}:"), log

@@ -81,11 +81,6 @@ def test_move_from_a_server_the_client_reaches_only_through_the_relay(
     lab: Lab, observed: dict
 ) -> None:
     error = observed.get("moved_from_relayed_error")
-    if error and not lab.names:
-        # Known and open (issue 23): in the docker-compose lab s1's tunnel to s2 (a wildcard
-        # listener advertising an unreachable address) never completes its handshake; s2
-        # logs "Packet contains no CRYPTO frame". The namespace lab passes this case.
-        pytest.xfail(f"compose lab: move from a relay-only server fails: {error}")
     assert error is None, error
     assert observed["moved_from_relayed_sum"] == 2.0 * sum(range(1000))
 
