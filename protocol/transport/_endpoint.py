@@ -53,8 +53,11 @@ _SUPPORTED_VERSIONS = [0x00000001, 0x6B3343CF]
 
 HANDSHAKE_RATE = 20.0
 """New handshakes a second one source address (IP and port) may start (token bucket)."""
-HANDSHAKE_BURST = 40.0
-"""Handshakes one source address may start at once before the rate applies."""
+HANDSHAKE_BURST = 4.0
+"""Handshakes one source address may start at once before the rate applies. One UDP socket
+dials one connection at a time (relayed peers each get a tunnel socket of their own), so a
+few allow quick reconnects; each admitted Initial costs a TLS handshake (about 2-3 ms of
+this loop), and a burst of 40 let one flooding socket delay others' connects by ~100 ms."""
 RETRY_ABOVE = 64
 """Half-open handshakes above which a new client must first answer a QUIC Retry."""
 MAX_TRACKED_SOURCES = 4096
@@ -423,6 +426,8 @@ class Endpoint:
         )
 
     def _accept_initial(self, data: bytes, addr: tuple, now: float) -> Connection | None:
+        if self._admission.exhausted(addr, now):  # a flooding source: not even parsed
+            return None
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=CID_LENGTH)
         except Exception:  # garbage: any parse failure just drops the datagram
@@ -498,6 +503,12 @@ class _Admission:
         self.retry = QuicRetryTokenHandler()
         self._buckets: dict[tuple, tuple[float, float]] = {}
 
+    def exhausted(self, addr: tuple, now: float) -> bool:
+        """Whether ``addr`` has no handshake left to start now (nothing is spent): checked
+        before a datagram is parsed, so a flood from one source costs a lookup each."""
+        got = self._buckets.get(addr[:2])
+        return got is not None and got[0] + (now - got[1]) * HANDSHAKE_RATE < 1
+
     def allow(self, addr: tuple, now: float) -> bool:
         key = addr[:2]
         tokens, last = self._buckets.get(key, (HANDSHAKE_BURST, now))
@@ -506,7 +517,8 @@ class _Admission:
             self._buckets[key] = (tokens, now)
             return False
         if len(self._buckets) > MAX_TRACKED_SOURCES:  # forget sources that went quiet
-            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < HANDSHAKE_BURST}
+            full = HANDSHAKE_BURST / HANDSHAKE_RATE  # seconds after which a bucket is full
+            self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < full}
         self._buckets[key] = (tokens - 1, now)
         return True
 

@@ -6,6 +6,7 @@ The bounds are generous (the failures they guard against took 150 s and 300 s)."
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from pathlib import Path
@@ -15,11 +16,31 @@ import pytest
 from burn_remote import RemoteDevice, RemoteError
 from burn_remote.server.testing import start_server
 
+LOWEST_FIXED_PORT = 10_000
+"""Ports below this are left alone (services the machine may run)."""
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def _restartable_port() -> int:
+    """A free UDP port a server can bind, be stopped, and bind again.
+
+    Not one from ``bind(0)``: those come from the kernel's ephemeral range, which every other
+    socket binding port 0 on the machine (other test runs) draws from, and one took the port
+    in the seconds between our two servers (the restart then failed: "address in use").
+    Below that range only explicit binds take a port; a random pick avoids a twin test."""
+    low = LOWEST_FIXED_PORT
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default range starts here; elsewhere, the same idea
+    for _ in range(100):
+        port = random.randrange(LOWEST_FIXED_PORT, max(low, LOWEST_FIXED_PORT + 1000))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free UDP port below the ephemeral range")
 
 
 def _timed(fn):  # type: ignore[no-untyped-def]
@@ -67,7 +88,7 @@ def test_after_a_restart_one_clear_error_then_a_fresh_device_works(tmp_path: Pat
     refuses a packet (SIGKILL); it tries to resume and finds nothing there, or (if the new
     server is up by then) a server that no longer has the session. Either way: one clear
     error, then a fresh device for the same target works."""
-    port = _free_udp_port()
+    port = _restartable_port()
     data = tmp_path / "s"
     args = ("--idle-timeout", "2", "--listen", f"127.0.0.1:{port}")
     first = start_server(data, *args)

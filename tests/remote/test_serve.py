@@ -15,6 +15,8 @@ import pytest
 from burn_remote import Device, OpFailed, RemoteDevice, RemoteError
 from burn_remote import functional as F
 
+from tests.transport.conftest import streams_left
+
 from .conftest import Server, env_with_home
 from .mlp import train
 
@@ -178,10 +180,8 @@ def test_bulk_streams_are_freed_at_both_ends(server: Server) -> None:
     for k in range(5):
         t = dev.tensor(big + k)
         np.testing.assert_array_equal(t.numpy(), big + k)  # up and back down, bulk both ways
-    time.sleep(0.1)  # the last FINs are acknowledged (5 ms ACK delay)
-    dev.sync()  # a packet built drops the finished streams
     link = dev._rt.link
-    assert list(link._conn._quic._streams) == [link._control]
+    assert streams_left(link._conn, link._control, dev.sync) == [link._control]
     dev.close()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 
@@ -53,20 +55,45 @@ def _flood(datagrams: list[bytes], addr: tuple, sockets: int, stop: threading.Ev
             s.close()
 
 
-def test_initial_flood_from_one_socket_does_not_delay_a_client(secure, peers, guard_of):
+FLOOD = """
+import socket, sys
+data = open(sys.argv[3], "rb").read()
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+print("flooding", flush=True)
+k = 0
+while k < len(data):
+    n = int.from_bytes(data[k : k + 2], "big")
+    sock.sendto(data[k + 2 : k + 2 + n], (sys.argv[1], int(sys.argv[2])))
+    k += 2 + n
+"""
+"""The attacker: its own process (never a thread of the test, whose interpreter lock the
+measuring client needs), one socket, the datagrams of a file as fast as it can."""
+ROUNDS = 5
+"""Connects measured without and with a flood, alternately: a load that comes and goes on
+the shared machine hits both sides alike (measured one block before the other, a busy
+minute during the flood made this test fail with no fault of the server's)."""
+
+
+def test_initial_flood_from_one_socket_does_not_delay_a_client(secure, peers, guard_of, tmp_path):
     server = secure()
     guard = guard_of(server, peers.victim)
     host, port = server.address.rsplit(":", 1)
-    before = statistics.median(_connect_time(server, peers.admin.key) for _ in range(3))
-    datagrams = _initials(peers.attacker, server, 1100)  # the issue's ~1 100 Initials
-    stop = threading.Event()
-    flood = threading.Thread(target=_flood, args=(datagrams, (host, int(port)), 1, stop))
-    flood.start()
-    during = statistics.median(_connect_time(server, peers.admin.key) for _ in range(3))
-    stop.set()
-    flood.join()
+    file = tmp_path / "initials"
+    with open(file, "wb") as f:
+        for d in _initials(peers.attacker, server, 1100):  # the issue's ~1 100 Initials
+            f.write(len(d).to_bytes(2, "big") + d)
+    quiet, flooded = [], []
+    for _ in range(ROUNDS):
+        quiet.append(_connect_time(server, peers.admin.key))
+        attacker = subprocess.Popen(
+            [sys.executable, "-c", FLOOD, host, port, str(file)], stdout=subprocess.PIPE
+        )
+        assert attacker.stdout is not None and attacker.stdout.readline() == b"flooding\n"
+        flooded.append(_connect_time(server, peers.admin.key))
+        assert attacker.wait(timeout=60) == 0
+    before, during = statistics.median(quiet), statistics.median(flooded)
     allowed = LATENCY_FACTOR * before + 10 * LATENCY_SLACK
-    print(f"\nconnect {before * 1e3:.0f} ms before, {during * 1e3:.0f} ms during the flood")
+    print(f"\nconnect {before * 1e3:.0f} ms without, {during * 1e3:.0f} ms during the flood")
     assert during <= allowed, f"connect took {during:.3f} s during the flood (before {before:.3f})"
     guard.check()
 
@@ -76,8 +103,8 @@ def test_many_half_open_handshakes_make_new_clients_answer_a_retry(secure, peers
     guard = guard_of(server, peers.victim)
     host, port = server.address.rsplit(":", 1)
     addr = (host, int(port))
-    # 8 sockets x 30 Initials: within each source's rate, 240 handshakes left half open
-    _flood(_initials(peers.attacker, server, 240), addr, 8, threading.Event())
+    # 80 sockets x 3 Initials: within each source's burst, 240 handshakes left half open
+    _flood(_initials(peers.attacker, server, 240), addr, 80, threading.Event())
     time.sleep(0.5)
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.settimeout(5)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import socket
+import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 import pytest
 import trio
-from burn_remote.protocol.transport import Endpoint, EndpointConfig, Identity
+from burn_remote.protocol.transport import BlockingConnection, Endpoint, EndpointConfig, Identity
 
 
 def trio_test(fn):
@@ -50,3 +52,24 @@ def has_ipv6_loopback() -> bool:
     except OSError:
         return False
     return True
+
+
+FREE_WAIT = 20.0
+"""Seconds a test waits for finished streams to leave aioquic's table. They leave only once
+the peer acknowledged our end of them and a later packet is built: on a loaded machine the
+acknowledgement can take far longer than the peer's ACK delay (a fixed 0.1 s sleep
+here failed under load). A stream never ended from our side never leaves: that fails."""
+
+
+def streams_left(conn: BlockingConnection, keep: int, send: Callable[[], None]) -> list[int]:
+    """The streams ``conn``'s QUIC still holds once only ``keep`` is left, or at FREE_WAIT.
+    ``send`` makes a round trip on ``keep``: aioquic drops finished streams when it builds a
+    packet, so each one is a chance for the acknowledged ones to go."""
+    deadline = time.monotonic() + FREE_WAIT
+    while True:
+        send()
+        with conn._lock:  # the reader thread changes the table
+            left = sorted(conn._quic._streams)
+        if left == [keep] or time.monotonic() > deadline:
+            return left
+        time.sleep(0.01)
