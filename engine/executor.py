@@ -180,7 +180,11 @@ class Executor:
         return plan
 
     def register(self, digest: str, graph: Graph) -> Plan:
-        plan = compile_graph(graph, self.backend)
+        return self.add(digest, compile_graph(graph, self.backend))
+
+    def add(self, digest: str, plan: Plan) -> Plan:
+        """Cache a plan compiled beforehand (``compile_graph``), so a caller can compile a
+        large graph without holding whatever lock guards the cache."""
         self._plans[digest] = plan
         self._plans.move_to_end(digest)
         self.compiled += 1

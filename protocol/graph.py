@@ -108,29 +108,53 @@ def _spec(raw: Any) -> Spec:
     return tuple(shape), dtype
 
 
+class _Specs(dict):
+    """Specs checked once each: a graph repeats a handful of (shape, dtype) pairs over
+    thousands of nodes, and its nodes share one tuple per pair."""
+
+    def __missing__(self, raw: Any) -> Spec:
+        spec = self[raw] = _spec(raw)
+        return spec
+
+
+def _ids(raw: Any) -> tuple[int, ...]:
+    if all(type(i) is int for i in raw):
+        return raw if type(raw) is tuple else tuple(raw)
+    return tuple(int(i) for i in raw)
+
+
 def decode(data: bytes, max_nodes: int = MAX_GRAPH_NODES) -> Graph:
-    """Parse the canonical form; any deviation raises GraphError naming what was wrong."""
+    """Parse the canonical form; any deviation raises GraphError naming what was wrong.
+
+    Decoded as tuples, never lists: the server decodes graphs of up to MAX_GRAPH_NODES
+    nodes, and lists would be a few hundred thousand objects for the garbage collector to
+    walk (again and again while the graph is built) where tuples of numbers and strings are
+    soon left out of its walks.
+    """
     import msgpack
 
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True, max_array_len=4 * max_nodes)
+        raw = msgpack.unpackb(
+            data, raw=False, strict_map_key=True, use_list=False, max_array_len=4 * max_nodes
+        )
         fmt_version, inputs, nodes, outputs = raw
         if fmt_version != GRAPH_FORMAT:
             raise GraphError(f"graph format {fmt_version!r} is not {GRAPH_FORMAT}")
         if len(nodes) > max_nodes:
             raise GraphError(f"graph has {len(nodes)} nodes; the limit is {max_nodes}")
+        specs = _Specs()
         return Graph(
-            inputs=tuple(_spec(s) for s in inputs),
+            inputs=tuple(specs[s] for s in inputs),
             nodes=tuple(
                 GraphNode(
-                    op=str(op),
-                    inputs=tuple(int(i) for i in ins),
-                    attrs=tuple((str(k), _tuples(v)) for k, v in attrs),
-                    outputs=tuple(_spec(s) for s in outs),
+                    op=op if type(op) is str else str(op),
+                    inputs=_ids(ins),
+                    attrs=tuple((str(k), v) for k, v in attrs),
+                    outputs=tuple(specs[s] for s in outs),
                 )
                 for op, ins, attrs, outs in nodes
             ),
-            outputs=tuple(int(i) for i in outputs),
+            outputs=_ids(outputs),
         )
     except GraphError:
         raise

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..engine.backend import Backend, get_backend
-from ..engine.executor import PLAN_CACHE_SIZE, Executor, Plan
+from ..engine.executor import PLAN_CACHE_SIZE, Executor, Plan, compile_graph
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
-from ._footprint import footprint
+from ._footprint import footprint, plan_bytes
 from ._peers import PeerDirectory
 
 
@@ -47,9 +47,10 @@ class Limits:
     """Compiled plans kept (LRU, shared by all sessions)."""
     max_peer_sessions: int = 16
     """Concurrent sessions of one peer (so one peer cannot take every slot)."""
-    peer_memory: int = 0
+    peer_memory: int | None = None
     """Bytes all sessions of one peer may hold together (tensors and transfers); 0: no
-    per-peer cap beyond ``memory_limit``."""
+    per-peer cap beyond ``memory_limit``; None: PEER_MEMORY_SHARE of ``memory_limit`` when
+    the server admits more than one peer (``ServerState.peer_memory_cap``)."""
     max_peer_jobs: int = 16
     """Jobs one peer may have queued or running."""
     peer_disk: int = 16 * 2**30
@@ -77,6 +78,10 @@ class Limits:
         }
 
 
+PEER_MEMORY_SHARE = 0.75
+"""Default share of the memory limit one peer may hold on a server that admits several
+(several authorised peers, or ``--allow-any``): another peer always finds at least a quarter
+free, whatever the first one does. A personal server (one authorised peer) keeps it all."""
 SERVER_DIALS_PER_MINUTE = 60
 """Dials of other servers (a Fetch, a group link) one peer may cause a minute: each sends
 handshakes to an address that peer may have published itself (``_peers.py``)."""
@@ -102,6 +107,8 @@ class ServerState:
         self.executor = Executor(self.backend, self.limits.plan_cache)
         self.peer_id = peer_id
         self.lock = threading.Lock()
+        self.compile_lock = threading.Lock()
+        """Held while a plan compiles (not the ledger's ``lock``: see ``_compile``)."""
         self.sessions: dict[int, Any] = {}
         self.tensors = 0
         self.bytes = 0
@@ -138,7 +145,7 @@ class ServerState:
         self._dials: dict[str, list[float]] = {}
         """peer -> times of the recent dials of other servers it caused (``allow_dial``)."""
         self._plan_bytes: dict[str, int] = {}
-        """digest -> constant bytes charged for a cached plan."""
+        """digest -> bytes charged for a cached plan: its constants and its bookkeeping."""
         self._plan_users: dict[str, set[int]] = {}
         """digest -> sessions that registered it (the plan is released with the last)."""
         self._caps: dict[bytes, tuple[str, Any, int, int, float]] = {}
@@ -184,9 +191,23 @@ class ServerState:
             if len(self._dials) > 4 * self.limits.max_sessions:  # forget idle peers
                 self._dials = {p: ts for p, ts in self._dials.items() if ts[-1] > now - 60.0}
 
+    def peer_memory_cap(self) -> int:
+        """Bytes one peer's sessions may hold (0: no cap of its own): ``--peer-memory`` when
+        given, else PEER_MEMORY_SHARE of the memory limit when more than one peer may connect
+        (a server with no admission policy is one process's own, in-process: no cap)."""
+        if self.limits.peer_memory is not None:
+            return self.limits.peer_memory
+        policy = self.authorized
+        if policy is None:
+            return 0
+        admitted = policy.admitted()
+        if admitted is not None and admitted <= 1:
+            return 0
+        return int(self.limits.memory_limit * PEER_MEMORY_SHARE)
+
     def check_peer_memory(self, peer: str, nbytes: int) -> None:
-        """Raise LimitExceeded when ``peer``'s sessions would hold more than peer_memory."""
-        cap = self.limits.peer_memory
+        """Raise LimitExceeded when ``peer``'s sessions would hold more than its cap."""
+        cap = self.peer_memory_cap()
         if not cap or nbytes <= 0 or not peer:
             return
         with self.lock:
@@ -198,7 +219,8 @@ class ServerState:
         if held + nbytes > cap:
             raise LimitExceeded(
                 f"peer {peer[:12]}... memory quota exceeded: {held} + {nbytes} bytes > {cap} "
-                "(--peer-memory)"
+                "(--peer-memory; by default 3/4 of --memory-limit on a server several peers "
+                "use)"
             )
 
     def close_session(self, sid: int) -> None:
@@ -280,32 +302,42 @@ class ServerState:
                 )
             raise GraphError(f"digest mismatch: the graph hashes to {actual}, not {digest}")
         constants, peak = footprint(graph)
-        if constants + peak > self.limits.memory_limit:
+        kept = constants + plan_bytes(graph)
+        if kept + peak > self.limits.memory_limit:
             raise LimitExceeded(
-                f"graph needs {constants} bytes of constants and up to {peak} bytes of "
-                f"intermediates; the server's memory limit is {self.limits.memory_limit}"
+                f"graph needs {constants} bytes of constants, {kept - constants} bytes of "
+                f"compiled plan and up to {peak} bytes of intermediates; the server's memory "
+                f"limit is {self.limits.memory_limit}"
             )
         with self.lock:
             plan = self.executor.plan(digest)
             known = plan is not None and digest in self._plan_bytes
-        charged = 0 if known else constants
+        charged = 0 if known else kept
         self.hold(charged, session_bytes, f"session {session_id}")
         try:
+            fresh = None if known else self._compile(graph)  # never under the ledger's lock
             with self.lock:
                 plan = self.executor.plan(digest)
                 if plan is None:
-                    plan = self.executor.register(digest, graph)
+                    plan = self.executor.add(digest, fresh or self._compile(graph))
                 plan.peak_bytes = peak
                 if digest in self._plan_bytes:
                     self.held -= charged  # charged already (another session, a race)
                 else:
-                    self._plan_bytes[digest] = constants
+                    self._plan_bytes[digest] = kept
                 self._plan_users.setdefault(digest, set()).add(session_id)
                 self._forget_evicted_plans()
         except BaseException:
             self.hold(-charged)
             raise
         return plan
+
+    def _compile(self, graph: Graph) -> Plan:
+        """Compile outside ``self.lock`` (a 100 000-node graph takes about a second, and
+        every session's ledger and plan lookups take that lock); ``compile_lock`` keeps
+        backends' code generation to one graph at a time, as before."""
+        with self.compile_lock:
+            return compile_graph(graph, self.backend)
 
     def release_plans(self, session_id: int, digests: Any) -> None:
         """A session ended: plans no open session registered leave the cache, and their
@@ -356,7 +388,12 @@ class ServerState:
     def compile(self, digest: str, graph: Graph) -> Plan:
         """The cached plan of an already validated graph (a job's own recording)."""
         with self.lock:
-            return self.executor.plan(digest) or self.executor.register(digest, graph)
+            plan = self.executor.plan(digest)
+        if plan is not None:
+            return plan
+        fresh = self._compile(graph)
+        with self.lock:
+            return self.executor.plan(digest) or self.executor.add(digest, fresh)
 
     # --- capabilities -----------------------------------------------------------------------
     def grant(self, peer_id: str, array: Any, session_id: int = 0, session_bytes: int = 0) -> bytes:

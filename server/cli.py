@@ -219,9 +219,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--peer-memory",
         type=_size,
-        default=0,
+        default=None,
         metavar="SIZE",
-        help="bytes all sessions of one peer may hold (default 0: only --memory-limit)",
+        help="bytes all sessions of one peer may hold (default: 3/4 of --memory-limit when "
+        "several peers may connect, all of it when one is authorised; 0: no cap of its own)",
     )
     p.add_argument(
         "--max-peer-jobs", type=int, default=16, help="jobs one peer may have queued or running"

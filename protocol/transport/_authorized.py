@@ -147,6 +147,14 @@ class AuthorizedPeers:
             self._reload()
         return peer not in self._peers
 
+    def admitted(self) -> int | None:
+        """How many peers are admitted now; None under ``allow_any`` (any number)."""
+        if self.allow_any:
+            return None
+        if self._path is not None:
+            self._reload()
+        return len(self._peers)
+
     def role(self, peer: PeerId | str) -> str:
         """The peer's role: ``admin`` only where the file says so, else ``user``."""
         if self._path is not None:

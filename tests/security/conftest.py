@@ -117,8 +117,8 @@ def rss(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def round_trips(dev: RemoteDevice, count: int = 40) -> float:
-    """Median seconds of a small graph executed and read back (one round trip each)."""
+def round_trip_times(dev: RemoteDevice, count: int = 40) -> list[float]:
+    """Seconds of each of ``count`` small graphs executed and read back (one round trip)."""
     x = dev.tensor(np.arange(64, dtype=np.float32))
     (x + 1.0).sum().item()  # registers the graph
     times = []
@@ -126,7 +126,12 @@ def round_trips(dev: RemoteDevice, count: int = 40) -> float:
         t0 = time.perf_counter()
         (x + 1.0).sum().item()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def round_trips(dev: RemoteDevice, count: int = 40) -> float:
+    """Median seconds of a small graph executed and read back (one round trip each)."""
+    return statistics.median(round_trip_times(dev, count))
 
 
 class Guard:

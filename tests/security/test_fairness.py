@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pytest
 from burn_remote import JobError, RemoteDevice
 from burn_remote.protocol import messages as m
+from burn_remote.server._state import PEER_MEMORY_SHARE
 
 from tests.jobs.conftest import wait_for
 from tests.jobs.models import lora_spec
+
+from .conftest import MEMORY_LIMIT
 
 
 def test_one_peer_cannot_take_every_session_slot(secure, peers, raw, guard_of):
@@ -72,3 +76,42 @@ def server_dir(server):  # type: ignore[no-untyped-def]
 
     args = server.proc.args
     return Path(args[args.index("--data-dir") + 1])
+
+
+MiB = 2**20
+
+
+def _fill(dev: RemoteDevice, chunk: int = 4 * MiB) -> int:
+    """Bytes of tensors ``dev`` holds once the server refuses another ``chunk``."""
+    from burn_remote import OpFailed
+
+    held = []
+    while True:
+        t = dev.tensor(np.zeros(chunk // 4, np.float32))
+        try:
+            dev.sync()
+            t.sum().item()
+        except OpFailed as exc:
+            assert "memory quota" in str(exc), exc
+            return len(held) * chunk
+        held.append(t)
+
+
+def test_by_default_one_peer_cannot_take_all_the_memory(secure, peers, guard_of, tmp_path):
+    server = secure()  # three authorised peers, --memory-limit 64 MiB, no --peer-memory
+    guard = guard_of(server, peers.victim)
+    attacker = RemoteDevice(server.target, key=peers.attacker.key)
+    took = _fill(attacker)
+    assert took <= PEER_MEMORY_SHARE * MEMORY_LIMIT, took
+    victim = guard.dev  # the quarter left is the others': 8 MiB still fits
+    assert victim.tensor(np.ones(2 * MiB, np.float32)).sum().item() == 2 * MiB
+    guard.check()
+    attacker.close()
+
+    # a personal server (one authorised peer) lets that peer use the whole limit
+    alone = tmp_path / "alone"
+    alone.write_text(f"{peers.victim.peer_id}\n")
+    personal = secure("--authorized-peers", str(alone))
+    me = RemoteDevice(personal.target, key=peers.victim.key)
+    assert _fill(me) > PEER_MEMORY_SHARE * MEMORY_LIMIT
+    me.close()
