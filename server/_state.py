@@ -55,6 +55,9 @@ class Limits:
     """Jobs one peer may have queued or running."""
     peer_disk: int = 16 * 2**30
     """Bytes of artifacts and half-received uploads one peer may keep in the data dir."""
+    disk_limit: int = 0
+    """Bytes the whole data directory may hold before uploads and new jobs are refused (0:
+    only the filesystem's reserve, ``jobs/_disk.py``)."""
 
     @property
     def bulk_threshold(self) -> int:

@@ -102,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             peer_memory=args.peer_memory,
             max_peer_jobs=args.max_peer_jobs,
             peer_disk=args.peer_disk,
+            disk_limit=args.disk_limit,
         )
         state = ServerState(args.device, limits, str(identity.peer_id))
         state.peers = PeerDirectory.for_server(args.peer, args.address_book, args.data_dir)
@@ -233,6 +234,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         default=16 * gib,
         metavar="SIZE",
         help="bytes of artifacts and uploads one peer may keep in the data dir (16GiB)",
+    )
+    p.add_argument(
+        "--disk-limit",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="bytes the whole data dir may hold before uploads and new jobs are refused "
+        "(default 0: no limit but the disk's; 5%% of it, at most 1GiB, is always kept free "
+        "for jobs already accepted)",
     )
     p.add_argument(
         "--max-tensors", type=int, default=100_000, help="tensors one session may hold (100000)"

@@ -24,6 +24,7 @@ from typing import Any
 from ...protocol import messages as m
 from .._state import ServerState
 from ._checkpoint import choose, prune, seal
+from ._disk import NoRoom, check_room
 from ._spec import SpecError, refs, validate
 from ._store import TERMINAL, JobStore, StoreError
 
@@ -51,6 +52,14 @@ UPLOAD_TTL = 3600.0
 """Seconds a half-received upload may sit untouched before it is removed."""
 MAX_PEER_UPLOADS = 8
 """Half-received uploads one peer may have at a time."""
+
+PROGRESS_EVENTS = 1000
+"""Progress events one job stores at most: one every ceil(steps / PROGRESS_EVENTS) steps, and
+the last. (One a step, a job of 10^7 steps, within its spec's bounds, wrote 10^7 rows to the
+job store; a progress bar needs far fewer.)"""
+MAX_JOB_EVENTS = 3 * PROGRESS_EVENTS
+"""Events of any kind a running job stores (progress, checkpoints, messages); state changes
+(queued, cancelled, failed, succeeded) are stored beyond it."""
 
 WATCH_WAIT = 2.0
 """Seconds a JobWatch long poll waits for a new event before answering with none."""
@@ -81,6 +90,8 @@ class JobContext:
         shutil.rmtree(self.work, ignore_errors=True)
         self.work.mkdir(parents=True)
         self.checkpoints = service.store.root / "checkpoints" / str(self.id)
+        self._stored = service.store.event_count(self.id)
+        """Events this job has stored (a resumed job's earlier ones included)."""
         choice = choose(self.checkpoints)
         self.checkpoint: Path | None = choice.path
         """The newest checkpoint that passed its checksum (None: start from step 0)."""
@@ -97,7 +108,22 @@ class JobContext:
         return self.service.resolve(ref, key)
 
     def log(self, text: str) -> None:
-        self.service._event(self.id, {"state": "running", "message": text})
+        self._running({"state": "running", "message": text})
+
+    def _running(self, event: dict[str, Any]) -> None:
+        """Store an event of the running job, up to MAX_JOB_EVENTS of them: past it, one
+        notice, then nothing more until the job's state changes (those are always stored);
+        the job's row keeps its step either way (``jobs status``)."""
+        if self._stored > MAX_JOB_EVENTS:
+            return
+        if self._stored == MAX_JOB_EVENTS:
+            event = {
+                "state": "running",
+                "message": f"this job stored {MAX_JOB_EVENTS} events (MAX_JOB_EVENTS): no more "
+                "progress events; `burn-remote jobs status` shows its step",
+            }
+        self._stored += 1
+        self.service._event(self.id, event)
 
     def started(self, step: int) -> None:
         self._t0, self._s0 = time.monotonic(), step
@@ -121,7 +147,9 @@ class JobContext:
             "eta_s": (total - step) / rate if rate > 0 else None,
         }
         self.service.store.update(self.id, step=step)
-        self.service._event(self.id, event)
+        stride = -(-total // PROGRESS_EVENTS) if total > 0 else 1
+        if step % stride == 0 or step >= total:
+            self._running(event)
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
         """Write a new checkpoint atomically, seal it with its checksum, record it, then drop
@@ -132,7 +160,7 @@ class JobContext:
         path = seal(path)
         self.service.store.update(self.id, checkpoint=str(path), checkpoint_step=step)
         prune(folder)
-        self.service._event(self.id, {"state": "running", "checkpoint": step})
+        self._running({"state": "running", "checkpoint": step})
 
 
 class JobService:
@@ -186,6 +214,10 @@ class JobService:
         except SpecError as exc:
             raise JobRefused(str(exc)) from None
         total = spec.get("steps", 1)
+        try:  # a job writes checkpoints, events and outputs: none while the disk is full
+            check_room(self.store.root, 0, self.state.limits.disk_limit, "job")
+        except NoRoom as exc:
+            raise JobRefused(str(exc)) from None
         if owner is not None:
             active = self.store.active_jobs(owner)
             if active >= self.state.limits.max_peer_jobs:
@@ -288,12 +320,19 @@ class JobService:
                     f"you have {MAX_PEER_UPLOADS} uploads under way on this server "
                     f"(MAX_PEER_UPLOADS); finish or abandon one first"
                 )
-            used = store.disk_of(owner) - (part.stat().st_size if part.exists() else 0)
+            have = part.stat().st_size if part.exists() else 0
+            used = store.disk_of(owner) - have
             if used + total > limits.peer_disk:
                 raise JobRefused(
                     f"artifact of {total} bytes refused: you keep {used} bytes on this server "
                     f"and the per-peer disk quota is {limits.peer_disk} (--peer-disk)"
                 )
+            try:
+                check_room(
+                    store.root, total - have, limits.disk_limit, f"artifact of {total} bytes"
+                )
+            except NoRoom as exc:
+                raise JobRefused(str(exc)) from None
         try:
             return store.receive_chunk(sha, offset, total, data, owner)
         except StoreError as exc:

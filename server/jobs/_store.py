@@ -296,6 +296,14 @@ class JobStore:
         with self._tx() as db:
             return _insert_event(db, job_id, event)
 
+    def event_count(self, job_id: int) -> int:
+        with self.lock:
+            return int(
+                self.db.execute(
+                    "SELECT COUNT(*) FROM events WHERE job_id = ?", (job_id,)
+                ).fetchone()[0]
+            )
+
     def events(self, job_id: int, after: int, limit: int = 1000) -> list[dict[str, Any]]:
         with self.lock:
             rows = self.db.execute(
