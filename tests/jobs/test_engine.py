@@ -22,6 +22,8 @@ def test_a_job_is_refused_by_the_servers_memory_limit(base, spawn, tmp_path):
         "16384",
         "--session-memory",
         "1073741824",
+        "--peer-memory",
+        "0",  # the server's limit is what this test is about, not the per-peer default
     )
     dev = RemoteDevice(server.target)
     job = dev.jobs.submit(lora_spec(*base, steps=3))
