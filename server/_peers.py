@@ -14,6 +14,9 @@ operator's firewall included. So :func:`dial_peer` finds the address itself, in 
 3. the signed record that the peer published on this server's relay (``serve --relay``):
    its direct addresses, else the relay's tunnel.
 
+:func:`dial_targets` gives the same addresses to threads that dial with the blocking client
+(a job training on other servers).
+
 A record on the relay is signed by the peer it describes, so a hostile peer can list any
 address in its own record; every dial is therefore also counted against the requesting
 peer's rate (``SERVER_DIALS_PER_MINUTE``). There is no local-network discovery yet.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +40,7 @@ from ..protocol.transport import (
     PeerId,
     PeerRejected,
     TransportError,
+    format_peer_address,
     parse_peer_address,
 )
 from ..protocol.transport._paths import default_address_book_path
@@ -55,7 +59,12 @@ DIAL_TIMEOUT = 10.0
 class PeerDirectory:
     """The peers this server knows how to reach, from its own configuration only."""
 
-    def __init__(self, configured: Sequence[str] = (), book: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        configured: Sequence[str] = (),
+        book: str | Path | None = None,
+        relay: str | None = None,
+    ) -> None:
         """``configured``: ``PEER@HOST:PORT`` texts (``--peer``); ``book``: the address
         book file (missing: empty). Raises ``ValueError`` naming a bad ``--peer`` and
         ``TransportError`` for a malformed book: a start-up error, so the operator sees it."""
@@ -68,6 +77,8 @@ class PeerDirectory:
             if addr is None:
                 raise ValueError(f"--peer {text!r}: no address; expected PEER@HOST:PORT")
             self.configured.setdefault(peer, []).append(addr)
+        self.relay = relay
+        """``serve --relay``: where peers not configured here are looked up."""
         self.book_path = Path(book) if book is not None else None
         self._stamp: tuple[float, int] | None = None
         self._book = AddressBook()
@@ -77,13 +88,17 @@ class PeerDirectory:
 
     @classmethod
     def for_server(
-        cls, configured: Sequence[str], book: str | None, data_dir: str | None
+        cls,
+        configured: Sequence[str],
+        book: str | None,
+        data_dir: str | None,
+        relay: str | None = None,
     ) -> PeerDirectory:
         """``serve``'s directory: ``--address-book``, else the data dir's book, else the
         node's own book."""
         if book is None:
             book = str(Path(data_dir) / ADDRESS_BOOK_NAME) if data_dir else None
-        return cls(configured, book if book is not None else default_address_book_path())
+        return cls(configured, book if book is not None else default_address_book_path(), relay)
 
     def addresses(self, peer: PeerId) -> list[Address]:
         """Configured addresses of ``peer`` first, then its address-book entry's."""
@@ -162,4 +177,31 @@ async def dial_peer(ep: Endpoint, state: ServerState, peer: str, *, requester: s
     )
 
 
-__all__ = ["ADDRESS_BOOK_NAME", "DIAL_TIMEOUT", "PeerDirectory", "dial_peer"]
+def dial_targets(
+    state: ServerState, peer: str, *, requester: str, key_path: str | Path | None = None
+) -> Iterator[str]:
+    """What a thread of this server that dials with the blocking client (a job's
+    ``RemoteDevice``) tries for ``peer``, in order: ``PEER@HOST:PORT`` texts from the same
+    sources as :func:`dial_peer`, the relay's last and only when asked for. One dial is
+    counted against ``requester``'s rate when the first is asked for.
+
+    Raises:
+        LimitExceeded: past SERVER_DIALS_PER_MINUTE; ValueError: not a peer id.
+    """
+    pid = PeerId.parse(peer)
+    state.allow_dial(requester, time.monotonic())
+    directory = state.peers
+    for addr in directory.addresses(pid):
+        yield format_peer_address(pid, addr)
+    if directory.relay:
+        from ..protocol.relay import RelayError, resolve_via_relay
+
+        try:
+            found = resolve_via_relay(str(pid), relay=directory.relay, key_path=key_path)
+        except (RelayError, ValueError, TransportError):
+            found = None
+        if found is not None:
+            yield format_peer_address(pid, found)
+
+
+__all__ = ["ADDRESS_BOOK_NAME", "DIAL_TIMEOUT", "PeerDirectory", "dial_peer", "dial_targets"]

@@ -105,7 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             disk_limit=args.disk_limit,
         )
         state = ServerState(args.device, limits, str(identity.peer_id))
-        state.peers = PeerDirectory.for_server(args.peer, args.address_book, args.data_dir)
+        state.peers = PeerDirectory.for_server(
+            args.peer, args.address_book, args.data_dir, args.relay
+        )
         if args.data_dir:  # the job store lives in the data directory (server/jobs)
             from burn_remote.server.jobs import JobService
 

@@ -9,6 +9,7 @@ same steps on the same numbers as an uninterrupted run and ends with the same by
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,16 @@ def _train_data_parallel(
 ) -> None:
     """The same steps on the servers of `devices`, each on its share of every batch; the
     model ends on this server's device again (for the outputs), the checkpoint is one copy."""
+    from .._peers import dial_targets
     from ._parallel import close_devices, connect_devices
 
     spec, clip = ctx.spec, ctx.spec["clip"]
-    devices = connect_devices(spec["devices"], ctx.key_path)
+    owner = ctx.job.get("owner") or ""
+
+    def candidates(peer: str) -> Iterator[str]:
+        return dial_targets(ctx.service.state, peer, requester=owner, key_path=ctx.key_path)
+
+    devices = connect_devices(spec["devices"], ctx.key_path, candidates)
     ctx.log(f"data-parallel on {len(devices)} servers")
     try:
         dp = br.DataParallel(model, opt, devices=devices)

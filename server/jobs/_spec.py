@@ -15,9 +15,11 @@ A spec is a dict (or TOML text, parsed with tomllib) such as::
     r = 8
     target_modules = ["c_attn", "c_proj"]
 
-A training job may name several servers, ``devices = ["<peer-id>@host:port", "<peer-id>"]``:
-it then trains data-parallel on them (``burn_remote.DataParallel``), with this server as the
-coordinator that holds the data and writes the one checkpoint.
+A training job may name several servers by peer id, ``devices = ["<peer-id>", ...]``: it then
+trains data-parallel on them (``burn_remote.DataParallel``), with this server as the
+coordinator that holds the data and writes the one checkpoint. This server finds their
+addresses itself (``serve --peer``, its address book, its relay: ``server/_peers.py``); an
+address in the spec is refused, as a peer could otherwise make the server dial any host.
 
 Validation fills in defaults and refuses, with the dotted key path, anything else: wrong types
 (``lora.r: expected a positive integer, got "8x"``), unknown keys (with the closest valid one)
@@ -148,16 +150,20 @@ MAX_JOB_DEVICES = 64
 
 
 def target(v: Any, path: str) -> str:
-    """A server to dial: ``PEER`` or ``PEER@HOST:PORT``, PEER a peer id (what
-    ``burn-remote id`` prints). Checked here, so a typo is refused at submission."""
-    from ...protocol.addressing import split_target
+    """A server to dial, by peer id (what ``burn-remote id`` prints); never an address (the
+    server resolves it itself). Checked here, so a typo is refused at submission."""
     from ...protocol.transport import PeerId
 
     if type(v) is not str or not v:
-        raise _fail(path, 'a server as "PEER-ID" or "PEER-ID@HOST:PORT"', v)
+        raise _fail(path, 'a server as "PEER-ID"', v)
+    if "@" in v:
+        raise SpecError(
+            f"{path}: name the server by its peer id only, without @HOST:PORT: this server "
+            "dials only addresses it resolves itself (its serve --peer flags, its address "
+            "book, its relay)"
+        )
     try:
-        peer, _ = split_target(v)
-        PeerId.parse(peer)
+        PeerId.parse(v.strip())
     except ValueError as exc:
         raise SpecError(f"{path}: {exc}") from None
     return v.strip()

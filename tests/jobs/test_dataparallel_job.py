@@ -37,10 +37,11 @@ def test_a_job_naming_two_servers_trains_like_one_server(base, tmp_path, client_
     try:
         for r in replicas:
             r.know(*[o for o in replicas if o is not r])
+        coordinator.know(*replicas)  # the spec names peer ids: the server finds them itself
         jobs = RemoteDevice(coordinator.target).jobs
         alone = jobs.submit(_spec(base))
         assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
-        parallel = jobs.submit(_spec(base, devices=[r.target for r in replicas]))
+        parallel = jobs.submit(_spec(base, devices=[r.peer_id for r in replicas]))
         done = parallel.wait(timeout=180)
         assert done["state"] == "succeeded", done
         notes = [e.get("message", "") for e in parallel.events(0)]
@@ -61,12 +62,16 @@ def test_a_typo_is_refused_and_an_unreachable_server_fails_the_job(base, spawn, 
     server = spawn()
     jobs = RemoteDevice(server.target).jobs
     with pytest.raises(JobError, match=r"devices\[1\]: not a peer id"):
-        jobs.submit(_spec(base, devices=[server.target, "k51qz-typo@127.0.0.1:7000"]))
+        jobs.submit(_spec(base, devices=[server.peer_id, "k51qz-typo"]))
     with pytest.raises(JobError, match=r"devices\[1\]: the server .* is also devices\[0\]"):
-        jobs.submit(_spec(base, devices=[server.target, server.target]))
+        jobs.submit(_spec(base, devices=[server.peer_id, server.peer_id]))
+    # an address in the spec is refused: the server dials only what it resolves itself
+    with pytest.raises(JobError, match=r"devices\[0\]: name the server by its peer id only"):
+        jobs.submit(_spec(base, devices=[server.target]))
     gone = start_daemon("serve", tmp_path / "gone", "--device", "cpu", "--allow-any")
     gone.stop()  # a real peer id whose server is down
-    job = jobs.submit(_spec(base, devices=[gone.target, server.target]))
+    server.know(gone, server)
+    job = jobs.submit(_spec(base, devices=[gone.peer_id, server.peer_id]))
     with pytest.raises(JobError, match=r"devices\[0\] \(.*\): cannot reach this server") as info:
         job.wait(timeout=120)
     assert gone.peer_id[:12] in str(info.value) and "not running" in str(info.value)
