@@ -4,12 +4,14 @@ Prints, in one run (separate server and client processes, as on two machines):
 - bulk upload MB/s over the transport at the loopback datagram size and at 1452-byte
   datagrams, beside asyncio TLS over TCP, and handshake latency;
 - a large tensor's upload and read-back rates through a `RemoteDevice` and a real
-  `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate;
-- the `item()` round trip (median of interleaved runs) beside a 64-byte echo over the
-  transport and over a plain asyncio TCP socket, for the QUIC engine in use (aioquic);
-- a 64-byte echo over each stock QUIC engine's own asyncio API, side by side: aioquic, and
-  qh3 when it is installed (it is not a dependency: burn-remote's transport needs aioquic's
-  Python internals and server-side client-certificate checks, which qh3 2.x does not expose).
+  `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate,
+  for each client QUIC engine installed (aioquic; qh3 with the `qh3` extra; the server runs
+  aioquic either way);
+- the `item()` round trip per client engine (medians of interleaved runs) beside a 64-byte
+  echo over the transport and over a plain asyncio TCP socket;
+- a 64-byte echo over each stock QUIC engine's own asyncio API, side by side (the same
+  engine at both ends: what a server on qh3 could give, which its TLS server cannot do for
+  us: it never asks for a client certificate).
 
 Usage::
 
@@ -192,12 +194,30 @@ def bench_tls(total: int, frame: int, handshakes: int) -> dict:
 # -- through a RemoteDevice -------------------------------------------------------------------
 
 
+def engines() -> list[str]:
+    """The client QUIC engines installed here: aioquic always, qh3 with the `qh3` extra."""
+    import importlib.util
+
+    return ["aioquic"] + (["qh3"] if importlib.util.find_spec("qh3") is not None else [])
+
+
+def remote_device(target: str, engine: str):  # type: ignore[no-untyped-def]
+    """A RemoteDevice whose connection runs on ``engine`` (what BURN_REMOTE_QUIC_ENGINE sets
+    for a whole process), connected."""
+    from burn_remote import RemoteDevice, _remote_link
+
+    _remote_link.QUIC_ENGINE = engine
+    dev = RemoteDevice(target)
+    dev.sync()
+    return dev
+
+
 def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
-    """Upload and read-back MB/s of one large tensor, and item() beside the echoes."""
+    """Per client engine: upload and read-back MB/s of one large tensor, and item(); beside
+    the 64-byte echoes over the bare transport and plain TCP. Engines interleaved, medians."""
     from pathlib import Path
 
     import numpy as np
-    from burn_remote import RemoteDevice
     from burn_remote.server.testing import start_server
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -207,37 +227,43 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
     os.chmod(home, 0o700)
     os.environ["BURN_REMOTE_HOME"] = home
     server = start_server(Path(home) / "server")
-    result: dict = {}
+    names = engines()
+    ups: dict[str, list[float]] = {e: [] for e in names}
+    downs: dict[str, list[float]] = {e: [] for e in names}
+    items: dict[str, list[float]] = {e: [] for e in names}
+    echoes, tcp = [], []
     try:
-        dev = RemoteDevice(server.target)
-        dev.sync()
+        devs = {e: remote_device(server.target, e) for e in names}
         x = np.random.default_rng(0).standard_normal(tensor_mib * MiB // 4).astype(np.float32)
-        ups, downs = [], []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            t = dev.tensor(x)
-            dev.sync()
-            t1 = time.perf_counter()
-            back = t.numpy()
-            t2 = time.perf_counter()
-            assert back.shape == x.shape
-            ups.append(x.nbytes / (t1 - t0) / 1e6)
-            downs.append(x.nbytes / (t2 - t1) / 1e6)
-            del t, back
-        result["upload_mb_s"] = statistics.median(ups)
-        result["read_mb_s"] = statistics.median(downs)
-        items, echoes, tcp = [], [], []
+            for engine, dev in devs.items():
+                t0 = time.perf_counter()
+                t = dev.tensor(x)
+                dev.sync()
+                t1 = time.perf_counter()
+                back = t.numpy()
+                t2 = time.perf_counter()
+                assert back.shape == x.shape
+                ups[engine].append(x.nbytes / (t1 - t0) / 1e6)
+                downs[engine].append(x.nbytes / (t2 - t1) / 1e6)
+                del t, back
         for _ in range(5):  # interleaved, medians: a shared machine is noisy
-            items.append(item_round_trip(dev, trips))
+            for engine, dev in devs.items():
+                items[engine].append(item_round_trip(dev, trips))
             echoes.append(transport_echo(trips))
             tcp.append(tcp_echo(trips))
-        result["item_us"] = statistics.median(items) * 1e6
-        result["echo_us"] = statistics.median(echoes) * 1e6
-        result["tcp_us"] = statistics.median(tcp) * 1e6
-        dev.close()
+        for dev in devs.values():
+            dev.close()
     finally:
         server.stop()
-    return result
+    med = statistics.median
+    return {
+        "upload_mb_s": {e: med(v) for e, v in ups.items()},
+        "read_mb_s": {e: med(v) for e, v in downs.items()},
+        "item_us": {e: med(v) * 1e6 for e, v in items.items()},
+        "echo_us": med(echoes) * 1e6,
+        "tcp_us": med(tcp) * 1e6,
+    }
 
 
 def tcp_echo(n: int, warm_up: int = 50) -> float:
@@ -380,26 +406,24 @@ def main(argv: list[str] | None = None) -> int:
         f" TLS/TCP {tls['handshake_ms']:.2f} ms"
     )
     r = bench_remote(args.tensor_mib, args.trips)
-    print(f"RemoteDevice, one {args.tensor_mib} MiB float32 tensor (median of 3), engine aioquic:")
     print(
-        f"  upload  {r['upload_mb_s']:8.1f} MB/s   ratio to the transport's bulk rate "
-        f"{r['upload_mb_s'] / big['mb_s']:.2f}x"
+        f"RemoteDevice, one {args.tensor_mib} MiB float32 tensor (median of 3), per client engine:"
     )
+    for engine in r["upload_mb_s"]:
+        up, down = r["upload_mb_s"][engine], r["read_mb_s"][engine]
+        print(
+            f"  {engine:8} upload {up:7.1f} MB/s ({up / big['mb_s']:.2f}x the transport's bulk "
+            f"rate), read {down:7.1f} MB/s ({down / big['mb_s']:.2f}x)"
+        )
     print(
-        f"  read    {r['read_mb_s']:8.1f} MB/s   ratio to the transport's bulk rate "
-        f"{r['read_mb_s'] / big['mb_s']:.2f}x"
+        f"round trips (medians of 5 interleaved runs of {args.trips}): "
+        + "; ".join(f"item() on {e} {v:.0f} us" for e, v in r["item_us"].items())
+        + f"; 64-byte echo over the transport {r['echo_us']:.0f} us; over plain asyncio TCP "
+        f"{r['tcp_us']:.0f} us"
     )
-    print(
-        f"round trips (medians of 5 interleaved runs of {args.trips}), engine aioquic: item() "
-        f"{r['item_us']:.0f} us; 64-byte echo over the transport {r['echo_us']:.0f} us; over "
-        f"plain asyncio TCP {r['tcp_us']:.0f} us; item()/TCP {r['item_us'] / r['tcp_us']:.1f}x"
-    )
-    import importlib.util
-
-    engines = [e for e in ("aioquic", "qh3") if importlib.util.find_spec(e) is not None]
-    runs: dict[str, list[float]] = {e: [] for e in engines}
+    runs: dict[str, list[float]] = {e: [] for e in engines()}
     for _ in range(5):  # interleaved, medians
-        for engine in engines:
+        for engine in runs:
             runs[engine].append(stock_echo(engine, args.trips))
     shown = ", ".join(f"{e} {statistics.median(v) * 1e6:.0f} us" for e, v in runs.items())
     print(f"64-byte echo over each stock QUIC engine's asyncio API (medians of 5): {shown}")
