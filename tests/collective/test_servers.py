@@ -151,3 +151,42 @@ def test_a_server_refuses_a_group_that_names_another_server_as_it(servers):
     with pytest.raises(C.GroupError, match="listed twice"):
         dev._rt._call(m.GroupSetup, 8, 0, (a.peer_id, a.peer_id), bytes(32), 1000)
     assert float(dev.tensor(np.ones(2)).sum().item()) == 2.0  # the session goes on
+
+
+def test_a_cut_link_fails_every_rank_naming_the_cut_pair(servers):
+    """s0 reaches s1 only through the project's fault proxy; the proxy cuts: the ranks on
+    both ends name each other, the third rank names one of them (the abort reaches it
+    first from either side), and nobody hangs."""
+    from pathlib import Path
+
+    from burn_remote.protocol.transport.faultproxy import FaultProxy
+
+    daemons = servers(3, "--allow-any")
+    host, port = daemons[1].address.rsplit(":", 1)
+    proxy = FaultProxy.start_thread((host, int(port)))
+    try:
+        ph, pp = proxy.address
+        book = Path(daemons[0].data_dir) / "addresses.toml"
+        book.write_text(
+            f'[[peer]]\nid = "{daemons[1].peer_id}"\naddresses = ["{ph}:{pp}"]\n'
+            f'[[peer]]\nid = "{daemons[2].peer_id}"\naddresses = ["{daemons[2].address}"]\n'
+        )
+        devs = _devices(daemons)
+        g = C.Group(devs, timeout=600)
+        outs = [C.all_reduce(d.tensor(np.ones(1000, np.float32)), g, "sum") for d in devs]
+        np.testing.assert_array_equal(_bounded(outs[0].numpy), np.full(1000, 3.0))
+        assert proxy.stats.forwarded > 0  # the 0 -> 1 link really crosses the proxy
+        proxy.cut(120)
+        outs = [C.all_reduce(d.tensor(np.ones(1000, np.float32)), g, "sum") for d in devs]
+        culprits = []
+        for o in outs:
+            with pytest.raises(C.GroupError) as info:
+                _bounded(o.numpy)
+            culprits.append(info.value.rank)
+        assert culprits[0] == 1 and culprits[1] == 0 and culprits[2] in (0, 1), culprits
+        g.close()
+        with C.Group(devs[1:]) as g2:  # the servers are fine; only that path is cut
+            again = [C.all_reduce(d.tensor(np.full(2, 1.0)), g2, "sum") for d in devs[1:]]
+            np.testing.assert_array_equal(_bounded(again[1].numpy), [2.0, 2.0])
+    finally:
+        proxy.stop()
