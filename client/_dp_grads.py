@@ -82,6 +82,29 @@ def reduce_tensors(
     return out  # type: ignore[return-value]
 
 
+def broadcast_from_rank0(tensors: list[Tensor], root: bool, group: Any) -> list[Tensor]:
+    """Rank 0's values of `tensors` on every replica (any numeric dtype), bucketed per dtype:
+    rank 0 contributes its values and the others zeros to one summing all-reduce, so the sum
+    is rank 0's exactly (never `x * 0`, which a NaN or an inf would survive)."""
+    from . import collective
+
+    out: list[Tensor | None] = [None] * len(tensors)
+    for bucket in _buckets(tensors, BUCKET_BYTES):
+        parts = [tensors[k] for k in bucket]
+        total = sum(int(p.size) for p in parts)
+        if root:
+            flat = call("cat", *[p.reshape(-1) for p in parts], axis=0)
+        else:
+            flat = parts[0].device.zeros((total,), parts[0].dtype)
+        summed = collective.all_reduce(flat, group, op="sum")
+        start = 0
+        for k, p in zip(bucket, parts):
+            n = int(p.size)
+            out[k] = summed[start : start + n].reshape(p.shape)
+            start += n
+    return out  # type: ignore[return-value]
+
+
 class GradientReducer:
     """The backward hook of one replica's step (see `_autograd.backward_hook`)."""
 
@@ -114,4 +137,4 @@ class GradientReducer:
         self.stash = []
 
 
-__all__ = ["BUCKET_BYTES", "GradientReducer", "reduce_tensors"]
+__all__ = ["BUCKET_BYTES", "GradientReducer", "broadcast_from_rank0", "reduce_tensors"]

@@ -1,9 +1,11 @@
 """One data-parallel step: the function each replica captures, and its combined result.
 
 Each replica gets a `br.compile` of the same body: run the user's step with the replica's
-model and optimizer under the gradient reducer's backward hook, then combine what it returns
-across replicas the way gradients are (a loss that a backward started from is already
-combined: it rode in a gradient bucket). The shard's weight is a float argument, so it is a
+model and optimizer under the gradient reducer's backward hook, give every replica rank 0's
+value of each buffer the step changed (BatchNorm's running statistics: PyTorch DDP's
+`broadcast_buffers`, so replicas stay identical), then combine what it returns across
+replicas the way gradients are (a loss that a backward started from is already combined: it
+rode in a gradient bucket). The shard's weight is a float argument, so it is a
 binding of the captured graph, not a constant.
 """
 
@@ -16,7 +18,7 @@ import numpy as np
 
 from ._autograd import backward_hook, no_grad
 from ._compile import compile as _compile
-from ._dp_grads import REDUCED_FLOATS, GradientReducer, reduce_tensors
+from ._dp_grads import REDUCED_FLOATS, GradientReducer, broadcast_from_rank0, reduce_tensors
 from ._dp_replicate import Replica
 from ._tensor import Tensor
 
@@ -64,8 +66,15 @@ def _body(step: DataParallelStep, rep: Replica) -> Callable[..., Any]:
 
     def data_parallel_step(args: tuple, kwargs: dict[str, Any], weight: Tensor) -> Any:
         reducer = GradientReducer(rep.model.parameters(), weight, dp.group, dp.bucket_bytes)
+        buffers = list(rep.model.named_buffers())
+        before = [t._id for _, t in buffers]
         with backward_hook(reducer):
             result = fn(rep.model, rep.optimizer, *args, **kwargs)
+        changed = [t for (_, t), was in zip(buffers, before) if t._id != was]
+        if changed and dp.group is not None:  # BatchNorm's running statistics
+            with no_grad():
+                for t, v in zip(changed, broadcast_from_rank0(changed, rep.rank == 0, dp.group)):
+                    t._assign(v)
         return _combine(result, reducer, weight, dp.group, dp.bucket_bytes, step.name)
 
     data_parallel_step.__qualname__ = f"DataParallel({step.name})"

@@ -406,3 +406,37 @@ def test_a_replica_that_hangs_between_steps_is_named_by_a_probe_not_waited_for()
     finally:
         thaw.set()
         dp.close()
+
+
+def test_batchnorm_running_statistics_are_rank_0s_on_every_replica():
+    """As PyTorch DDP's broadcast_buffers: each replica normalises its shard with the shard's
+    statistics, and the running statistics every replica keeps are rank 0's."""
+
+    def build(batch, steps):
+        nn.seed(7)
+        net = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+        opt = optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+        _, _, step, batches = mlp(batch, steps)
+        return net, opt, step, batches
+
+    model, opt, step, batches = build(12, 4)
+    dp = DataParallel(model, opt, devices=collective.local_devices(3))
+    run = dp.compile(step)
+    for x, y in batches:
+        run(x, y)
+    dp.check_in_sync()  # running_mean/var and num_batches_tracked included
+    bn = model.get_submodule("1")
+    assert int(bn.num_batches_tracked.item()) == 4
+    assert np.abs(bn.running_mean.numpy()).max() > 0
+    # rank 0's statistics: its first shard (4 samples) alone, through the same first layer
+    ref, _, _, _ = build(12, 4)
+    x0 = batches[0][0][:4]
+    h = ref.get_submodule("0")(Device.cpu().tensor(x0)).numpy()
+    first = 0.1 * h.mean(0)  # momentum 0.1 from zeros after one step
+    dp2 = DataParallel(*build(12, 1)[:2], devices=collective.local_devices(3))
+    dp2.compile(step)(*batches[0])
+    np.testing.assert_allclose(
+        dp2.replicas[2].model.get_submodule("1").running_mean.numpy(), first, rtol=1e-5, atol=1e-6
+    )
+    dp.close()
+    dp2.close()
