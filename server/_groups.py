@@ -234,9 +234,9 @@ class GroupMember:
             self.fail(rank, f"link lost: {exc}")
 
     # --- the ring all-reduce ------------------------------------------------------------------
-    async def all_reduce_async(self, acc: np.ndarray, op: str) -> np.ndarray:
-        """This rank's part of the k-th all-reduce of the group (loop thread), in place in
-        ``acc`` (the caller's own C-contiguous copy)."""
+    async def all_reduce_async(self, host: np.ndarray, op: str) -> np.ndarray:
+        """This rank's part of the k-th all-reduce of the group (loop thread): a new array;
+        ``host`` (C-contiguous) is only read."""
         seq, self._seq = self._seq, self._seq + 1
         if not self.linked.is_set() and self.failure is None:
             with trio.move_on_after(SETUP_TIMEOUT):
@@ -245,7 +245,8 @@ class GroupMember:
             raise self.failure
         if not self.linked.is_set():
             raise GroupFailure(self.id, -1, "", "the group was never started (GroupStart)")
-        shape, acc = acc.shape, acc.reshape(-1)
+        x = host.reshape(-1)
+        acc = np.empty_like(x) if self.size > 1 else x.copy()  # ring.apply fills it
         self._received = 0  # pieces of this all-reduce received (the sender waits on it)
         if self.size > 1:
             with trio.CancelScope() as cs:
@@ -253,8 +254,8 @@ class GroupMember:
                 cs.deadline = trio.current_time() + 2 * self.timeout
                 try:
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._send_all, acc, seq, op)
-                        nursery.start_soon(self._receive_all, acc, seq, op)
+                        nursery.start_soon(self._send_all, x, acc, seq, op)
+                        nursery.start_soon(self._receive_all, x, acc, seq, op)
                 except (TransportError, m.DecodeError) as exc:
                     self.fail(self.pred, f"link lost during all_reduce #{seq}: {exc}")
                 finally:
@@ -263,29 +264,29 @@ class GroupMember:
                 self.fail(-1, f"all_reduce #{seq} did not complete within {2 * self.timeout:g} s")
             if self.failure is not None:
                 raise self.failure
-        return ring.finish(acc, op, self.size).reshape(shape)
+        return ring.finish(acc, op, self.size).reshape(host.shape)
 
     def _plan(self, acc: np.ndarray) -> ring.Plan:
         return ring.Plan(self.rank, self.size, acc.size, acc.itemsize)
 
-    async def _send_all(self, acc: np.ndarray, seq: int, op: str) -> None:
+    async def _send_all(self, x: np.ndarray, acc: np.ndarray, seq: int, op: str) -> None:
         assert self.data_out is not None
         out = self.data_out
         name = dtypes.from_numpy(acc.dtype)
         await out.send_frame(m.encode(m.RingHeader(seq, name, acc.size, op)))
         plan = self._plan(acc)
         where = {(k, a): j for j, (k, a, _, _) in enumerate(plan.receives())}
-        raw = acc.view(np.uint8)
         item = acc.itemsize
         for k, a, b in plan.sends():
             if k:  # the piece received (and reduced) at the previous step goes on
                 need = where[(k - 1, a)] + 1
                 while self._received < need:
                     await self._progress.park()
+            raw = ring.source(k, x, acc).view(np.uint8)
             await out.send_frame(raw[a * item : b * item].data)
             self._moved["succ"] = trio.current_time()
 
-    async def _receive_all(self, acc: np.ndarray, seq: int, op: str) -> None:
+    async def _receive_all(self, x: np.ndarray, acc: np.ndarray, seq: int, op: str) -> None:
         if self.data_in is None:
             assert self.pred_conn is not None
             with trio.move_on_after(self.timeout):
@@ -315,7 +316,7 @@ class GroupMember:
             if frame is None or len(frame) != (b - a) * acc.itemsize:
                 self.fail(self.pred, f"sent a malformed piece of all_reduce #{seq}")
                 return
-            ring.apply(acc, a, b, np.frombuffer(frame, acc.dtype), reduce)
+            ring.apply(acc, a, b, np.frombuffer(frame, acc.dtype), reduce, x)
             self._moved["pred"] = trio.current_time()
             self._received += 1
             self._progress.unpark_all()
@@ -370,10 +371,8 @@ class MemberHandle:
         member = self.member
         if member.engine == "nccl" and member.nccl is not None:
             return member.nccl.all_reduce(x, op, backend, member)
-        # The working copy is made here, on the engine thread: a copy of hundreds of MiB
-        # on the loop would stall every link and session for its duration.
-        acc = np.array(backend.to_numpy(x), copy=True, order="C")
-        out = trio.from_thread.run(member.all_reduce_async, acc, op, trio_token=self.token)
+        host = np.ascontiguousarray(backend.to_numpy(x))  # no copy on the CPU backend
+        out = trio.from_thread.run(member.all_reduce_async, host, op, trio_token=self.token)
         return backend.from_numpy(out)
 
 

@@ -95,12 +95,26 @@ class Plan:
         ]
 
 
-def apply(acc: np.ndarray, lo: int, hi: int, data: np.ndarray, reduce: bool) -> None:
-    """A received piece, in place: ``acc[lo:hi] += data`` or ``= data`` (no temporary)."""
+def apply(
+    acc: np.ndarray, lo: int, hi: int, data: np.ndarray, reduce: bool, base: np.ndarray
+) -> None:
+    """A received piece: ``acc[lo:hi] = base[lo:hi] + data`` (reduce-scatter) or ``= data``
+    (all-gather), written straight into the result, with no temporary.
+
+    ``base`` is this rank's own input: every chunk is received exactly once during the
+    reduce-scatter, so its local value is still the input's then, and the result needs no
+    initial copy of the input (the chunk sent at step 0 is read from the input itself, and
+    the result's copy of it arrives in the all-gather)."""
     if reduce:
-        np.add(acc[lo:hi], data, out=acc[lo:hi])
+        np.add(base[lo:hi], data, out=acc[lo:hi])
     else:
         acc[lo:hi] = data
+
+
+def source(step: int, x: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Where the pieces sent at ``step`` are read: the input at step 0 (that chunk is not
+    in the result yet), the result afterwards (what the previous step received)."""
+    return x if step == 0 else acc
 
 
 def finish(acc: np.ndarray, op: str, size: int) -> np.ndarray:
@@ -115,21 +129,26 @@ def simulate(
 ) -> list[np.ndarray]:
     """Run the ring among ``len(arrays)`` ranks in memory, piece by piece in lock step."""
     size = len(arrays)
-    accs = [np.array(a, copy=True).reshape(-1) for a in arrays]
-    if size > 1:
-        plans = [Plan(r, size, accs[0].size, accs[0].itemsize, piece_bytes) for r in range(size)]
-        for k in range(2 * (size - 1)):
-            # every rank's sends of step k first (what it holds after step k - 1), then applied
-            sent = [
-                [accs[r][a:b].copy() for a, b in plans[r].ranges(plans[r].steps[k].send)]
-                for r in range(size)
+    xs = [np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    if size == 1:
+        return [finish(xs[0].copy(), op, 1).reshape(np.shape(arrays[0]))]
+    accs = [np.empty_like(x) for x in xs]
+    plans = [Plan(r, size, xs[0].size, xs[0].itemsize, piece_bytes) for r in range(size)]
+    for k in range(2 * (size - 1)):
+        # every rank's sends of step k first (what it holds after step k - 1), then applied
+        sent = [
+            [
+                source(k, xs[r], accs[r])[a:b].copy()
+                for a, b in plans[r].ranges(plans[r].steps[k].send)
             ]
-            for r in range(size):
-                st = plans[r].steps[k]
-                for (a, b), data in zip(plans[r].ranges(st.receive), sent[(r - 1) % size]):
-                    apply(accs[r], a, b, data, st.reduce)
+            for r in range(size)
+        ]
+        for r in range(size):
+            st = plans[r].steps[k]
+            for (a, b), data in zip(plans[r].ranges(st.receive), sent[(r - 1) % size]):
+                apply(accs[r], a, b, data, st.reduce, xs[r])
     return [finish(acc, op, size).reshape(np.shape(arrays[0])) for acc in accs]
 
 
 __all__ = ["PIECE_BYTES", "Plan", "Step", "apply", "chunk_bounds", "finish", "pieces",
-           "schedule", "simulate"]  # fmt: skip
+           "schedule", "simulate", "source"]  # fmt: skip
