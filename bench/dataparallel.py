@@ -63,33 +63,96 @@ def step(model: Any, opt: Any, x: Any, y: Any) -> Any:
     return loss
 
 
-def time_one(dev: Any, batch: int, steps: int) -> list[float]:
+def cpu_seconds(pid: int) -> float:
+    """A server's CPU time so far (user + system, all threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(run: Any, batches: list, pids: list[int]) -> tuple[float, float]:
+    """(median wall seconds per step, CPU seconds per step of the busiest server). The CPU
+    figure is the work on the critical path: other processes on a shared machine stretch
+    the wall time, not the CPU time."""
+    before = [cpu_seconds(p) for p in pids]
+    times = []
+    for x, y in batches:
+        t = time.perf_counter()
+        run(x, y).item()
+        times.append(time.perf_counter() - t)
+    cpu = max(cpu_seconds(p) - b for p, b in zip(pids, before)) / len(batches)
+    return statistics.median(times), cpu
+
+
+def time_one(dev: Any, pid: int, batch: int, steps: int) -> tuple[float, float]:
     model, opt, batches = build(batch, steps + 2)
     model.to(dev)
-    run = br.compile(lambda x, y: step(model, opt, x, y))
+    compiled = br.compile(lambda x, y: step(model, opt, x, y))
+
+    def run(x: Any, y: Any) -> Any:
+        return compiled(dev.tensor(x), dev.tensor(y))
+
     for x, y in batches[:2]:  # the captures
-        run(dev.tensor(x), dev.tensor(y)).item()
-    times = []
-    for x, y in batches[2:]:
-        t = time.perf_counter()
-        run(dev.tensor(x), dev.tensor(y)).item()
-        times.append(time.perf_counter() - t)
-    return times
+        run(x, y).item()
+    return timed(run, batches[2:], [pid])
 
 
-def time_parallel(devices: list[Any], batch: int, steps: int, **opts: Any) -> list[float]:
+def time_parallel(
+    devices: list[Any], pids: list[int], batch: int, steps: int, **opts: Any
+) -> tuple[float, float]:
     model, opt, batches = build(batch, steps + 2)
     dp = br.DataParallel(model, opt, devices=devices, **opts)
     run = dp.compile(step)
     for x, y in batches[:2]:
         run(x, y).item()
-    times = []
-    for x, y in batches[2:]:
-        t = time.perf_counter()
-        run(x, y).item()
-        times.append(time.perf_counter() - t)
+    out = timed(run, batches[2:], pids)
     dp.close()
-    return times
+    return out
+
+
+def fixed_costs(devices: list[Any], steps: int = 60) -> dict[str, float]:
+    """Median ms per step of a step with almost no work (the digits MLP, batch 32): what
+    DataParallel adds per step whatever the model (the ring's round trips, the waits)."""
+    from burn_remote import functional as F
+
+    def mlp() -> tuple[Any, Any]:
+        nn.seed(0)
+        net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+        return net, optim.AdamW(net.parameters(), lr=1e-3)
+
+    def small_step(model: Any, opt: Any, x: Any, y: Any) -> Any:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    rng = np.random.default_rng(1)
+    data = [
+        (rng.standard_normal((32, 64)).astype(np.float32), rng.integers(0, 10, 32))
+        for _ in range(steps)
+    ]
+    out = {}
+    model, opt = mlp()
+    model.to(devices[0])
+    run = br.compile(lambda x, y: small_step(model, opt, x, y))
+    times = []
+    for x, y in data:
+        t = time.perf_counter()
+        run(devices[0].tensor(x), devices[0].tensor(y)).item()
+        times.append(time.perf_counter() - t)
+    out["1 server"] = statistics.median(times[5:])
+    for name, every in (("2 servers", 1), ("2 servers, no snapshots", None)):
+        model, opt = mlp()
+        dp = br.DataParallel(model, opt, devices=devices, snapshot_every=every)
+        step_dp = dp.compile(small_step)
+        times = []
+        for x, y in data:
+            t = time.perf_counter()
+            step_dp(x, y).item()
+            times.append(time.perf_counter() - t)
+        out[name] = statistics.median(times[5:])
+        dp.close()
+    return out
 
 
 def main() -> None:
@@ -112,32 +175,43 @@ def main() -> None:
             f"{args.batch}; servers pinned: {[' '.join(p) or 'no (taskset missing)' for p in prefixes]}"
         )
         print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        rows: dict[str, list[float]] = {
+        pids = [srv.proc.pid for srv in servers]
+        rows: dict[str, list[tuple[float, float]]] = {
             "1 server": [],
             "2 servers": [],
             "2 servers, no snapshots": [],
         }
         for r in range(args.rounds):
-            times = {
-                "1 server": time_one(devices[0], args.batch, args.steps),
-                "2 servers": time_parallel(devices, args.batch, args.steps),
-                "2 servers, no snapshots": time_parallel(
-                    devices, args.batch, args.steps, snapshot_every=None
-                ),
-            }
-            for name, t in times.items():
-                rows[name].append(statistics.median(t))
-            print(f"round {r + 1}: " + "   ".join(f"{n} {rows[n][-1] * 1e3:7.1f} ms" for n in rows))
-        med = {n: statistics.median(v) for n, v in rows.items()}
+            rows["1 server"].append(time_one(devices[0], pids[0], args.batch, args.steps))
+            rows["2 servers"].append(time_parallel(devices, pids, args.batch, args.steps))
+            rows["2 servers, no snapshots"].append(
+                time_parallel(devices, pids, args.batch, args.steps, snapshot_every=None)
+            )
+            print(
+                f"round {r + 1}: "
+                + "   ".join(
+                    f"{n} {v[-1][0] * 1e3:7.1f} ms (server CPU {v[-1][1] * 1e3:6.1f} ms)"
+                    for n, v in rows.items()
+                )
+            )
+        wall = {n: statistics.median(t for t, _ in v) for n, v in rows.items()}
+        cpu = {n: statistics.median(c for _, c in v) for n, v in rows.items()}
         print(f"load average after: {os.getloadavg()[0]:.1f}")
         print(
-            f"medians of {args.rounds} rounds (ms/step): "
-            + ", ".join(f"{n} {v * 1e3:.1f}" for n, v in med.items())
+            f"medians of {args.rounds} rounds, ms/step (busiest server's CPU/step): "
+            + ", ".join(f"{n} {wall[n] * 1e3:.1f} ({cpu[n] * 1e3:.1f})" for n in rows)
         )
+        one = "1 server"
         print(
-            f"data-parallel speed-up, 2 servers vs 1: {med['1 server'] / med['2 servers']:.2f}x "
-            f"(without the per-step snapshot wait: "
-            f"{med['1 server'] / med['2 servers, no snapshots']:.2f}x; ideal 2.00x)"
+            f"data-parallel speed-up, 2 servers vs 1: wall {wall[one] / wall['2 servers']:.2f}x "
+            f"(no snapshots {wall[one] / wall['2 servers, no snapshots']:.2f}x); "
+            f"work on the critical path (server CPU) {cpu[one] / cpu['2 servers']:.2f}x "
+            "(ideal 2.00x)"
+        )
+        small = fixed_costs(devices)
+        print(
+            "fixed cost per step (digits MLP, batch 32, ms): "
+            + ", ".join(f"{n} {v * 1e3:.2f}" for n, v in small.items())
         )
     finally:
         for s in servers:
