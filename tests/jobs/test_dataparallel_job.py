@@ -76,3 +76,44 @@ def test_a_typo_is_refused_and_an_unreachable_server_fails_the_job(base, spawn, 
         job.wait(timeout=120)
     assert gone.peer_id[:12] in str(info.value) and "not running" in str(info.value)
     assert job.status()["step"] == 0  # refused before its first step
+
+
+def test_a_data_parallel_job_killed_mid_way_resumes_from_its_one_checkpoint(
+    base, tmp_path, client_home
+):
+    """The coordinator is SIGKILLed mid-job and restarted on its data directory: the job
+    resumes from the checkpoint it wrote (one copy, on the coordinator), dials its servers
+    again, and ends with the adapter of the same job run without interruption."""
+    from tests.jobs.conftest import wait_for
+
+    replicas = [
+        start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
+        for k in range(2)
+    ]
+    data_dir = tmp_path / "c"
+    coordinator = start_daemon("serve", data_dir, "--device", "cpu", "--allow-any")
+    spec = _spec(base, devices=[r.peer_id for r in replicas])
+    spec.update(steps=40, checkpoint_every=5)
+    try:
+        for r in replicas:
+            r.know(*[o for o in replicas if o is not r])
+        coordinator.know(*replicas)  # kept in its data directory across the restart
+        job = RemoteDevice(coordinator.target).jobs.submit(spec)
+        wait_for(lambda: job.status()["checkpoint_step"] >= 10, timeout=120)
+        coordinator.proc.kill()
+        coordinator.proc.wait(10)
+        coordinator = start_daemon("serve", data_dir, "--device", "cpu", "--allow-any")
+        jobs = RemoteDevice(coordinator.target).jobs
+        resumed = jobs.get(job.id)
+        assert resumed.wait(timeout=180)["state"] == "succeeded"
+        notes = [e.get("message", "") for e in resumed.events(0)]
+        assert any("resumed from the checkpoint" in n for n in notes), notes
+        again = jobs.submit(resumed.info["spec"])
+        assert again.wait(timeout=180)["state"] == "succeeded"
+        a = load_arrays(resumed.fetch(tmp_path / "a")[ADAPTER])
+        b = load_arrays(again.fetch(tmp_path / "b")[ADAPTER])
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)  # bit for bit
+    finally:
+        for d in [coordinator, *replicas]:
+            d.stop()
