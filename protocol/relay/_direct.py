@@ -206,9 +206,11 @@ class DirectPaths:
         replayed datagram it already had is dropped as a duplicate; one it lacked is
         acknowledged, and those acknowledgements make it retransmit older losses at once."""
         recent = self._recent.pop(peer, deque())
-        self._recent_bytes.pop(peer, None)
+        size = self._recent_bytes.pop(peer, 0)
         for data in recent:
             await self._relay_send(peer, data)
+        log.info("path to %s...: replayed %d datagrams (%d bytes) through the relay",
+                 str(peer)[:12], len(recent), size)  # fmt: skip
 
     def describe(self, peer: PeerId) -> str:
         path = self.peers.get(peer)

@@ -38,6 +38,10 @@ def main() -> None:
     from burn_remote import Device, RemoteDevice
     from remote.mlp import train
 
+    if os.environ.get("NAT_DEBUG"):
+        import logging
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     started = time.monotonic()
     dev = RemoteDevice(peer)
     out: dict = {"dialled": list(dev.address), "paths": []}
@@ -50,6 +54,8 @@ def main() -> None:
         out["paths"].append(dev.stats()["path"])
         if cut_at and step == cut_at:
             print("CUT", flush=True)
+            if os.environ.get("NAT_DEBUG"):
+                print(time.strftime("%H:%M:%S"), "cut requested", file=sys.stderr, flush=True)
             sys.stdin.readline()
             out["cut_at"] = time.monotonic()
         if cut_at and step == cut_at + 1:  # this step's traffic met the cut path

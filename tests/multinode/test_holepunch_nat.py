@@ -106,6 +106,8 @@ def test_session_moves_to_the_direct_path_and_back_to_the_relay_when_it_is_cut(
     cut(lab.names["ra"], ROUTER_B)  # the relay (10.233.0.1) stays reachable
     stdout, stderr = proc.communicate("cut\n", timeout=180)
     result = _result(proc, stdout, stderr)
+    if os.environ.get("NAT_DEBUG"):  # the client's and the server's path logs
+        print(stderr[-3000:], server.output()[-3000:])
     print(f"\nNAT->NAT: direct after {result['move_s']:.2f} s from the dial; after the cut "
           f"the next step took {result['stalled_s']:.2f} s (fallback to the relay)")  # fmt: skip
     assert result["dialled"][0] == CLIENT  # our end of the relay tunnel: the session starts relayed
