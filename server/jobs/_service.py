@@ -219,6 +219,12 @@ class JobService:
         except NoRoom as exc:
             raise JobRefused(str(exc)) from None
         if owner is not None:
+            kept, quota = self.store.disk_of(owner), self.state.limits.peer_disk
+            if kept >= quota:  # a job's outputs and checkpoints would add to it
+                raise JobRefused(
+                    f"you keep {kept} bytes on this server, at your disk quota {quota} "
+                    "(--peer-disk); nothing was queued"
+                )
             active = self.store.active_jobs(owner)
             if active >= self.state.limits.max_peer_jobs:
                 raise JobRefused(

@@ -79,3 +79,20 @@ def test_uploads_leave_the_reserve_free(tmp_path, monkeypatch):
         assert service.store.has_artifact(ref.removeprefix("sha256:"))  # nothing lost
     finally:
         service.close()
+
+
+def test_a_peer_whose_outputs_reached_its_disk_quota_submits_no_more_jobs(
+    base, secure, peers, guard_of
+):
+    inputs = sum(p.stat().st_size for p in base)
+    server = secure("--peer-disk", str(inputs + 1000))  # its inputs fit, outputs overflow
+    guard = guard_of(server, peers.victim)
+    jobs = RemoteDevice(server.target, key=peers.attacker.key).jobs
+    first = jobs.submit(lora_spec(*base, steps=2))
+    assert first.wait(timeout=120)["state"] == "succeeded"  # accepted work is finished
+    with pytest.raises(JobError, match=r"at your disk quota .*--peer-disk.*nothing was queued"):
+        jobs.submit(lora_spec(*base, steps=2))
+    assert first.status()["outputs"]  # and kept
+    victim = guard.dev.jobs.submit(lora_spec(*base, steps=2))  # another peer is not affected
+    assert victim.wait(timeout=120)["state"] == "succeeded"
+    guard.check()
