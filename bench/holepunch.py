@@ -6,7 +6,9 @@ The client (behind NAT A) dials the server (behind NAT B) by peer id. The direct
 at first, so the session runs relayed and the client measures uploads; then the cut is
 removed, the session moves to the direct path (within the punch retry interval) and the same
 uploads are measured again. The relay runs without its per-peer bandwidth limit here (by
-default it holds each peer to 32 MiB/s), so the figures compare paths, not the limit.
+default it holds each peer to 32 MiB/s), so the figures compare paths, not the limit. It
+also prints how many bytes reached the relay during each phase: after the move, the relay no
+longer carries the session.
 
 Run: flock /tmp/burn-netns.lock .venv/bin/python bench/holepunch.py [--mib 16] [--repeats 5]
 """
@@ -14,6 +16,7 @@ Run: flock /tmp/burn-netns.lock .venv/bin/python bench/holepunch.py [--mib 16] [
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import statistics
@@ -68,6 +71,13 @@ def client(relay: str, peer: str, mib: int, repeats: int) -> None:
     dev.close()
 
 
+def _relay_bytes(ns: str) -> int:
+    """Bytes the relay's interface has received so far (its kernel counter)."""
+    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "eth0"],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mib", type=int, default=16, help="MiB per upload (default 16)")
@@ -101,13 +111,20 @@ def main() -> None:
              "--repeats", str(args.repeats), "--client", f"{RELAY}:7400", server.peer_id],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
+        before = _relay_bytes(names["relay"])
         for line in proc.stdout:
             print(line, end="", flush=True)
             if line.strip() == "HEAL":
+                relayed_phase = _relay_bytes(names["relay"]) - before
                 heal(names["ra"])
+                before = _relay_bytes(names["relay"])
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
-        sys.exit(proc.wait())
+        code = proc.wait()
+        direct_phase = _relay_bytes(names["relay"]) - before
+        print(f"the relay received {relayed_phase / 2**20:.1f} MiB during the relayed uploads, "
+              f"{direct_phase / 2**20:.1f} MiB during the direct ones", flush=True)  # fmt: skip
+        sys.exit(code)
     finally:
         for d in started:
             d.stop()
