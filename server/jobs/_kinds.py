@@ -41,20 +41,15 @@ def run_training(ctx: Any) -> dict[str, Path]:
     if ctx.checkpoint is not None:
         start = load_checkpoint(ctx.checkpoint, opt, rng)
         ctx.log(f"resumed from the checkpoint at step {start}")
-    steps, clip = spec["steps"], spec["clip"]
+    steps = spec["steps"]
     if spec.get("devices"):
         _train_data_parallel(ctx, model, opt, data, rng, start)
     else:
+        step_body = _step_body(spec["clip"])
 
         @br.compile  # recorded once, then replayed: no per-step op recording on the server
         def train_step(x: Any, y: Any) -> Any:
-            loss = loss_on(model, x, y)
-            loss.backward()
-            if clip is not None:
-                optim.clip_grad_norm(model, clip)
-            opt.step()
-            opt.zero_grad()
-            return loss
+            return step_body(model, opt, x, y)
 
         ctx.started(start)
         for step in range(start, steps):
@@ -79,6 +74,21 @@ def run_training(ctx: Any) -> dict[str, Path]:
     return {path.name: path}
 
 
+def _step_body(clip: float | None) -> Any:
+    """One training step, the same on one device and on every data-parallel replica."""
+
+    def step(model: Any, opt: Any, x: Any, y: Any) -> Any:
+        loss = loss_on(model, x, y)
+        loss.backward()  # data-parallel: the gradients come back averaged over the replicas
+        if clip is not None:
+            optim.clip_grad_norm(model, clip)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
+
+
 def _report(ctx: Any, step: int, loss: Any, write: Any) -> None:
     """Progress after `step`, and a checkpoint every `checkpoint_every` steps."""
     spec = ctx.spec
@@ -99,7 +109,7 @@ def _train_data_parallel(
     from .._peers import dial_targets
     from ._parallel import close_devices, connect_devices
 
-    spec, clip = ctx.spec, ctx.spec["clip"]
+    spec = ctx.spec
     owner = ctx.job.get("owner") or ""
 
     def candidates(peer: str) -> Iterator[str]:
@@ -110,16 +120,7 @@ def _train_data_parallel(
     try:
         dp = br.DataParallel(model, opt, devices=devices)
 
-        @dp.compile
-        def train_step(model: Any, opt: Any, x: Any, y: Any) -> Any:
-            loss = loss_on(model, x, y)
-            loss.backward()  # gradients come back averaged over the replicas
-            if clip is not None:
-                optim.clip_grad_norm(model, clip)
-            opt.step()
-            opt.zero_grad()
-            return loss
-
+        train_step = dp.compile(_step_body(spec["clip"]))
         ctx.started(start)
         for step in range(start, spec["steps"]):
             ctx.check()

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from burn_remote.server.testing import Daemon, start_daemon
+from burn_remote.server.testing import Daemon
+from server_group import spawn_known
 
 
 @pytest.fixture
@@ -25,14 +26,7 @@ def servers(tmp_path: Path, client_home: Path) -> Iterator[Callable[..., list[Da
     started: list[Daemon] = []
 
     def spawn(n: int, *flags: str) -> list[Daemon]:
-        new = [
-            start_daemon("serve", tmp_path / f"s{len(started) + k}", "--device", "cpu", *flags)
-            for k in range(n)
-        ]
-        started.extend(new)
-        for d in new:
-            d.know(*[o for o in new if o is not d])
-        return new
+        return spawn_known(tmp_path, started, n, *flags)
 
     yield spawn
     for d in started:

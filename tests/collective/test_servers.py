@@ -6,7 +6,6 @@ rendezvous timeout), the survivors' servers stay up, and a group rebuilt from th
 
 from __future__ import annotations
 
-import threading
 import time
 
 import burn_remote as br
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from burn_remote import RemoteDevice
 from burn_remote import collective as C
+from server_group import bounded
 
 pytestmark = pytest.mark.slow
 
@@ -22,23 +22,7 @@ WATCHDOG = 60.0
 
 
 def _bounded(fn):
-    """Run ``fn`` on a thread; fail the test if it has not returned after WATCHDOG."""
-    box: list = []
-
-    def run():
-        try:
-            box.append(("ok", fn()))
-        except BaseException as exc:
-            box.append(("err", exc))
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(WATCHDOG)
-    assert box, f"hung for {WATCHDOG} s"
-    kind, value = box[0]
-    if kind == "err":
-        raise value
-    return value
+    return bounded(fn, WATCHDOG)
 
 
 def _devices(daemons):

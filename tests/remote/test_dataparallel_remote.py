@@ -5,15 +5,15 @@ and still ends equal to one server."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from burn_remote import DataParallel, RemoteDevice, collective
-from burn_remote.server.testing import Daemon, start_daemon
+from burn_remote.server.testing import Daemon
 from dp_models import MODELS, assert_state_close, mlp, train_one, train_parallel
+from server_group import bounded, spawn_known
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -23,44 +23,15 @@ WATCHDOG = 90.0
 
 @pytest.fixture
 def servers(tmp_path: Path, client_home: Path) -> Iterator[Callable[[int], list[Daemon]]]:
-    """``servers(n)``: n CPU servers that know each other's addresses (ring neighbours dial
-    only peers they resolve themselves)."""
+    """``servers(n)``: n CPU servers that know each other's addresses."""
     started: list[Daemon] = []
-
-    def spawn(n: int) -> list[Daemon]:
-        new = [
-            start_daemon(
-                "serve", tmp_path / f"s{len(started) + k}", "--device", "cpu", "--allow-any"
-            )
-            for k in range(n)
-        ]
-        started.extend(new)
-        for d in new:
-            d.know(*[o for o in new if o is not d])
-        return new
-
-    yield spawn
+    yield lambda n: spawn_known(tmp_path, started, n, "--allow-any")
     for d in started:
         d.stop()
 
 
 def _bounded(fn: Callable[[], object]) -> object:
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append(("ok", fn()))
-        except BaseException as exc:
-            box.append(("err", exc))
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(WATCHDOG)
-    assert box, f"hung for {WATCHDOG} s"
-    kind, value = box[0]
-    if kind == "err":
-        raise value  # type: ignore[misc]
-    return value
+    return bounded(fn, WATCHDOG)
 
 
 @pytest.mark.parametrize(
