@@ -86,6 +86,9 @@ class GroupMember:
         self._moved = {"succ": 0.0, "pred": 0.0}
         """When a piece last left (to the successor) or arrived (from the predecessor): a
         link busy with ring data is alive even if its heartbeats queue behind the data."""
+        self._heard = {"succ": 0.0, "pred": 0.0}
+        """When each link last delivered a frame (heartbeat, abort or data): which side went
+        quiet, when a neighbour's abort blames this rank."""
 
     def name(self, rank: int) -> str:
         return self.peers[rank] if 0 <= rank < self.size else ""
@@ -198,6 +201,7 @@ class GroupMember:
     async def _tend(self, ctl: FrameStream, rank: int, side: str) -> None:
         """Heartbeats out, heartbeats and aborts in, and the watchdog, for one link."""
         seen = [trio.current_time()]
+        self._heard[side] = seen[0]
 
         async def beat() -> None:
             frame = m.encode(m.GroupBeat(self.id))
@@ -223,15 +227,25 @@ class GroupMember:
                         self.fail(rank, "closed its link")
                         break
                     for msg in m.decode(frame):
-                        seen[0] = trio.current_time()
+                        seen[0] = self._heard[side] = trio.current_time()
                         if isinstance(msg, m.GroupAbort):
-                            self.fail(msg.rank, msg.reason, via=ctl)
+                            self.fail(self._blamed(msg.rank), msg.reason, via=ctl)
                         elif isinstance(msg, m.NcclId):
                             self._nccl_bytes = msg.unique_id
                             self._nccl_id.set()
                 nursery.cancel_scope.cancel()
         except (TransportError, m.DecodeError) as exc:
             self.fail(rank, f"link lost: {exc}")
+
+    def _blamed(self, rank: int) -> int:
+        """The culprit to name for an abort that names ``rank``. A neighbour that stopped
+        hearing this rank blames it, though from here the fault is the link to that
+        neighbour (both servers are up): name the neighbour whose link went quiet first, as
+        this rank's own watchdog would a moment later."""
+        if rank != self.rank:
+            return rank
+        quiet = min(self._heard, key=lambda side: max(self._heard[side], self._moved[side]))
+        return self.succ if quiet == "succ" else self.pred
 
     # --- the ring all-reduce ------------------------------------------------------------------
     async def all_reduce_async(self, host: np.ndarray, op: str) -> np.ndarray:

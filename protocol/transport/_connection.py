@@ -200,7 +200,10 @@ class Connection:
         datagrams = quic.datagrams_to_send(now)
         if datagrams:
             self._ep._send_batch(datagrams)
-        t = quic.get_timer()
+        self._arm(quic.get_timer())
+
+    def _arm(self, t: float | None) -> None:
+        """Make the single timer fire at ``t`` (aioquic's ``get_timer()``)."""
         if t != self._timer_at:  # often the same (the oldest packet in flight sets it)
             self._timer_at = t
             self._timer_scope.deadline = math.inf if t is None else t

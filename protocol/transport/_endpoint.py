@@ -377,8 +377,11 @@ class Endpoint:
             for conn in touched:
                 conn._process_events()
                 quic = conn._quic  # window updates: the readers' _consumed sends them
-                if quic._close_pending or (conn._error is None and quic.send_due(now)):
+                timer = quic.get_timer()
+                if quic._close_pending or (conn._error is None and quic.send_due_at(now, timer)):
                     conn._transmit()
+                else:  # the ACK a datagram is owed may be due before the armed timer: after
+                    conn._arm(timer)  # a quiet spell that was the idle timeout's, seconds away
 
     def _read_batch(self) -> list[tuple[bytes, tuple]]:
         """Read what the socket holds now (bounded), splitting GRO-coalesced reads."""
