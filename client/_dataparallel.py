@@ -20,6 +20,7 @@ keeps a handle on their state (one extra copy on each device, no transfer), so
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import weakref
 from collections.abc import Callable, Sequence
@@ -209,7 +210,8 @@ class DataParallel:
             for rep, a, kw, n in zip(self.replicas, shards.args, shards.kwargs, shards.sizes):
                 weight = n / shards.total if self.loss_reduction == "mean" else 1.0
                 run = step._for(rep)
-                results.append(run(_upload(a, rep.device), _upload(kw, rep.device), weight))
+                with _acting(rep.device):  # a long recording is not a late rank
+                    results.append(run(_upload(a, rep.device), _upload(kw, rep.device), weight))
         except ConnectionError as exc:  # a replica's server is gone: the step cannot happen
             rank = len(results)
             for rep in self.replicas:
@@ -412,6 +414,13 @@ class DataParallel:
                 group.close()
             except Exception:  # a group with a dead member may not close cleanly
                 pass
+
+
+def _acting(device: Any) -> Any:
+    """While the client records a local replica's step, that replica is working (its group's
+    rendezvous waits for it); a server shows it is alive by its links' heartbeats."""
+    acting = getattr(device, "acting", None)
+    return acting() if acting is not None else contextlib.nullcontext()
 
 
 def _check_devices(devices: list[Any]) -> None:

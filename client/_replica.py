@@ -7,6 +7,11 @@ A replica works like a GPU stream instead: uploads, graphs and drops are queued 
 worker and the caller goes on; reads, ``sync`` and statistics wait until the worker has run
 everything queued before them. Failures of queued work are kept and raised at that next
 wait, as a remote device raises a server's errors at the next sync.
+
+A replica shows its group that it is alive through its ``liveness``
+(``engine.collective.local.Liveness``): ops recorded and work queued for it, and the CPU its
+worker uses while running a job. A rank that keeps making progress is never declared late
+at a rendezvous, however long its step takes; a frozen one is, after the group's timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 
 from ._device import Device, LocalRuntime
 from ._group_error import as_group_error
-from ._recorder import OpFailed
+from ._recorder import OpFailed, Recorder
 
 MAX_QUEUED = 256
 """Operations a replica's caller may queue ahead of its worker; past this ``put`` waits
@@ -30,8 +35,12 @@ class ReplicaRuntime(LocalRuntime):
     """A LocalRuntime driven by its own worker thread (see the module docstring)."""
 
     def __init__(self, spec: str, name: str) -> None:
+        from burn_remote.engine.collective.local import Liveness
+
         super().__init__(spec, pooled=False)
         self.name = name
+        self.liveness = Liveness()
+        """What this rank's groups read to tell a busy rank from a frozen one."""
         self.groups: dict[int, Any] = {}
         """Group id -> this replica's member (``engine.collective``), set by ``Group``."""
         self._queue: queue.Queue[Callable[[], Any] | None] = queue.Queue(MAX_QUEUED)
@@ -44,7 +53,8 @@ class ReplicaRuntime(LocalRuntime):
     def _work(self) -> None:
         while (job := self._queue.get()) is not None:
             try:
-                job()
+                with self.liveness.acting():
+                    job()
             except BaseException as exc:  # kept for the next wait, in order
                 with self._lock:
                     self._errors.append(exc)
@@ -64,7 +74,7 @@ class ReplicaRuntime(LocalRuntime):
             finally:
                 done.set()
 
-        self._queue.put(job)
+        self._put(job)
         done.wait()
         with self._lock:
             errors, self._errors = self._errors + failed, []
@@ -75,9 +85,13 @@ class ReplicaRuntime(LocalRuntime):
             raise first
         return box[0]
 
+    def _put(self, job: Callable[[], Any]) -> None:
+        self.liveness.touch()
+        self._queue.put(job)
+
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: Any) -> None:
-        self._queue.put(lambda: LocalRuntime.upload(self, tensor_id, array))
+        self._put(lambda: LocalRuntime.upload(self, tensor_id, array))
 
     def execute(self, capture: Any) -> None:
         from burn_remote.engine.collective import scope
@@ -89,14 +103,14 @@ class ReplicaRuntime(LocalRuntime):
             except OpFailed as exc:
                 raise as_group_error(exc) from exc.__cause__
 
-        self._queue.put(run)
+        self._put(run)
 
     def drop(self, ids: Sequence[int], into_graph: bool = False) -> None:
         if threading.current_thread() is self._worker:  # from execute (donated inputs)
             LocalRuntime.drop(self, ids, into_graph)
         else:
             ids = list(ids)
-            self._queue.put(lambda: LocalRuntime.drop(self, ids, into_graph))
+            self._put(lambda: LocalRuntime.drop(self, ids, into_graph))
 
     def read(self, tensor_id: int) -> Any:
         def get() -> Any:
@@ -117,13 +131,28 @@ class ReplicaRuntime(LocalRuntime):
         return self._call(lambda: LocalRuntime.stats(self))
 
 
+class _ReplicaRecorder(Recorder):
+    """A Recorder whose every recorded op counts as its replica's progress."""
+
+    def add(self, node: Any) -> None:
+        self.runtime.liveness.touch()
+        super().add(node)
+
+
 class ReplicaDevice(Device):
     """One of ``collective.local_devices(n)``: a CPU device of its own (``Device.cpu()`` is
     one shared object, so it cannot be two ranks)."""
 
     def __init__(self, spec: str, index: int) -> None:
-        super().__init__(spec, ReplicaRuntime(spec, f"local:{index}"))
+        runtime = ReplicaRuntime(spec, f"local:{index}")
+        super().__init__(spec, runtime)
+        self._rec = _ReplicaRecorder(runtime)
         self.index = index
+
+    def acting(self) -> Any:
+        """A context in which the calling thread works for this replica (records its
+        step): its CPU time counts as the replica's progress at a rendezvous."""
+        return self._rec.runtime.liveness.acting()
 
     def __repr__(self) -> str:
         return f"ReplicaDevice({self.spec!r}, {self.index})"

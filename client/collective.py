@@ -34,7 +34,9 @@ from ._tensor import Tensor
 RENDEZVOUS_TIMEOUT = float(os.environ.get("BURN_REMOTE_RENDEZVOUS_TIMEOUT", "120"))
 """Default seconds a rank waits at a collective for the others (a rank that is alive but
 never arrives: a client that stopped stepping it, or a different sequence of calls). A dead
-or cut-off rank is found much sooner, by the links' heartbeats (LINK_TIMEOUT)."""
+or cut-off rank is found much sooner, by the links' heartbeats (LINK_TIMEOUT). Local
+replicas count it from the missing rank's last progress, so a rank still being recorded or
+computing is never late (``engine.collective.local``)."""
 
 
 def local_devices(n: int, spec: str = "cpu") -> list[Device]:
@@ -118,7 +120,8 @@ class _LocalImpl:
         from burn_remote.engine.collective.local import LocalGroup
 
         names = [d._rec.runtime.name for d in group.devices]
-        self.shared = LocalGroup(group.id, names, group.timeout)
+        liveness = [d._rec.runtime.liveness for d in group.devices]
+        self.shared = LocalGroup(group.id, names, group.timeout, liveness)
         self.devices = group.devices
         for dev, member in zip(group.devices, self.shared.members):
             dev._rec.runtime.groups[group.id] = member

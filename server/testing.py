@@ -1,8 +1,9 @@
 """`burn-remote` daemons as real subprocesses, for tests, examples and benchmarks.
 
 Public like trio's testing helpers: a test of a program built on burn-remote wants a real
-server too. The daemon's output is drained on a thread, so a chatty server never blocks on
-a full pipe, and kept for the message of a failed start or stop.
+server too. The daemon's stdout (its banner) and stderr (its logs) are drained on a thread
+each, so a chatty server never blocks on a full pipe, and kept for the message of a failed
+start or stop.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 START_TIMEOUT = 60.0
 """Seconds a daemon may take to print its peer id and address."""
@@ -32,6 +33,7 @@ class Daemon:
         address: str,
         lines: list[str],
         data_dir: str | Path = "",
+        drains: Sequence[threading.Thread] = (),
     ):
         self.proc, self.peer_id, self.address = proc, peer_id, address
         self.data_dir = Path(data_dir)
@@ -39,17 +41,12 @@ class Daemon:
         self.http: str | None = None
         """``http://host:port`` of the operator port (``--http``), if it has one."""
         self._lines = lines
-        self._drain = threading.Thread(target=self._read, daemon=True)
-        self._drain.start()
+        self._drains = list(drains)
 
     @property
     def target(self) -> str:
         """What `RemoteDevice` takes: ``peer@host:port``."""
         return f"{self.peer_id}@{self.address}"
-
-    def _read(self) -> None:
-        for line in self.proc.stdout or ():
-            self._lines.append(line)
 
     def know(self, *others: Daemon) -> None:
         """Add ``others`` to this server's address book (``DATA_DIR/addresses.toml``, read
@@ -64,7 +61,8 @@ class Daemon:
         tmp.replace(book)  # never half written when the server reads it
 
     def output(self) -> str:
-        """Everything the daemon printed so far."""
+        """Everything the daemon printed so far (stdout and stderr, whole lines, in the
+        order they were read)."""
         return "".join(self._lines)
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int:
@@ -76,8 +74,51 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._drain.join(5)
+        for drain in self._drains:
+            drain.join(5)
         return self.proc.returncode
+
+
+class _Banner:
+    """What the daemon announces on stdout, parsed line by line as it arrives.
+
+    The banner is read from stdout only: logs go to stderr, so a log line written while the
+    banner is printed cannot land inside it (with both on one pipe, a job's log line once
+    split ``peer id: ...``). Each line must be exactly ``key: value``."""
+
+    PATTERNS = {
+        "peer": re.compile(r"peer id: (\S+)"),
+        "address": re.compile(r"listening on: (\S+)"),
+        "http": re.compile(r"http: (\S+) \(.*\)|http: (\S+)"),
+    }
+
+    def __init__(self, command: str) -> None:
+        self.found: dict[str, str] = {}
+        self.complete = threading.Event()
+        """Set when the banner is whole, or stdout ended."""
+        self._needs_end = command == "serve"  # serve's banner ends with "connect with:"
+
+    def feed(self, line: str) -> None:
+        if self.complete.is_set():
+            return
+        text = line.rstrip("\r\n")
+        for key, pattern in self.PATTERNS.items():
+            if key not in self.found and (mt := pattern.fullmatch(text)):
+                self.found[key] = next(g for g in mt.groups() if g)
+        if text.startswith("connect with: "):
+            self._needs_end = False
+        if "peer" in self.found and "address" in self.found and not self._needs_end:
+            self.complete.set()
+
+
+def _drain(stream: Any, lines: list[str], banner: _Banner | None = None) -> None:
+    """Keep every line (whole: one append per line) until the stream ends."""
+    for line in stream:
+        lines.append(line)
+        if banner is not None:
+            banner.feed(line)
+    if banner is not None:
+        banner.complete.set()
 
 
 def start_daemon(
@@ -98,32 +139,28 @@ def start_daemon(
     proc = subprocess.Popen(
         [*prefix, str(exe), command, "--data-dir", str(data_dir), *args],
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         text=True,
         env=None if env is None else dict(env),
     )
-    peer = address = http = None
     lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    banner_done = command != "serve"  # serve's banner ends with "connect with:"
-    while time.monotonic() < deadline and (peer is None or address is None or not banner_done):
-        line = proc.stdout.readline() if proc.stdout else ""
-        if not line:
-            break
-        lines.append(line)
-        if mt := re.match(r"peer id: (\S+)", line):
-            peer = mt.group(1)
-        if mt := re.match(r"listening on: (\S+)", line):
-            address = mt.group(1)
-        if mt := re.match(r"http: (\S+)", line):
-            http = mt.group(1)
-        banner_done = banner_done or line.startswith("connect with:")
-    if peer is None or address is None:
+    banner = _Banner(command)
+    drains = [
+        threading.Thread(target=_drain, args=(proc.stdout, lines, banner), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stderr, lines), daemon=True),
+    ]
+    for drain in drains:
+        drain.start()
+    banner.complete.wait(timeout)
+    peer, address = banner.found.get("peer"), banner.found.get("address")
+    if peer is None or address is None or not banner.complete.is_set():
         proc.kill()
         proc.wait()
+        for drain in drains:
+            drain.join(5)
         raise RuntimeError(f"burn-remote {command} did not start:\n" + "".join(lines))
-    daemon = Daemon(proc, peer, address, lines, data_dir)
-    daemon.http = http
+    daemon = Daemon(proc, peer, address, lines, data_dir, drains)
+    daemon.http = banner.found.get("http")
     return daemon
 
 

@@ -3,14 +3,26 @@
 Each replica runs its graphs on a worker thread of its own (the client's replica runtime),
 so the k-th ``all_reduce`` of every rank meets here concurrently: the last rank to arrive
 checks that all gave the same shape, dtype and op, sums in rank order (once, so every rank
-gets the same bits), and wakes the others, who each take a copy. A rank that does not
-arrive within the group's timeout, or a group closed while ranks wait, fails the group:
-every waiting rank, and every later call, raises ``GroupFailure``.
+gets the same bits), and wakes the others, who each take a copy. A group closed while ranks
+wait fails the group: every waiting rank, and every later call, raises ``GroupFailure``.
+
+Lateness is judged by progress, not by the clock alone: a rank still being recorded by the
+client thread, or whose worker is still computing the graph that leads to the collective, is
+alive and is waited for however long that takes (a 124M-parameter step on a loaded machine
+can take minutes). A missing rank is declared late only when it has shown no progress for the
+group's timeout -- nothing recorded or queued for it, and no CPU time used by a thread acting
+for it (its worker while running a job, a client thread inside ``Liveness.acting``). That is
+the local twin of the servers' link heartbeats: a frozen or deadlocked rank goes quiet, a
+busy one does not. A thread waiting at a rendezvous does not count as progress, so two ranks
+waiting for each other (different sequences of calls) still fail.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +30,77 @@ import numpy as np
 
 from ._errors import GroupFailure
 from .ring import finish
+
+PROGRESS_CHECK = 0.5
+"""Seconds between a waiting rank's looks at the missing ranks' progress (at most; a shorter
+group timeout checks four times per timeout)."""
+
+
+def _thread_cpu_ns(ident: int) -> int:
+    """CPU time a live thread of this process has used (0 where the OS cannot tell)."""
+    try:
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+    except (AttributeError, OSError):  # no per-thread CPU clocks on this platform
+        return 0
+
+
+class Liveness:
+    """How one rank shows it is alive and working (see the module docstring).
+
+    ``touch()`` counts an event (an op recorded, work queued, a job finished); ``acting()``
+    marks the calling thread as working for this rank, so its CPU time counts as progress;
+    ``waiting()`` marks it as blocked at a rendezvous, so it does not. ``progress()`` is a
+    token that changes whenever the rank made progress.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events = 0
+        self._actors: dict[int, int] = {}
+        """Thread ident -> nesting depth of ``acting`` (a registered thread is alive: it
+        leaves under the lock, so reading its CPU clock is safe)."""
+        self._blocked: dict[int, int] = {}
+
+    def touch(self) -> None:
+        self._events += 1  # a lost increment between threads only delays a verdict
+
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._lock:
+            self._actors[me] = self._actors.get(me, 0) + 1
+            self._events += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._events += 1
+                if self._actors[me] == 1:
+                    del self._actors[me]
+                else:
+                    self._actors[me] -= 1
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._lock:
+            self._blocked[me] = self._blocked.get(me, 0) + 1
+            self._events += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._events += 1
+                if self._blocked[me] == 1:
+                    del self._blocked[me]
+                else:
+                    self._blocked[me] -= 1
+
+    def progress(self) -> tuple[int, int]:
+        """(events, CPU ns of the threads acting for this rank and not blocked)."""
+        with self._lock:
+            cpu = sum(_thread_cpu_ns(t) for t in self._actors if t not in self._blocked)
+            return (self._events, cpu)
 
 
 @dataclass
@@ -30,11 +113,20 @@ class _Round:
 class LocalGroup:
     """The shared state of one group of local replicas (ranks 0..size-1)."""
 
-    def __init__(self, group_id: int, names: list[str], timeout: float) -> None:
+    def __init__(
+        self,
+        group_id: int,
+        names: list[str],
+        timeout: float,
+        liveness: list[Liveness] | None = None,
+    ) -> None:
         self.id = group_id
         self.names = names
         """Rank -> the name errors give it (``local:<k>``)."""
         self.timeout = timeout
+        self.liveness = liveness or [Liveness() for _ in names]
+        """Rank -> how it shows progress (its replica runtime's; fresh ones never change,
+        so a rank without one is late ``timeout`` after the first arrival)."""
         self.failure: GroupFailure | None = None
         self._cond = threading.Condition()
         self._rounds: dict[int, _Round] = {}
@@ -57,22 +149,15 @@ class LocalGroup:
         self.fail(-1, "the group was closed")
 
     def exchange(self, rank: int, seq: int, host: np.ndarray, op: str) -> np.ndarray:
-        with self._cond:
+        with self.liveness[rank].waiting(), self._cond:
             if self.failure is not None:
                 raise self.failure
             rnd = self._rounds.setdefault(seq, _Round())
             rnd.inputs[rank] = (host, op)
             if len(rnd.inputs) == self.size:
                 self._reduce(seq, rnd)
-            elif not self._cond.wait_for(
-                lambda: rnd.result is not None or self.failure is not None, self.timeout
-            ):
-                late = min(set(range(self.size)) - set(rnd.inputs))
-                self.failure = GroupFailure(
-                    self.id, late, self.names[late],
-                    f"did not reach all_reduce #{seq} within {self.timeout:g} s",
-                )  # fmt: skip
-                self._cond.notify_all()
+            else:
+                self._wait(seq, rnd)
             if self.failure is not None:
                 raise self.failure
             assert rnd.result is not None
@@ -80,6 +165,30 @@ class LocalGroup:
             if rnd.taken == self.size:
                 del self._rounds[seq]
             return rnd.result if rnd.taken == self.size else rnd.result.copy()
+
+    def _wait(self, seq: int, rnd: _Round) -> None:
+        """Until the round's result or a failure; fails the group naming a missing rank that
+        made no progress for ``timeout`` seconds."""
+        slice_s = max(0.01, min(PROGRESS_CHECK, self.timeout / 4))
+        seen: dict[int, tuple[tuple[int, int], float]] = {}
+        """Missing rank -> (its last progress token, when that token was first seen)."""
+        while not self._cond.wait_for(
+            lambda: rnd.result is not None or self.failure is not None, slice_s
+        ):
+            now = time.monotonic()
+            for r in sorted(set(range(self.size)) - set(rnd.inputs)):
+                token = self.liveness[r].progress()
+                last = seen.get(r)
+                if last is None or last[0] != token:
+                    seen[r] = (token, now)
+                elif now - last[1] >= self.timeout:
+                    self.failure = GroupFailure(
+                        self.id, r, self.names[r],
+                        f"did not reach all_reduce #{seq}: no progress (nothing recorded, "
+                        f"queued or computed) for {self.timeout:g} s",
+                    )  # fmt: skip
+                    self._cond.notify_all()
+                    return
 
     def _reduce(self, seq: int, rnd: _Round) -> None:
         (first, op0) = rnd.inputs[0]
@@ -113,4 +222,4 @@ class LocalMember:
         return backend.from_numpy(self.group.exchange(self.rank, seq, host, op))
 
 
-__all__ = ["LocalGroup", "LocalMember"]
+__all__ = ["PROGRESS_CHECK", "Liveness", "LocalGroup", "LocalMember"]
