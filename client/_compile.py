@@ -31,6 +31,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from itertools import islice
 from threading import get_ident
 from typing import Any
 
@@ -103,6 +104,9 @@ def _flatten(obj: Any, leaves: list, path: str) -> Any:
     if obj is None or t is bool or t is str:
         return ("=", obj)
     if t is tuple or t is list:
+        if all(type(x) is Tensor for x in obj):  # the common call: tensors only
+            leaves.extend(obj)
+            return (t, (_LEAF,) * len(obj))
         return (t, tuple([_flatten(x, leaves, f"{path}[{i}]") for i, x in enumerate(obj)]))
     if t is dict:
         keys = tuple(obj)
@@ -249,8 +253,9 @@ class _Replay:
         ids = self.base_ids[:]
         for k, x, spec in self.obj_inputs:
             i = x._id
-            if specs.get(i) != spec:
-                raise _Miss(_state_changed(x, spec, specs.get(i)))
+            now = specs.get(i)
+            if now is not spec and now != spec:  # replays store the template's own spec
+                raise _Miss(_state_changed(x, spec, now))
             ids[k] = i
         for k, pos in self.arg_inputs:
             ids[k] = flat[pos]._id
@@ -279,8 +284,7 @@ class _Replay:
         for slot, pos in self.arg_values:
             values[slot] = flat[pos]
         tmpl = self.template
-        nxt = rec._ids.__next__
-        out_ids = [nxt() for _ in self.outputs]
+        out_ids = list(islice(rec._ids, len(self.outputs)))
         cap = Capture(
             tmpl.key, tmpl.digest, tmpl.nodes, ids, values, out_ids, tmpl.output_specs, tmpl._graph
         )
@@ -297,7 +301,8 @@ class _Replay:
                 refs.pop(old, None)
                 if old in specs:
                     dead.append(old)
-                failed.pop(old, None)
+                if failed:
+                    failed.pop(old, None)
             x._id = o
             x._version += 1  # a tape that saved it refuses to run, as after _assign
         dev = self.dev

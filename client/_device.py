@@ -144,6 +144,9 @@ def _shape(shape: tuple) -> tuple[int, ...]:
 def _as_array(data: Any, dtype: Any) -> np.ndarray:
     """Arrays keep their dtype (NumPy, torch, anything with `__array__`); Python numbers and
     lists get torch's defaults: float32 for floats, int64 for ints."""
+    if type(data) is np.ndarray and dtype is None and data.dtype.kind != "O":
+        dtypes.from_numpy(data.dtype)  # refuses unsupported dtypes with a clear message
+        return data
     if type(data).__module__.partition(".")[0] == "torch" and hasattr(data, "detach"):
         data = _from_torch(data)
     if dtype is not None:

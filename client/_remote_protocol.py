@@ -94,7 +94,11 @@ class ClientProtocol:
         """request id -> executions not yet known to have succeeded."""
         self.results: dict[int, Any] = {}
         self.errors: list[OpFailed] = []
-        self.welcome: m.Welcome | None = None
+        self._welcome: m.Welcome | None = None
+        self._bulk_threshold = m.BULK_THRESHOLD
+        self._batch_bytes = min(BATCH_MAX_BYTES, m.MAX_FRAME // 2)
+        self._digests: dict[str, bytes] = {}
+        """Hex digest -> wire digest of the graphs executed lately (a replay converts none)."""
         self.fatal: str | None = None
         self._drops: list[int] = []
         self._rid = 0
@@ -113,31 +117,47 @@ class ClientProtocol:
         self.pending_bytes += size
 
     @property
+    def welcome(self) -> m.Welcome | None:
+        """The server's Welcome (its limits size batches and bulk transfers)."""
+        return self._welcome
+
+    @welcome.setter
+    def welcome(self, msg: m.Welcome | None) -> None:
+        self._welcome = msg
+        limits = msg.limits if msg is not None else {}
+        self._bulk_threshold = min(m.BULK_THRESHOLD, limits.get("bulk_threshold", m.BULK_THRESHOLD))
+        self._batch_bytes = min(BATCH_MAX_BYTES, limits.get("max_frame", m.MAX_FRAME) // 2)
+
+    @property
     def bulk_threshold(self) -> int:
         """Bytes above which a tensor moves on a bulk stream: what the server announced."""
-        limits = self.welcome.limits if self.welcome is not None else {}
-        return min(m.BULK_THRESHOLD, limits.get("bulk_threshold", m.BULK_THRESHOLD))
+        return self._bulk_threshold
 
     @property
     def batch_bytes(self) -> int:
         """Inline bytes after which a batch is sent: BATCH_MAX_BYTES, or less for a server
         with small frames."""
-        limits = self.welcome.limits if self.welcome is not None else {}
-        return min(BATCH_MAX_BYTES, limits.get("max_frame", m.MAX_FRAME) // 2)
+        return self._batch_bytes
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
-        a = np.ascontiguousarray(array)
+        a = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         data = a.tobytes()  # the one copy: the caller may change its array after this
         name = dtypes.from_numpy(a.dtype)
-        self.counters.data_bytes_sent += len(data)
-        if len(data) > self.bulk_threshold:
+        n = len(data)
+        self.counters.data_bytes_sent += n
+        if n > self._bulk_threshold:
             self._bulk += 1
             self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
         else:
-            self._queue(m.Upload(tensor_id, name, a.shape, data, 0), size=len(data))
+            self.pending.append(_Entry(m.Upload(tensor_id, name, a.shape, data, 0)))
+            self.pending_bytes += n
 
     def execute(self, capture: Any) -> None:
-        digest = m.digest_bytes(capture.digest)
+        digest = self._digests.get(capture.digest)
+        if digest is None:
+            if len(self._digests) >= MAX_KNOWN_GRAPHS:
+                self._digests.clear()
+            digest = self._digests[capture.digest] = m.digest_bytes(capture.digest)
         if digest not in self.known:
             if len(self.known) >= MAX_KNOWN_GRAPHS:
                 self.known.clear()
@@ -152,16 +172,20 @@ class ClientProtocol:
         self.in_flight[rid] = _InFlight(capture.digest, capture.graph, ops, wheres)
         # Donated inputs (no Tensor holds them) go in this message's drops: the server frees
         # them inside the graph instead of one step later.
-        donated = tuple(capture.input_ids[k] for k in getattr(capture, "donated", ()))
-        drops, self._drops = tuple(self._drops) + donated, []
-        self._queue(
-            m.ExecuteGraph(
-                rid,
-                digest,
-                tuple(capture.input_ids),
-                tuple(capture.values),
-                tuple(capture.output_ids),
-                drops,
+        ids = capture.input_ids
+        drops = self._drops
+        drops.extend([ids[k] for k in capture.donated])
+        self._drops = []
+        self.pending.append(
+            _Entry(
+                m.ExecuteGraph(
+                    rid,
+                    digest,
+                    tuple(ids),
+                    tuple(capture.values),
+                    tuple(capture.output_ids),
+                    tuple(drops),
+                )
             )
         )
 
@@ -181,7 +205,7 @@ class ClientProtocol:
 
     def should_send(self) -> bool:
         """A batch this large goes out even though nothing waits for it."""
-        return len(self.pending) >= BATCH_MAX_MESSAGES or self.pending_bytes >= self.batch_bytes
+        return len(self.pending) >= BATCH_MAX_MESSAGES or self.pending_bytes >= self._batch_bytes
 
     # --- sending (link) -----------------------------------------------------------------------
     def take(self) -> Batch | None:

@@ -17,6 +17,8 @@ and any deviation raises :class:`DecodeError` naming what was wrong (never anoth
 from __future__ import annotations
 
 import dataclasses
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -800,11 +802,14 @@ def _bin(v: Any, name: str) -> bytes:
     return v
 
 
+_INTS = {int}
+
+
 def _ids(v: Any, name: str) -> tuple[int, ...]:
     if type(v) is not list:
         raise DecodeError(f"{name}: expected an array of ids, got {_show(v)}")
-    if all(type(x) is int for x in v) and (not v or (min(v) >= 0 and max(v) <= U64_MAX)):
-        return tuple(v)  # the common case, without a message formatted per element
+    if not v or (set(map(type, v)) == _INTS and min(v) >= 0 and max(v) <= U64_MAX):
+        return tuple(v)  # the common case, checked in C: no Python per element
     return tuple(_u64(x, f"{name}[{i}]") for i, x in enumerate(v))
 
 
@@ -876,12 +881,24 @@ def _show(v: Any) -> str:
 
 
 # --- encoding ------------------------------------------------------------------------------
-def _pack_one(msg: Any) -> list[Any]:
-    out: list[Any] = [msg.TAG]
-    for name, _, _ in _SCHEMAS[type(msg)]:
-        v = getattr(msg, name)
-        out.append(list(v) if isinstance(v, tuple) else v)
-    return out
+def _field_getter(cls: type) -> Callable[[Any], tuple[Any, ...]]:
+    """The message's fields in wire order, read in C (msgpack packs tuples as arrays)."""
+    names = [name for name, _, _ in _SCHEMAS[cls]]
+    if not names:
+        return lambda msg: ()
+    if len(names) == 1:
+        get = operator.attrgetter(names[0])
+        return lambda msg: (get(msg),)
+    return operator.attrgetter(*names)
+
+
+_FIELDS: dict[type, Callable[[Any], tuple[Any, ...]]] = {
+    cls: _field_getter(cls) for cls in MESSAGES.values()
+}
+
+
+def _pack_one(msg: Any) -> tuple[Any, ...]:
+    return (msg.TAG, *_FIELDS[type(msg)](msg))
 
 
 def encode(messages: Message | list[Message] | tuple[Message, ...]) -> bytes:
@@ -905,10 +922,10 @@ def decode_message(raw: Any, where: str = "message") -> Message:
             f"{where} ({cls.__name__}): expected {len(schema)} fields, got {len(raw) - 1}"
         )
     try:
-        kwargs = {name: check(v, label) for (name, check, label), v in zip(schema, raw[1:])}
+        fields = [check(v, label) for (_, check, label), v in zip(schema, raw[1:])]
     except DecodeError as exc:
         raise DecodeError(f"{where} {exc}") from None
-    return cls(**kwargs)
+    return cls(*fields)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,13 @@ handlers are below; the job and artifact handlers live in ``jobs/_wire.py``.
 from __future__ import annotations
 
 import json
+import operator
 from typing import Any
 
 import numpy as np
 
 from ..engine.collective import GroupFailure, scope
-from ..engine.executor import ExecutionError
+from ..engine.executor import ExecutionError, input_check
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import byte_view
@@ -26,6 +27,9 @@ from .jobs._wire import JOB_HANDLERS
 
 MAX_REFUSED_GRAPHS = 64
 """Refused digests a session remembers (a client retrying more is refused again)."""
+
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
 
 
 def upload(s: Any, msg: m.Upload, now: float) -> Reply:
@@ -96,23 +100,30 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
             f"{len(plan.outputs)} outputs; got {len(msg.input_ids)}, {len(msg.values)} "
             f"and {len(msg.output_ids)}",
         )
-    inputs = []
-    for k, (tid, (shape, dt)) in enumerate(zip(msg.input_ids, graph.inputs)):
-        a = s.get(tid)
-        if tuple(a.shape) != shape or a.dtype != dtypes.to_numpy(dt):
-            raise Failure(
-                m.MALFORMED,
-                f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
-                f"{dt}{list(shape)}",
-            )
-        inputs.append(a)
+    ids = msg.input_ids
+    try:
+        inputs = list(map(s.store.__getitem__, ids))
+    except KeyError:
+        inputs = [s.get(tid) for tid in ids]  # raises MISSING_TENSOR naming the first
+    shapes, np_dtypes = input_check(plan)
+    if list(map(_shape, inputs)) != shapes or list(map(_dtype, inputs)) != np_dtypes:
+        for k, (tid, a, (shape, dt)) in enumerate(zip(ids, inputs, graph.inputs)):
+            if tuple(a.shape) != shape or a.dtype != dtypes.to_numpy(dt):
+                raise Failure(
+                    m.MALFORMED,
+                    f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
+                    f"{dt}{list(shape)}",
+                )
     # Inputs the client drops with this very message (an optimizer's old weights) are
     # donated: they leave the store now and the graph frees them at their last use.
-    dropping = set(msg.drops)
-    donated = [
-        k for k, tid in enumerate(msg.input_ids) if tid in dropping and not s.being_sent(inputs[k])
-    ]
-    s.drop(tuple(msg.input_ids[k] for k in donated))
+    donated: list[int] = []
+    if msg.drops:
+        dropping = set(msg.drops)
+        donated = [k for k, tid in enumerate(ids) if tid in dropping]
+        if s.bulk_out:  # a transfer to the client still reads it: not donated
+            donated = [k for k in donated if not s.being_sent(inputs[k])]
+        if donated:
+            s.drop([ids[k] for k in donated])
     try:
         with scope(s.groups, s.state.backend):
             outs = s.state.run(

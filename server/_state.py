@@ -481,10 +481,14 @@ def replacement_cost(store: dict[int, Any], items: Any) -> tuple[int, int]:
     """(new ids, byte delta) of storing ``items`` over ``store``: what the ledger is
     charged before a session or a job keeps them."""
     added = delta = 0
+    get = store.get
     for tid, array in items:
-        old = store.get(tid)
-        delta += nbytes_of(array) - nbytes_of(old)
-        added += old is None
+        old = get(tid)
+        if old is None:
+            added += 1
+            delta += nbytes_of(array)
+        else:
+            delta += nbytes_of(array) - nbytes_of(old)
     return added, delta
 
 
