@@ -12,9 +12,16 @@ measurements (interleaved, so both see the same machine load), and prints median
 - bus bandwidth = size * 2 (N - 1) / N / time (the bytes each rank sends and receives, as
   nccl-tests reports it), and the ratio ring / gloo (>= 1.0: the ring is as fast or faster).
 
+- cpu-s/op: CPU seconds (user + system, from /proc) each ring server spent per
+  all-reduce, a figure the machine's load inflates far less than wall time.
+
+``--planes tcp quic`` measures the servers' TCP data plane (the default) and the fallback
+over their QUIC links side by side.
+
 Usage::
 
     .venv/bin/python bench/allreduce.py [--ranks 2 3 4] [--mib 1 4 16 64 256] [--repeats 5]
+        [--planes tcp quic]
 """
 
 from __future__ import annotations
@@ -90,14 +97,16 @@ class Gloo:
 
 # -- the ring ----------------------------------------------------------------------------------
 class Ring:
-    def __init__(self, size: int, tmp: Path) -> None:
+    def __init__(self, size: int, tmp: Path, plane: str = "tcp") -> None:
         from burn_remote import RemoteDevice
         from burn_remote import collective as C
         from burn_remote.server.testing import start_server
 
         self.C = C
-        self.daemons = [start_server(tmp / f"s{k}", "--session-memory", str(4 * 2**30))
-                        for k in range(size)]  # fmt: skip
+        flags = ["--session-memory", str(4 * 2**30)]
+        if plane == "quic":  # the fallback: no TCP data plane, ring data on the QUIC links
+            flags += ["--ring-port", "off"]
+        self.daemons = [start_server(tmp / f"s{k}", *flags) for k in range(size)]
         for d in self.daemons:
             d.know(*[o for o in self.daemons if o is not d])
         self.devices = [RemoteDevice(d.target) for d in self.daemons]
@@ -136,38 +145,81 @@ class Ring:
             d.stop()
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used (/proc; load inflates it far less
+    than wall time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--mib", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=4,
+        help="unmeasured all-reduces per size first, for both (default 4: a server reuses "
+        "a former result's memory once the client has dropped it, which the client tells "
+        "it with its next messages; until then each result is new memory, whose first "
+        "touch costs page faults and, with transparent huge pages, compaction)",
+    )
+    ap.add_argument(
+        "--planes",
+        nargs="+",
+        choices=("tcp", "quic"),
+        default=["tcp"],
+        help="the ring's data plane: tcp (the servers' TCP data plane, the default) and/or "
+        "quic (the fallback over the QUIC links, --ring-port off)",
+    )
     args = ap.parse_args()
     home = tempfile.mkdtemp(prefix="bench-allreduce-")
     os.environ.setdefault("BURN_REMOTE_HOME", home)
     os.chmod(home, 0o700)
-    print(f"cpus: {os.cpu_count()}  python {sys.version.split()[0]}")
-    print(f"{'ranks':>5} {'MiB':>5} {'ring ms':>9} {'gloo ms':>9} {'ring GB/s':>10} "
-          f"{'gloo GB/s':>10} {'ring/gloo':>9}")  # fmt: skip
+    print(f"cpus: {os.cpu_count()}  python {sys.version.split()[0]}  load {os.getloadavg()}")
+    print(f"{'plane':>5} {'ranks':>5} {'MiB':>5} {'ring ms':>9} {'gloo ms':>9} "
+          f"{'ring GB/s':>10} {'gloo GB/s':>10} {'ring/gloo':>9} {'cpu-s/op':>9}")  # fmt: skip
     for n in args.ranks:
-        ring = Ring(n, Path(tempfile.mkdtemp(prefix=f"ring{n}-")))
+        rings = {p: Ring(n, Path(tempfile.mkdtemp(prefix=f"ring{n}{p}-")), p) for p in args.planes}
         gloo = Gloo(n)
         try:
-            ring.check()
+            for ring in rings.values():
+                ring.check()
             for mib in args.mib:
                 nbytes = mib * MiB
-                ring.time(nbytes)  # warm up: allocation, first registration
-                gloo.time(nbytes)
-                r, g = [], []
-                for _ in range(args.repeats):
-                    r.append(ring.time(nbytes))
+                times: dict[str, list[float]] = {p: [] for p in rings}
+                cpu: dict[str, float] = dict.fromkeys(rings, 0.0)
+                for _ in range(args.warmup):  # steady state, as in a training loop
+                    for ring in rings.values():
+                        ring.time(nbytes)
+                    gloo.time(nbytes)
+                g = []
+                for _ in range(args.repeats):  # interleaved: every plane and gloo per round
+                    for p, ring in rings.items():
+                        pids = [d.proc.pid for d in ring.daemons]
+                        c0 = _cpu_seconds(pids)
+                        times[p].append(ring.time(nbytes))
+                        cpu[p] += _cpu_seconds(pids) - c0
                     g.append(gloo.time(nbytes))
-                rt, gt = statistics.median(r), statistics.median(g)
+                gt = statistics.median(g)
                 bus = nbytes * 2 * (n - 1) / n / 1e9
-                print(f"{n:>5} {mib:>5} {rt * 1e3:>9.1f} {gt * 1e3:>9.1f} {bus / rt:>10.3f} "
-                      f"{bus / gt:>10.3f} {gt / rt:>9.2f}", flush=True)  # fmt: skip
+                for p in rings:
+                    rt = statistics.median(times[p])
+                    per = cpu[p] / args.repeats / n  # per server per all-reduce
+                    print(f"{p:>5} {n:>5} {mib:>5} {rt * 1e3:>9.1f} {gt * 1e3:>9.1f} "
+                          f"{bus / rt:>10.3f} {bus / gt:>10.3f} {gt / rt:>9.2f} {per:>9.3f}",
+                          flush=True)  # fmt: skip
         finally:
-            ring.close()
+            for ring in rings.values():
+                ring.close()
             gloo.close()
+    print(f"load {os.getloadavg()}")
     return 0
 
 

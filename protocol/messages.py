@@ -429,16 +429,33 @@ class GroupLink:
     """The sender's rank."""
     capability: bytes
     """GroupSetup.capability (empty in the answer)."""
+    ring_address: str
+    """In the answer: where the successor takes this link's ring data over TCP
+    (``HOST:PORT``, or ``:PORT`` for the host this QUIC link reached it at); empty when it
+    has no TCP data plane (then the data goes on the link's second QUIC stream). Empty in
+    the dial."""
+    ring_key: bytes
+    """In the answer, with ``ring_address``: 32 fresh random bytes, the AES-256-GCM key of
+    this link's TCP data plane (it travels only inside this authenticated, encrypted QUIC
+    link). Empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
 class GroupBeat:
     """Server -> server on a link's first stream, both ways, every LINK_BEAT seconds: the
-    sender is alive (LINK_TIMEOUT of silence fails the group, naming the silent rank)."""
+    sender is alive (LINK_TIMEOUT of silence fails the group, naming the silent rank). On a
+    link whose ring data goes over TCP it also says how far the data got, so a TCP data link
+    that stops carrying bytes while both QUIC ends still beat is found (a cut TCP path)."""
 
     TAG: ClassVar[int] = 65
     group_id: int
     """The group."""
+    data: int
+    """TCP data plane only (else 0): from the dialler, the ring-data bytes it has written to
+    the TCP link; from the successor, the bytes it has read from it."""
+    waiting: int
+    """From the successor, 1 while its receiver has waited on the TCP data link with nothing
+    arriving for over LINK_BEAT during an all-reduce; 0 otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,9 +501,39 @@ class NcclId:
     """``cupy.cuda.nccl.get_unique_id()`` as bytes (128)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RingPlane:
+    """Server -> server on a link's first stream, once, from the dialler after GroupLink:
+    where this link's ring data will go. The successor counts the link as up only then."""
+
+    TAG: ClassVar[int] = 69
+    group_id: int
+    """The group."""
+    plane: str
+    """``tcp`` (the TCP data plane the answer's ``ring_address`` named, authenticated with
+    its ``ring_key``) or ``quic`` (the link's second QUIC stream)."""
+    reason: str
+    """Why ``quic`` (the TCP attempt's error, or that the successor offered none); empty
+    for ``tcp``."""
+
+
+RING_PLANES = ("tcp", "quic")
+"""Where a group link's ring data can go (RingPlane.plane)."""
+RING_MAGIC = b"burnring"
+"""First 8 bytes the dialler sends on a TCP ring data link (section 12)."""
+RING_HELLO = b"ring data link"
+"""Plain text the first sealed records of a TCP ring data link carry, both ways."""
+RING_TAG = 16
+"""Bytes of AES-GCM tag after each sealed record of a TCP ring data link."""
+RING_MAX_HEADER = 4096
+"""Largest sealed RingHeader record a TCP ring data link accepts."""
+RING_CONNECT_TIMEOUT = 3.0
+"""Seconds the dialler gives a TCP ring data link to connect and authenticate before it
+falls back to the QUIC stream."""
+
 GROUP_MESSAGES = (GroupSetup, GroupReady, GroupStart, GroupClose)
 """The client's group messages (server-to-server ones: GroupLink, GroupBeat, GroupAbort,
-RingHeader, NcclId)."""
+RingHeader, NcclId, RingPlane)."""
 
 
 # --- jobs (server/jobs; tags 40..49 are reserved for them) -----------------------------------
@@ -716,6 +763,7 @@ Message = (
     | GroupAbort
     | RingHeader
     | NcclId
+    | RingPlane
 )
 MESSAGES: dict[int, type] = {
     c.TAG: c
@@ -747,6 +795,7 @@ MESSAGES: dict[int, type] = {
         GroupAbort,
         RingHeader,
         NcclId,
+        RingPlane,
     )
 }
 

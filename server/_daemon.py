@@ -86,6 +86,11 @@ class ServeOptions:
     """Where to serve ``/healthz`` and ``/metrics`` (None: no operator port)."""
     data_dir: str | None = None
     """The data directory (shown in the banner)."""
+    ring_port: int | None = 0
+    """TCP port of the ring data plane on the --listen host (0: any free one; None: off,
+    group links carry ring data on QUIC)."""
+    ring_advertise: str = ""
+    """``HOST:PORT`` ring neighbours dial for the data plane instead (port mapping)."""
 
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
@@ -114,7 +119,10 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
             await start_relay_agent(nursery, opts, ep)
         from ._groups import GroupService
 
-        opts.state.collectives = GroupService(opts.state, ep, nursery)
+        opts.state.collectives = GroupService(
+            opts.state, ep, nursery, opts.ring_port, opts.ring_advertise
+        )
+        nursery.start_soon(_close_on_exit, opts.state.collectives.shutdown)
         parking = Parking(opts.resume_grace)
         opts.state.resume_grace = opts.resume_grace
         nursery.start_soon(parking.sweep_loop)
@@ -122,6 +130,13 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         if on_ready is not None:
             on_ready(ep)
         await ep.serve(lambda conn: _connection(opts.state, ep, conn, parking))
+
+
+async def _close_on_exit(close: Callable[[], None]) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        close()
 
 
 HEARTBEAT = 0.5
@@ -470,6 +485,12 @@ def run(opts: ServeOptions, device: str) -> int:
         print(f"peer id: {ep.peer_id}", flush=True)
         print(f"listening on: {host}:{port}", flush=True)
         print(f"auth: {_auth_mode(opts)}", flush=True)
+        groups = opts.state.collectives
+        if groups is not None and groups.listener is not None:
+            rh, rp = groups.listener.address
+            print(f"ring data: tcp {format_host_port(rh, rp)}", flush=True)
+        else:
+            print("ring data: quic (--ring-port off)", flush=True)
         jobs = "jobs on" if opts.state.jobs is not None else "jobs off"
         print(f"data dir: {opts.data_dir or '(none)'} ({jobs})", flush=True)
         if port_http is not None:

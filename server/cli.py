@@ -126,7 +126,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         resume_grace=args.resume_grace,
         http=http,
         data_dir=args.data_dir,
+        ring_port=args.ring_port,
+        ring_advertise=args.ring_advertise,
     )
+    if args.ring_advertise:
+        try:
+            _host_port("--ring-advertise", args.ring_advertise, parse_host_port)
+        except ValueError as exc:
+            return fail(exc)
     try:
         return run(opts, args.device)
     except OSError as exc:  # the --http port is taken
@@ -134,6 +141,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if state.jobs is not None:
             state.jobs.close()
+
+
+def _ring_port(text: str) -> int | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number or off, got {text!r}") from None
+    if not 0 <= port < 65536:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
+    return port
 
 
 def _host_port(flag: str, text: str, parse: Callable[..., tuple[str, int]]) -> tuple[str, int]:
@@ -305,6 +324,22 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="address published in the record, exactly (repeatable; default: the --listen "
         "address unless it is a wildcard, plus the address the relay sees our QUIC socket at: "
         "behind a NAT, its public mapping)",
+    )
+    p.add_argument(
+        "--ring-port",
+        type=_ring_port,
+        default=0,
+        metavar="PORT|off",
+        help="TCP port of the ring all-reduce's data plane, on the --listen host (default 0: "
+        "a free one, told to ring neighbours over their authenticated QUIC link; off: ring "
+        "data goes over the QUIC links, slower; open it in firewalls as you open --listen)",
+    )
+    p.add_argument(
+        "--ring-advertise",
+        default="",
+        metavar="HOST:PORT",
+        help="address ring neighbours dial for the data plane instead of the --listen host "
+        "and --ring-port (a port mapping or proxy in front of this server)",
     )
     p.add_argument(
         "--peer",

@@ -29,9 +29,24 @@ def _devices(daemons):
     return [RemoteDevice(d.target) for d in daemons]
 
 
+PLANES = {"tcp": (), "quic": ("--ring-port", "off")}
+"""Server flags for each data plane: the TCP data plane (default) and the QUIC fallback."""
+
+
+def _ring_address(daemon) -> tuple[str, int]:
+    """Where a server's TCP data plane listens (its banner)."""
+    import re
+
+    found = re.search(r"ring data: tcp (\S+):(\d+)", daemon.output())
+    assert found, daemon.output()
+    return found.group(1), int(found.group(2))
+
+
+@pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("n", [2, 3])
-def test_ring_matches_numpy(servers, n):
-    devs = _devices(servers(n, "--allow-any"))
+def test_ring_matches_numpy(servers, n, plane):
+    daemons = servers(n, "--allow-any", *PLANES[plane])
+    devs = _devices(daemons)
     rng = np.random.default_rng(n)
     with C.Group(devs) as g:
         for count, dtype in [(1, "float32"), (7, "float64"), (1001, "float32"),
@@ -46,6 +61,35 @@ def test_ring_matches_numpy(servers, n):
         means = [C.all_reduce(d.tensor(np.full((2, 3), float(k))), g, "mean")
                  for k, d in enumerate(devs)]  # fmt: skip
         np.testing.assert_allclose(means[-1].numpy(), np.full((2, 3), (n - 1) / 2))
+    for d in daemons:  # every link took the plane asked for, and said so
+        assert f"over {plane.upper()}" in d.output(), d.output()
+
+
+def test_an_unreachable_tcp_data_plane_falls_back_to_quic(servers):
+    """s1 offers a TCP data plane nobody can reach (a closed port): s0 says why in its log,
+    sends over their QUIC link instead, and the sums are right; s1 -> s0 stays on TCP."""
+    import socket
+
+    with socket.socket() as closed:  # a port that was free a moment ago and is not listened on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    a = servers(1, "--allow-any")[0]
+    b = servers(1, "--allow-any", "--ring-advertise", f"127.0.0.1:{port}")[0]
+    a.know(b)
+    b.know(a)
+    devs = _devices([a, b])
+    rng = np.random.default_rng(5)
+    with C.Group(devs) as g:
+        for count in (1, 1001, 2**20 + 3):
+            xs = [rng.standard_normal(count).astype(np.float32) for _ in devs]
+            outs = [C.all_reduce(d.tensor(x), g, "sum") for d, x in zip(devs, xs)]
+            got = _bounded(lambda outs=outs: [o.numpy() for o in outs])
+            np.testing.assert_allclose(got[0], xs[0] + xs[1], rtol=1e-6)
+            assert got[0].tobytes() == got[1].tobytes()
+    log_a, log_b = a.output(), b.output()
+    assert "ring data to rank 1 over QUIC (fallback: TCP data link to 127.0.0.1:" in log_a, log_a
+    assert "ring data from rank 0 over QUIC (fallback: TCP data link" in log_b, log_b
+    assert "ring data to rank 0 over TCP" in log_b and "from rank 1 over TCP" in log_a
 
 
 def test_compiled_step_replays_over_the_ring(servers):
@@ -145,7 +189,7 @@ def test_a_cut_link_fails_every_rank_naming_the_cut_pair(servers):
 
     from burn_remote.protocol.transport.faultproxy import FaultProxy
 
-    daemons = servers(3, "--allow-any")
+    daemons = servers(3, "--allow-any", *PLANES["quic"])  # the UDP proxy cuts QUIC only
     host, port = daemons[1].address.rsplit(":", 1)
     proxy = FaultProxy.start_thread((host, int(port)))
     try:
@@ -168,6 +212,48 @@ def test_a_cut_link_fails_every_rank_naming_the_cut_pair(servers):
                 _bounded(o.numpy)
             culprits.append(info.value.rank)
         assert culprits[0] == 1 and culprits[1] == 0 and culprits[2] in (0, 1), culprits
+        g.close()
+        with C.Group(devs[1:]) as g2:  # the servers are fine; only that path is cut
+            again = [C.all_reduce(d.tensor(np.full(2, 1.0)), g2, "sum") for d in devs[1:]]
+            np.testing.assert_array_equal(_bounded(again[1].numpy), [2.0, 2.0])
+    finally:
+        proxy.stop()
+
+
+def test_a_cut_tcp_data_link_fails_every_rank_naming_the_cut_pair(servers):
+    """s0's TCP data link to s1 crosses a TCP relay that then black-holes it (nothing
+    closes, nothing gets through) while every QUIC link still beats: the two ends name each
+    other from the data links' progress within seconds, the third rank names one of them,
+    nobody hangs, and a group of s1 + s2 works."""
+    from tcp_proxy import TcpCutProxy
+
+    proxy = TcpCutProxy()
+    try:
+        s0 = servers(1, "--allow-any")[0]
+        s1 = servers(1, "--allow-any", "--ring-advertise", f"127.0.0.1:{proxy.port}")[0]
+        s2 = servers(1, "--allow-any")[0]
+        daemons = [s0, s1, s2]
+        for d in daemons:
+            d.know(*[o for o in daemons if o is not d])
+        proxy.target = _ring_address(s1)
+        devs = _devices(daemons)
+        g = C.Group(devs, timeout=600)  # only the data links' progress can end the wait
+        outs = [C.all_reduce(d.tensor(np.ones(1000, np.float32)), g, "sum") for d in devs]
+        np.testing.assert_array_equal(_bounded(outs[0].numpy), np.full(1000, 3.0))
+        assert proxy.relayed > 0  # the 0 -> 1 data link really crosses the relay
+        assert "ring data to rank 1 over TCP" in s0.output()
+        proxy.cut()
+        start = time.monotonic()
+        outs = [C.all_reduce(d.tensor(np.ones(2**20, np.float32)), g, "sum") for d in devs]
+        culprits, reasons = [], []
+        for o in outs:
+            with pytest.raises(C.GroupError) as info:
+                _bounded(o.numpy)
+            culprits.append(info.value.rank)
+            reasons.append(str(info.value))
+        print(f"GroupError on every rank after {time.monotonic() - start:.2f} s: {culprits}")
+        assert culprits[0] == 1 and culprits[1] == 0 and culprits[2] in (0, 1), culprits
+        assert all("the TCP path is cut" in r for r in reasons), reasons
         g.close()
         with C.Group(devs[1:]) as g2:  # the servers are fine; only that path is cut
             again = [C.all_reduce(d.tensor(np.full(2, 1.0)), g2, "sum") for d in devs[1:]]

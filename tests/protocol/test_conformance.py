@@ -546,6 +546,26 @@ def test_group_setup_refusals_are_group(raw: Raw, server: Daemon) -> None:
     assert "not this server" in errs[0]["message"] and "twice" in errs[1]["message"]
 
 
+def _ring_hello(host: str, port: int, gid: int, rank: int, key: bytes) -> bytes | None:
+    """§12's TCP data-plane hello, written from the spec: what the successor's sealed
+    answer opens to, or None if it closed the connection."""
+    import socket
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    aead, aad = AESGCM(key), gid.to_bytes(8, "big")
+    hello = aead.encrypt(bytes(4) + bytes(8), b"ring data link", aad)
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"burnring" + struct.pack(">QQ", gid, rank) + hello)
+        answer = b""
+        while len(answer) < len(hello):
+            more = sock.recv(len(hello) - len(answer))
+            if not more:
+                return None
+            answer += more
+    return aead.decrypt((1).to_bytes(4, "big") + bytes(8), answer, aad)
+
+
 def test_a_group_link_needs_the_capability_and_the_right_rank(
     raw: Raw, server: Daemon, tmp_path: Path
 ) -> None:
@@ -555,14 +575,19 @@ def test_a_group_link_needs_the_capability_and_the_right_rank(
     raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
     raw.replies("GroupReady")
     wrong = Raw(server, neighbour_key)
-    wrong.send(msg("GroupLink", gid, 1, os.urandom(32)))
+    wrong.send(msg("GroupLink", gid, 1, os.urandom(32), "", b""))
     (err,) = wrong.replies("Error")
     assert err["code"] == ERR["CAPABILITY"] and "capability" in err["message"]
     right = Raw(server, neighbour_key)
-    right.send(msg("GroupLink", gid, 1, cap))
+    right.send(msg("GroupLink", gid, 1, cap, "", b""))
     (answer,) = right.replies("GroupLink")
     assert (answer["group_id"], answer["rank"], answer["capability"]) == (gid, 0, b"")
-    right.send(msg("GroupBeat", gid))
+    assert answer["ring_address"].startswith(":") and len(answer["ring_key"]) == 32
+    port = int(answer["ring_address"][1:])
+    host = server.address.rsplit(":", 1)[0]
+    assert _ring_hello(host, port, gid, 1, os.urandom(32)) is None  # another key: closed
+    assert _ring_hello(host, port, gid, 1, answer["ring_key"]) == b"ring data link"
+    right.send(msg("GroupBeat", gid, 0, 0))
     # the server must dial its successor (rank 1) itself: it knows no address for it
     raw.send(msg("GroupStart", 2, gid, "ring"))
     (err,) = errors(raw.replies("Error", timeout=60))

@@ -1,0 +1,348 @@
+"""The ring's TCP data plane: a group link's ring data over plain TCP, sealed with
+AES-256-GCM, moved by threads with big ``sendall``/``recv_into`` calls (no per-packet Python).
+
+Why not the link's QUIC stream: aioquic's per-datagram work is pure Python, which kept the
+ring CPU-bound at ~0.1 GB/s on a 2-core machine. Why not TLS (``ssl``) over the TCP socket:
+OpenSSL hands Python one 16 KiB record per ``recv_into`` (4096 calls per 64 MiB), which
+measured 0.07 CPU-s to receive 64 MiB against 0.03 CPU-s for plain TCP + one AES-GCM
+``decrypt_into`` per 1 MiB piece (/work/wt/notes/issue-22-ring.md has the figures).
+
+Security: the key is 32 fresh random bytes the *successor* makes per link and sends to its
+predecessor inside their QUIC link (``GroupLink.ring_key``), which is already mutually
+authenticated with the servers' Ed25519 identities and encrypted (TLS 1.3): only that
+predecessor can seal records the successor accepts, and only that successor can answer the
+dialler's hello. Every record is AES-256-GCM with a 96-bit nonce of direction (4 bytes) and
+record counter (8 bytes), never reused under one key; the group id is the associated data.
+A record that fails authentication (tampered, replayed, reordered, another key) fails the
+group naming the neighbour.
+
+Wire (protocol/README.md section 12): the dialler connects to the successor's
+``ring_address`` and sends ``RING_MAGIC``, group id (u64), its rank (u64), then the sealed
+``RING_HELLO`` (record 0 of direction 0); the successor answers the sealed ``RING_HELLO``
+(record 0 of direction 1). From then on only the dialler sends: per all-reduce a sealed
+``RingHeader`` frame after its u32 length, then each piece of the ring schedule as one sealed
+record (piece bytes + 16-byte tag; the receiver knows every piece's length from the header).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ..engine.collective import ring
+from ..protocol import messages as m
+
+log = logging.getLogger("burn_remote.server")
+
+PREAMBLE = struct.Struct(">8sQQ")
+"""RING_MAGIC, group id, the dialler's rank."""
+LENGTH = struct.Struct(">I")
+HELLO_RECORD = len(m.RING_HELLO) + m.RING_TAG
+TO_SUCCESSOR, TO_DIALLER = 0, 1
+"""Nonce directions."""
+
+
+class LinkBroken(Exception):
+    """The data link failed (closed, reset, unauthentic data); the caller names the rank."""
+
+
+class _Sealer:
+    """AES-256-GCM of one direction of one link: nonce = direction || record counter."""
+
+    def __init__(self, key: bytes, direction: int, group_id: int) -> None:
+        self.aead = AESGCM(key)
+        self.prefix = direction.to_bytes(4, "big")
+        self.aad = group_id.to_bytes(8, "big")
+        self.count = 0
+
+    def nonce(self) -> bytes:
+        n, self.count = self.count, self.count + 1
+        return self.prefix + n.to_bytes(8, "big")
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise LinkBroken("closed the data link")
+        got += k
+    return bytes(buf)
+
+
+class DataOut:
+    """The dialler's end of a TCP data link: it only sends (one thread at a time)."""
+
+    plane = "tcp"
+
+    def __init__(self, sock: socket.socket, sealer: _Sealer) -> None:
+        self.sock, self.sealer = sock, sealer
+        self.sent = 0
+        """Bytes handed to the socket (counted before ``sendall``: the watchdog compares
+        it with what the successor says it read)."""
+        self.blocked_since: float | None = None
+        self._buf = bytearray()
+
+    def send_header(self, frame: bytes) -> None:
+        sealed = self.sealer.aead.encrypt(self.sealer.nonce(), frame, self.sealer.aad)
+        self._send(LENGTH.pack(len(sealed)) + sealed)
+
+    def send_piece(self, piece: memoryview) -> None:
+        need = len(piece) + m.RING_TAG
+        if len(self._buf) < need:
+            self._buf = bytearray(need)
+        out = memoryview(self._buf)[:need]
+        self.sealer.aead.encrypt_into(self.sealer.nonce(), piece, self.sealer.aad, out)
+        self._send(out)
+
+    def _send(self, data: bytes | memoryview) -> None:
+        self.sent += len(data)
+        self.blocked_since = time.monotonic()
+        try:
+            self.sock.sendall(data)
+        except OSError as exc:
+            raise LinkBroken(f"its data link broke: {exc.strerror or exc}") from None
+        finally:
+            self.blocked_since = None
+
+    def close(self) -> None:
+        _close(self.sock)
+
+
+class DataIn:
+    """The successor's end of a TCP data link: it only receives (one thread at a time)."""
+
+    plane = "tcp"
+
+    def __init__(self, sock: socket.socket, sealer: _Sealer) -> None:
+        self.sock, self.sealer = sock, sealer
+        self.received = 0
+        self.waiting_since: float | None = None
+        """Since when the receiver has been blocked on the socket with nothing arriving."""
+        self._buf = bytearray()
+
+    def _fill(self, view: memoryview) -> None:
+        got, n = 0, len(view)
+        while got < n:
+            self.waiting_since = time.monotonic()
+            try:
+                k = self.sock.recv_into(view[got:])
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                raise LinkBroken(f"its data link broke: {exc.strerror or exc}") from None
+            finally:
+                self.waiting_since = None
+            if k == 0:
+                raise LinkBroken("closed its data link")
+            got += k
+            self.received += k
+
+    def recv_header(self, timeout: float) -> bytes | None:
+        """The next all-reduce's sealed header frame, or None if none starts in ``timeout``."""
+        head = memoryview(bytearray(LENGTH.size))
+        self.sock.settimeout(timeout)
+        try:
+            self._fill(head[:1])
+        except TimeoutError:
+            return None
+        finally:
+            self.sock.settimeout(None)
+        self._fill(head[1:])
+        (n,) = LENGTH.unpack(head)
+        if not m.RING_TAG <= n <= m.RING_MAX_HEADER:
+            raise LinkBroken(f"sent a ring header record of {n} bytes")
+        sealed = memoryview(bytearray(n))
+        self._fill(sealed)
+        try:
+            return self.sealer.aead.decrypt(self.sealer.nonce(), sealed, self.sealer.aad)
+        except InvalidTag:
+            raise LinkBroken("sent a ring header that failed authentication") from None
+
+    def recv_piece_into(self, dest: memoryview) -> None:
+        need = len(dest) + m.RING_TAG
+        if len(self._buf) < need:
+            self._buf = bytearray(need)
+        sealed = memoryview(self._buf)[:need]
+        self._fill(sealed)
+        try:
+            self.sealer.aead.decrypt_into(self.sealer.nonce(), sealed, self.sealer.aad, dest)
+        except InvalidTag:
+            raise LinkBroken("sent ring data that failed authentication") from None
+
+    def wake(self) -> None:
+        """Unblock a receive under way (the group failed) without telling the peer."""
+        try:
+            self.sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        _close(self.sock)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def dial(address: tuple[str, int], group_id: int, rank: int, key: bytes) -> DataOut:
+    """Connect to the successor's TCP data plane and prove both ends hold ``key``
+    (blocking; at most RING_CONNECT_TIMEOUT)."""
+    sock = socket.create_connection(address, timeout=m.RING_CONNECT_TIMEOUT)
+    try:
+        _tune(sock)
+        out, back = _Sealer(key, TO_SUCCESSOR, group_id), _Sealer(key, TO_DIALLER, group_id)
+        hello = out.aead.encrypt(out.nonce(), m.RING_HELLO, out.aad)
+        sock.sendall(PREAMBLE.pack(m.RING_MAGIC, group_id, rank) + hello)
+        answer = _read_exact(sock, HELLO_RECORD)
+        try:
+            ok = back.aead.decrypt(back.nonce(), answer, back.aad) == m.RING_HELLO
+        except InvalidTag:
+            ok = False
+        if not ok:
+            raise LinkBroken("the listener there did not prove the link key (not the successor)")
+        sock.settimeout(None)
+        return DataOut(sock, out)
+    except BaseException:
+        sock.close()
+        raise
+
+
+Lookup = Callable[[int, int], "tuple[bytes, Callable[[DataIn], None]] | str"]
+"""(group id, dialler's rank) -> (the link key, where the authenticated DataIn goes), or
+why the link is refused."""
+
+
+class RingListener:
+    """This server's TCP data-plane listener: a thread that accepts and authenticates
+    predecessors' data links and hands each to its group member."""
+
+    def __init__(self, host: str, port: int, lookup: Lookup) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.create_server((host, port), family=family, backlog=64)
+        self.address = self.sock.getsockname()[:2]
+        self.lookup = lookup
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept, name="ring-listener", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._handshake, args=(conn, addr), name="ring-hello", daemon=True
+            ).start()
+
+    def _handshake(self, conn: socket.socket, addr: tuple) -> None:
+        where = f"{addr[0]}:{addr[1]}"
+        try:
+            conn.settimeout(m.RING_CONNECT_TIMEOUT)
+            _tune(conn)
+            magic, gid, rank = PREAMBLE.unpack(_read_exact(conn, PREAMBLE.size))
+            if magic != m.RING_MAGIC:
+                raise LinkBroken("not a ring data link (bad magic)")
+            found = self.lookup(gid, rank)
+            if isinstance(found, str):
+                raise LinkBroken(f"group {gid:016x} rank {rank}: {found}")
+            key, deliver = found
+            inn, back = _Sealer(key, TO_SUCCESSOR, gid), _Sealer(key, TO_DIALLER, gid)
+            try:
+                ok = inn.aead.decrypt(inn.nonce(), _read_exact(conn, HELLO_RECORD), inn.aad)
+            except InvalidTag:
+                ok = b""
+            if ok != m.RING_HELLO:
+                raise LinkBroken(
+                    f"group {gid:016x} rank {rank}: the dialler did not prove the link key"
+                )
+            conn.settimeout(None)
+            deliver(DataIn(conn, inn))  # before the answer: the dialler's RingPlane follows it
+            conn.sendall(back.aead.encrypt(back.nonce(), m.RING_HELLO, back.aad))
+        except (LinkBroken, OSError, struct.error) as exc:
+            log.warning(
+                "ring data link from %s refused: %s",
+                where,
+                exc,
+                extra={"event": "ring_link_refused"},
+            )
+            conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        _close(self.sock)
+
+
+class Progress:
+    """Pieces received so far in one all-reduce; the sender waits on it (pipelining)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.count = 0
+        self.stopped = False
+
+    def advance(self, count: int) -> None:
+        with self.cond:
+            self.count = count
+            self.cond.notify_all()
+
+    def wait_for(self, count: int) -> bool:
+        with self.cond:
+            while self.count < count and not self.stopped:
+                self.cond.wait()
+            return not self.stopped
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+
+def send_pieces(plan: ring.Plan, x: np.ndarray, acc: np.ndarray, out, progress: Progress) -> None:  # noqa: ANN001 - out: DataOut or the QUIC pipe of server/_groups.py
+    """This rank's sends of one all-reduce, in schedule order: piece p of step k leaves
+    once piece p of step k - 1 arrived (and was reduced)."""
+    where = {(k, a): j for j, (k, a, _, _) in enumerate(plan.receives())}
+    item = acc.itemsize
+    xb, ab = x.view(np.uint8), acc.view(np.uint8)
+    for k, a, b in plan.sends():
+        if k and not progress.wait_for(where[(k - 1, a)] + 1):
+            return
+        src = xb if k == 0 else ab  # ring.source: the input at step 0, the result after
+        out.send_piece(memoryview(src[a * item : b * item]))
+
+
+def receive_pieces(
+    plan: ring.Plan, x: np.ndarray, acc: np.ndarray, inp, progress: Progress
+) -> None:  # noqa: ANN001 - inp: DataIn or the QUIC pipe
+    """This rank's receives: each piece lands straight in the result, and a reduce-scatter
+    piece then gets this rank's input added in place (ring.apply without a temporary)."""
+    item = acc.itemsize
+    ab = acc.view(np.uint8)
+    for j, (_, a, b, reduce) in enumerate(plan.receives()):
+        inp.recv_piece_into(memoryview(ab[a * item : b * item]))
+        if reduce:
+            np.add(acc[a:b], x[a:b], out=acc[a:b])
+        progress.advance(j + 1)
+
+
+__all__ = ["DataIn", "DataOut", "LinkBroken", "Progress", "RingListener", "dial",
+           "receive_pieces", "send_pieces"]  # fmt: skip
