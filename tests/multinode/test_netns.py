@@ -100,6 +100,13 @@ def test_servers_all_reduce_over_their_own_links(lab: Lab, observed: dict) -> No
     assert observed.get("ring_error") is None, observed.get("ring_error")
     assert observed["ring_ranks"] == len(lab.servers)
     assert observed["ring_equal"]
+    if lab.names:  # each link chose its data plane, and said so in its server's log
+        logs = {node: server.output() for node, server in lab.servers.items()}
+        assert "ring data to rank 1 over TCP" in logs["s1"], logs["s1"]
+        assert "ring data to rank 2 over TCP" in logs["s2"], logs["s2"]
+        # s3 reaches s1 only through the relay: no TCP path, the QUIC link carries the data
+        assert "ring data to rank 0 over QUIC (fallback: TCP data link to" in logs["s3"], logs["s3"]
+        assert "ring data from rank 2 over QUIC" in logs["s1"], logs["s1"]
 
 
 def test_netns_really_isolates(lab: Lab) -> None:
