@@ -341,10 +341,13 @@ class Recorder:
     def _forget_donated(self, capture: Capture) -> None:
         """The runtime dropped the graph's donated inputs itself: no separate drop for them."""
         if capture.donated:
-            gone = {capture.input_ids[k] for k in capture.donated}
+            ids = capture.input_ids
+            gone = {ids[k] for k in capture.donated}
+            pop = self.specs.pop
             for i in gone:
-                self.specs.pop(i, None)
-            self.dead = [i for i in self.dead if i not in gone]
+                pop(i, None)
+            if self.dead:
+                self.dead = [i for i in self.dead if i not in gone]
 
     def _drop_dead(self) -> None:
         if self.dead:

@@ -71,14 +71,15 @@ def _refuse(s: Any, digest: str, code: int, message: str, node: int | None = Non
 
 
 def execute(s: Any, msg: m.ExecuteGraph, now: float) -> Reply:
-    refused = s.refused.get(msg.digest.hex())
+    digest = msg.digest.hex()
+    refused = s.refused.get(digest) if s.refused else None
     if refused is not None:  # not evicted but refused: re-registering would not help
         s.drop(msg.drops)
         raise Failure(*refused)
-    plan = s.state.plan(msg.digest.hex())
+    plan = s.state.plan(digest)
     if plan is None:  # the client resends this message (drops included) after Resync
         s.stalled = True
-        raise Failure(m.UNKNOWN_GRAPH, f"unknown graph {msg.digest.hex()}")
+        raise Failure(m.UNKNOWN_GRAPH, f"unknown graph {digest}")
     try:
         _run(s, plan, msg)
     finally:
@@ -125,7 +126,12 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
         if donated:
             s.drop([ids[k] for k in donated])
     try:
-        with scope(s.groups, s.state.backend):
+        if s.groups or plan.collective:  # the groups its collectives may name
+            with scope(s.groups, s.state.backend):
+                outs = s.state.run(
+                    plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
+                )
+        else:
             outs = s.state.run(
                 plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
             )

@@ -479,28 +479,29 @@ def nbytes_of(array: Any) -> int:
 
 def replacement_cost(store: dict[int, Any], items: Any) -> tuple[int, int]:
     """(new ids, byte delta) of storing ``items`` over ``store``: what the ledger is
-    charged before a session or a job keeps them."""
+    charged before a session or a job keeps them (runs per message: no call per item)."""
     added = delta = 0
     get = store.get
     for tid, array in items:
         old = get(tid)
+        delta += getattr(array, "nbytes", 0)
         if old is None:
             added += 1
-            delta += nbytes_of(array)
         else:
-            delta += nbytes_of(array) - nbytes_of(old)
-    return added, delta
+            delta -= getattr(old, "nbytes", 0)
+    return added, int(delta)
 
 
 def pop_all(store: dict[int, Any], ids: Any) -> tuple[int, int]:
     """Remove ``ids`` from ``store``: (how many were there, their bytes) to refund."""
     count = freed = 0
+    pop = store.pop
     for i in ids:
-        a = store.pop(i, None)
+        a = pop(i, None)
         if a is not None:
             count += 1
-            freed += nbytes_of(a)
-    return count, freed
+            freed += getattr(a, "nbytes", 0)
+    return count, int(freed)
 
 
 __all__ = ["LimitExceeded", "Limits", "ServerState"]
