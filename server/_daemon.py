@@ -38,7 +38,7 @@ from ..protocol.transport import (
 from ._groups import is_group_link
 from ._peers import dial_peer
 from ._replies import Failure, Place, SendBulk, StartFetch
-from ._resume import Parking, run_session
+from ._resume import Parking, SequencedControl, run_session, unwrap
 from ._session import Session
 from ._state import LimitExceeded, ServerState
 
@@ -218,6 +218,15 @@ async def _drain_acks(s: FrameStream, send: BulkSend) -> None:
             raise TransportError(f"fetcher sent a bad BulkAck: {exc}") from None
 
 
+INLINE_FRAMES = os.environ.get("BURN_REMOTE_INLINE_FRAMES", "1") != "0"
+"""Answer cheap control frames on the receive loop (``_SessionPump._inline``); 0 turns it
+off (for A/B measurements)."""
+
+_KICKED = object()
+"""What ``_next_frame`` returns when the fast path left work for the pump."""
+_WAKE_ONLY = object()
+"""A stash entry that only wakes the pump (the connection failed under the fast path)."""
+
 JOB_WORKERS = 64
 """Job worker threads (``Place.JOBS``): long polls wait there, apart from the engine
 workers, so watchers never hold up engine work or the network loop."""
@@ -247,36 +256,111 @@ class _SessionPump:
         """Chunks received on any bulk stream (a long transfer that moves is not stalled)."""
         self._why = "session refused"
         """The reason the connection is closed with when the session must end."""
+        self._idle = False
+        """True while ``run`` waits for the next control frame with nothing else to do."""
+        self._wake: trio.CancelScope | None = None
+        self._stash: list[Any] = []
+        """Outputs of the fast path left for this task to send, in order."""
 
     async def run(self, first: bytes | None) -> None:
         """Serve the connection; ``first`` is None for a resumed session, whose queued
         messages and unfinished transfers to the client go on at once."""
+        stream = getattr(self.control, "stream", self.control)  # under the resume wrapper
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self._accept_bulk)
             for send in list(self.session.bulk_out.values()):
                 nursery.start_soon(self._send_bulk, send)
             frame = first
-            while True:
-                await self._process(frame)
-                if self.session.closed:
-                    break
-                try:
-                    frame = await self.control.receive_frame()
-                except FrameTooLarge as exc:  # frame boundaries are lost: say so, then end
-                    await self.control.send_frame(m.encode(m.Error(m.LIMIT, str(exc), -1, 0)))
-                    self.session.closed = True
-                    self._why = f"control frame too large: {exc}"
-                    break
-                if frame is None:
-                    break
+            if INLINE_FRAMES and isinstance(stream, FrameStream):
+                stream.on_frame = self._inline
+            try:
+                while True:
+                    await self._process(frame)
+                    if self.session.closed:
+                        break
+                    try:
+                        frame = await self._next_frame()
+                    except FrameTooLarge as exc:  # frame boundaries are lost: say so, then end
+                        await self.control.send_frame(m.encode(m.Error(m.LIMIT, str(exc), -1, 0)))
+                        self.session.closed = True
+                        self._why = f"control frame too large: {exc}"
+                        break
+                    if frame is None:
+                        break
+            finally:
+                if getattr(stream, "on_frame", None) == self._inline:
+                    stream.on_frame = None
             nursery.cancel_scope.cancel()
         if self.session.closed:
             await self.conn.close(self._why)
 
-    async def _process(self, frame: bytes | None) -> None:
+    async def _next_frame(self) -> Any:
+        """The next control frame (None at the end), or ``_KICKED`` when the receive loop's
+        fast path (``_inline``) took frames and left work for this task: a message for a
+        worker, replies that did not fit the send buffer, or the end of the session."""
+        with trio.CancelScope() as scope:
+            self._wake = scope
+            self._idle = True
+            try:
+                return await self.control.receive_frame()
+            finally:
+                self._idle = False
+                self._wake = None
+        return _KICKED
+
+    def _inline(self, frame: bytes) -> bool:
+        """Answer a control frame on the endpoint's receive loop, with no task switch,
+        while this pump waits for one (``FrameStream.on_frame``). The messages run on the
+        loop as far as ``Session.step`` lets them there (the same rule as ``_process``:
+        cheap work only); what is left, or replies the send buffer cannot take now, wake
+        this pump. False leaves the frame to the pump (a control-only frame)."""
+        if not self._idle or self._stash:
+            return False
+        session, control = self.session, self.control
+        if session.closed or session.queue or not session.ready():
+            return False  # not while idle; the pump sorts it out
+        sequenced = isinstance(control, SequencedControl)
+        try:
+            if sequenced:
+                h = unwrap(frame)
+                if h is not None and h[0] == 0:  # control-only (goodbye): the pump's to end
+                    return False
+                inner = control.accept(frame)
+                if inner is None:  # a frame applied before (resent after a reconnect)
+                    return True
+            else:
+                inner = frame
+            session.feed_control(inner)
+            outs = session.step(trio.current_time(), Place.LOOP)
+            send = control.send_nowait if sequenced else control.send_frame_nowait
+            for i, out in enumerate(outs):
+                if isinstance(out, bytes):
+                    if not send(out):
+                        self._stash.extend(outs[i:])  # in order, by the pump
+                        break
+                elif isinstance(out, SendBulk):
+                    self.nursery.start_soon(self._send_bulk, out.send)
+                elif isinstance(out, StartFetch):
+                    self.nursery.start_soon(self._fetch, out)
+        except TransportError:
+            self._stash.append(_WAKE_ONLY)  # the pump's next receive reports the loss
+        except Exception:  # a bug: end this session, not the loop that serves everyone
+            log.exception("session %d: inline processing failed", session.id)
+            session.closed = True
+            self._why = "server error"
+        if self._stash or session.queue or session.closed:
+            self._idle = False
+            if self._wake is not None:
+                self._wake.cancel()
+        return True
+
+    async def _process(self, frame: Any) -> None:
         session = self.session
-        if frame is not None:
+        if self._stash:
+            stash, self._stash = self._stash, []
+            await self._emit([out for out in stash if out is not _WAKE_ONLY])
+        if frame is not None and frame is not _KICKED:
             session.feed_control(frame)
         while True:
             place = session.next_place()
@@ -287,18 +371,21 @@ class _SessionPump:
                 outs = await trio.to_thread.run_sync(
                     session.step, now, place, limiter=_limiter(place)
                 )
-            for out in outs:
-                if isinstance(out, bytes):
-                    await self.control.send_frame(out)
-                elif isinstance(out, SendBulk):
-                    self.nursery.start_soon(self._send_bulk, out.send)
-                elif isinstance(out, StartFetch):
-                    self.nursery.start_soon(self._fetch, out)
+            await self._emit(outs)
             if session.closed or not session.queue:
                 return
             if session.ready():
                 continue  # stopped where the next message must run elsewhere
             await self._wait_ready()
+
+    async def _emit(self, outs: list[Any]) -> None:
+        for out in outs:
+            if isinstance(out, bytes):
+                await self.control.send_frame(out)
+            elif isinstance(out, SendBulk):
+                self.nursery.start_soon(self._send_bulk, out.send)
+            elif isinstance(out, StartFetch):
+                self.nursery.start_soon(self._fetch, out)
 
     async def _wait_ready(self) -> None:
         """Wait for what the session waits for; a transfer that makes no progress for

@@ -90,20 +90,37 @@ class SequencedControl:
         reply of a step is kept for the resumed connection."""
         self.sent += 1
         frame = wrap(self.sent, self.applied, inner)
-        self.replay.append((self.sent, frame))
-        self.replay_bytes += len(frame)
-        while self.replay_bytes > REPLAY_MAX_BYTES and len(self.replay) > 1:
-            seq, old = self.replay.popleft()
-            self.replay_bytes -= len(old)
-            self.dropped_upto = seq
+        self._keep(self.sent, frame)
         if self.broken is None:
             try:
                 await self.stream.send_frame(frame)
             except TransportError as exc:
                 self.broken = exc
 
+    def send_nowait(self, inner: bytes) -> bool:
+        """``send_frame`` without waiting, for the receive loop's fast path: False (nothing
+        numbered or kept) when the stream cannot take the frame now."""
+        frame = wrap(self.sent + 1, self.applied, inner)
+        if self.broken is None:
+            try:
+                if not self.stream.send_frame_nowait(frame):
+                    return False
+            except TransportError as exc:
+                self.broken = exc
+        self.sent += 1
+        self._keep(self.sent, frame)
+        return True
+
     async def close(self) -> None:
         await self.stream.close()
+
+    def _keep(self, seq: int, frame: bytes) -> None:
+        self.replay.append((seq, frame))
+        self.replay_bytes += len(frame)
+        while self.replay_bytes > REPLAY_MAX_BYTES and len(self.replay) > 1:
+            old_seq, old = self.replay.popleft()
+            self.replay_bytes -= len(old)
+            self.dropped_upto = old_seq
 
     def resend_after(self, ack: int) -> list[bytes] | None:
         """Frames the client has not seen, or None when some were evicted."""

@@ -78,9 +78,11 @@ class Connection:
         self._terminated = trio.Event()
         self._error: TransportError | None = None
         self._closing: str | None = None  # our close reason, until the peer's ack/timeout
-        self._timer_at: float | None = None
+        self._timer_at: float | None = None  # QUIC's timer
+        self._armed = math.inf  # the deadline _timer_scope wakes at (never later than that)
         self._timer_scope = trio.CancelScope()
         self._cids: set[bytes] = set()
+        self._in_events = False  # inside _process_events (its caller transmits after it)
         self._ping_uid = 0
         self.peer_id: PeerId | None = None
 
@@ -203,12 +205,25 @@ class Connection:
         self._arm(quic.get_timer())
 
     def _arm(self, t: float | None) -> None:
-        """Make the single timer fire at ``t`` (aioquic's ``get_timer()``)."""
-        if t != self._timer_at:  # often the same (the oldest packet in flight sets it)
-            self._timer_at = t
-            self._timer_scope.deadline = math.inf if t is None else t
+        """Make the single timer fire at ``t`` (aioquic's ``get_timer()``).
+
+        The armed deadline only ever moves earlier here: in request/reply traffic QUIC's
+        timer moves a little later with every packet (the loss timer of the newest one),
+        and moving a trio deadline costs more than the rest of this call. A deadline left
+        early wakes ``_timer_loop`` once, which finds the timer not due and re-arms it."""
+        self._timer_at = t
+        if t is not None and t < self._armed:
+            self._armed = self._timer_scope.deadline = t
 
     def _process_events(self) -> None:
+        """Apply aioquic's events; the caller transmits afterwards (once for all of them)."""
+        self._in_events = True
+        try:
+            self._drain_events()
+        finally:
+            self._in_events = False
+
+    def _drain_events(self) -> None:
         quic = self._quic
         while (event := quic.next_event()) is not None:
             kind = type(event)
@@ -291,9 +306,8 @@ class Connection:
 
     async def _timer_loop(self) -> None:
         while True:
-            self._timer_scope = trio.CancelScope(
-                deadline=math.inf if self._timer_at is None else self._timer_at
-            )
+            self._armed = math.inf if self._timer_at is None else self._timer_at
+            self._timer_scope = trio.CancelScope(deadline=self._armed)
             with self._timer_scope:
                 await trio.sleep_forever()
             now = trio.current_time()

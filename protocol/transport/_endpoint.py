@@ -377,6 +377,9 @@ class Endpoint:
             for conn in touched:
                 conn._process_events()
                 quic = conn._quic  # window updates: the readers' _consumed sends them
+                if quic._close_pending or (conn._error is None and quic.data_queued):
+                    conn._transmit()  # a reply written meanwhile (FrameStream.on_frame)
+                    continue
                 timer = quic.get_timer()
                 if quic._close_pending or (conn._error is None and quic.send_due_at(now, timer)):
                     conn._transmit()

@@ -198,6 +198,11 @@ class PeerQuicConnection(QuicConnection):
         return getattr(ctx, "peer_id", None)
 
     @property
+    def data_queued(self) -> bool:
+        """Whether stream data was written since the last build (it is due now)."""
+        return self._data_queued
+
+    @property
     def handshake_confirmed(self) -> bool:
         """True once both sides accepted each other (client: HANDSHAKE_DONE received)."""
         return self._handshake_confirmed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -54,6 +55,14 @@ class FrameStream:
         """Answer an oversized incoming frame with STOP_SENDING. An application that
         replies on the same stream before closing (a control stream) turns it off: a peer
         may take STOP_SENDING for the end of the stream and miss the reply."""
+        self.on_frame: Callable[[bytes], bool] | None = None
+        """Optional fast path, called on the endpoint's receive loop with a frame that
+        arrived whole (in one QUIC chunk) while a reader is parked in ``receive_frame`` and
+        nothing else is buffered. It returns True when it took the frame (the reader stays
+        parked and never sees it) or False to leave it to the reader. It must not block or
+        raise; replies go out with ``send_frame_nowait``. A request answered here costs no
+        task switch: the reader would run in the next scheduling batch, after another
+        poll of the socket."""
 
     def __repr__(self) -> str:
         return f"<FrameStream {self.stream_id} of {self._conn!r}>"
@@ -96,6 +105,35 @@ class FrameStream:
             # failed. A small frame skips it: a reply is followed by the sender's next
             # receive, which yields anyway, and a scheduling round costs more than the send.
             await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def send_frame_nowait(self, data: bytes) -> bool:
+        """Send a frame of at most ``SMALL_FRAME`` bytes without waiting, or return False
+        (nothing written) when it is larger or the send buffer has no room for it now.
+        Called from ``on_frame``, it leaves with the receive loop's one transmit for the
+        whole batch of datagrams; from anywhere else, at once.
+
+        Raises:
+            TransportError: the stream or connection is closed or reset.
+        """
+        size = len(data)
+        conn = self._conn
+        if size > SMALL_FRAME or size > conn._config.max_frame_size:
+            return False
+        if self._send_closed:
+            raise TransportError(f"stream {self.stream_id} is closed for sending")
+        conn._check_open()
+        if self._error is not None and not self._receive_only:
+            raise self._error
+        quic = conn._quic
+        if conn._config.send_buffer - quic.sender_buffered(self.stream_id) < size + 4:
+            return False
+        try:
+            quic.send_stream_data(self.stream_id, _PREFIX.pack(size) + data)
+        except (RuntimeError, ValueError) as exc:  # the peer stopped or reset it
+            raise TransportError(f"stream {self.stream_id} is closed: {exc}") from None
+        if not conn._in_events:
+            conn._transmit()
+        return True
 
     async def _write(self, view: bytes | memoryview) -> None:
         conn = self._conn
@@ -254,6 +292,16 @@ class FrameStream:
     # -- driver side -----------------------------------------------------------------------
 
     def _feed(self, data: bytes, end_stream: bool) -> None:
+        if (
+            self.on_frame is not None
+            and self._readable
+            and not self._chunks
+            and self._need is None
+            and self._error is None
+            and not end_stream
+            and self._take_inline(data)
+        ):
+            return
         if data and self._error is None:
             self._chunks.append(data)
             self._buffered += len(data)
@@ -263,6 +311,19 @@ class FrameStream:
             self._eof = True
         if self._readable:
             self._readable.unpark_all()
+
+    def _take_inline(self, data: bytes) -> bool:
+        """Offer ``data`` to ``on_frame`` if it is exactly one frame; True if taken."""
+        if len(data) < FRAME_PREFIX_SIZE:
+            return False
+        (size,) = _PREFIX.unpack_from(data)
+        if len(data) != FRAME_PREFIX_SIZE + size or size > self._conn._config.max_frame_size:
+            return False
+        assert self.on_frame is not None
+        if not self.on_frame(data[FRAME_PREFIX_SIZE:]):
+            return False
+        self._conn._consumed(self.stream_id, len(data))
+        return True
 
     def _fail(self, error: TransportError) -> None:
         if self._error is None or self._receive_only:

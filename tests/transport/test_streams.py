@@ -338,3 +338,88 @@ async def test_receive_frame_is_always_a_checkpoint():
             await trio.sleep(0.001)
         with assert_checkpoints():
             assert await s.receive_frame() == b"ping"  # already there
+
+
+@trio_test
+async def test_on_frame_answers_on_the_receive_loop_while_a_reader_waits():
+    """A frame that arrives whole while the reader is parked goes to ``on_frame`` (on the
+    receive loop, no task switch); its reply leaves with the loop's transmit. A frame it
+    declines, and frames that arrive while the reader is not parked, reach the reader, in
+    order."""
+    taken: list[bytes] = []
+    ready = trio.Event()
+    stream_box: list = []
+
+    async def handler(conn):
+        s = await conn.accept_stream()
+        stream_box.append(s)
+
+        def on_frame(frame: bytes) -> bool:
+            if frame.startswith(b"pass"):
+                return False
+            taken.append(frame)
+            assert s.send_frame_nowait(b"fast:" + frame)
+            return True
+
+        first = await s.receive_frame()  # the first frame is read before on_frame is set
+        s.on_frame = on_frame
+        await s.send_frame(b"slow:" + first)
+        ready.set()
+        while (frame := await s.receive_frame()) is not None:
+            await s.send_frame(b"slow:" + frame)
+        await s.close()
+
+    async with serving(handler) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        await s.send_frame(b"first")
+        assert await s.receive_frame() == b"slow:first"
+        await ready.wait()
+        for k in range(20):
+            await s.send_frame(b"q%d" % k)
+            assert await s.receive_frame() == b"fast:q%d" % k
+        await s.send_frame(b"pass me on")
+        assert await s.receive_frame() == b"slow:pass me on"
+        assert taken == [b"q%d" % k for k in range(20)]
+        # frames sent back to back may arrive in one chunk: the reader gets those
+        for k in range(5):
+            await s.send_frame(b"burst%d" % k)
+        got = [await s.receive_frame() for _ in range(5)]
+        assert [g.split(b":", 1)[1] for g in got] == [b"burst%d" % k for k in range(5)]
+        await s.close()
+        assert await s.receive_frame() is None
+
+
+@trio_test
+async def test_send_frame_nowait_refuses_what_the_send_buffer_cannot_take():
+    from burn_remote.protocol.transport._streams import SMALL_FRAME
+
+    box: list = []
+    done = trio.Event()
+
+    async def handler(conn):
+        s = await conn.accept_stream()
+        await s.receive_frame()
+        box.append(s)
+        await done.wait()
+
+    small = EndpointConfig(send_buffer=1000)
+    async with serving(handler, server_config=small) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        await s.send_frame(b"hi")
+        while not box:
+            await trio.sleep(0.01)
+        server_stream = box[0]
+        assert not server_stream.send_frame_nowait(bytes(SMALL_FRAME + 1))  # never large ones
+        assert server_stream.send_frame_nowait(bytes(600))
+        assert not server_stream.send_frame_nowait(bytes(600))  # 1000-byte buffer: no room
+        assert await s.receive_frame() == bytes(600)
+        for _ in range(200):  # once acknowledged, there is room again
+            if server_stream.send_frame_nowait(bytes(600)):
+                break
+            await trio.sleep(0.01)
+        else:
+            raise AssertionError("the send buffer never drained")
+        assert await s.receive_frame() == bytes(600)
+        done.set()
