@@ -114,11 +114,14 @@ class RemoteRuntime:
         if send:
             self.link.kick()
         if wait_for is not None:
+            proto = self.proto
+
+            def answered() -> bool:
+                return wait_for in proto.results or proto.fatal is not None
+
+            left = self.link.wait(answered, WAIT_TIMEOUT)  # reads the reply in this thread
             with self.cond:
-                proto = self.proto
-                if not self.cond.wait_for(
-                    lambda: wait_for in proto.results or proto.fatal is not None, WAIT_TIMEOUT
-                ):
+                if not self.cond.wait_for(answered, left):
                     raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
                 self._check()
 
@@ -162,11 +165,14 @@ class RemoteRuntime:
 
     def _wait(self, rid: int) -> Any:
         """The reply to request ``rid`` (server errors raised)."""
+        proto = self.proto
+
+        def answered() -> bool:
+            return rid in proto.results or proto.fatal is not None
+
+        left = self.link.wait(answered, WAIT_TIMEOUT)  # reads the reply in this thread
         with self.cond:
-            proto = self.proto
-            done = self.cond.wait_for(
-                lambda: rid in proto.results or proto.fatal is not None, WAIT_TIMEOUT
-            )
+            done = self.cond.wait_for(answered, left)
             result = proto.results.pop(rid, None)
             error = proto.take_errors()
             steps = self._asked.pop(rid, 0)

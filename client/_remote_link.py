@@ -60,6 +60,9 @@ WELCOME_WAIT = 30.0
 GRACE_MARGIN = 5.0
 """Seconds past the server's announced resume grace the link keeps trying before it says
 the session expired (the server counts its grace from when it noticed the loss)."""
+DIRECT_WAIT = os.environ.get("BURN_REMOTE_DIRECT_WAIT", "1") != "0"
+"""A thread that waits for a reply reads it from the socket itself (``Link.wait``); 0 leaves
+every read to the connection's reader thread (for A/B measurements)."""
 MAX_DONE = 4096
 """Finished incoming transfer ids remembered (to re-acknowledge one resent after a loss)."""
 
@@ -124,6 +127,18 @@ class Link:
                 self._out.update((send.bulk_id, send) for send in sends)
                 if self._state == _UP:
                     self._send(frame, sends)
+
+    def wait(self, done: Any, timeout: float) -> float:
+        """Wait for ``done()`` reading the server's frames in this thread, when the link is
+        up and no other thread reads them (``BlockingConnection.drive_until``); the seconds
+        of ``timeout`` left, for the caller's own wait on ``cond`` (which returns at once
+        when ``done()`` already holds)."""
+        conn = self._conn
+        if conn is None or self._state != _UP or not DIRECT_WAIT:
+            return timeout
+        start = time.monotonic()
+        conn.drive_until(done, timeout)
+        return max(0.0, timeout - (time.monotonic() - start))
 
     def close(self) -> None:
         """Send what is pending and the goodbye (the server frees the session at once)."""

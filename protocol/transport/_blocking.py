@@ -49,7 +49,14 @@ FINE_WAIT = 0.002
 """The reader waits for timers nearer than this (seconds) with ``select``, whose timeout
 has microsecond resolution: with ``poll``'s milliseconds, a packet the QUIC engine paces
 by 0.1 ms (qh3 does) would leave ~1 ms late."""
-"""Datagrams read per wake before the events are processed and replies sent."""
+STAND_ASIDE = 0.02
+"""Seconds the reader thread leaves the socket alone after a caller drove the connection
+itself (``drive_until``): a caller that waits again within this time reads its reply in
+its own thread, with no hand-off between threads. Timers run on time meanwhile (the reader
+wakes for them), and a sender that waits for room or a second waiting thread calls the
+reader back at once; only datagrams nobody waits for may wait this long to be read. Each
+time the reader checks costs a thread wake-up: at 2 ms it cost more CPU than the hand-offs
+it saves."""
 
 
 class _FrameReader:
@@ -138,6 +145,19 @@ class BlockingConnection:
         self._timer: float | None = None  # QUIC's timer after the last round or send
         self._next_ping = time.monotonic() + (config.keepalive_interval or float("inf"))
         self._ping_uid = 0
+        self._owner: int | None = None
+        """The thread reading the socket now (the reader, or a caller in ``drive_until``)."""
+        self._aside_until = 0.0
+        """The reader leaves the socket to callers until then (``time.monotonic``)."""
+        self._aside = threading.Condition(self._lock)
+        """The reader waits on it while it stands aside."""
+        self._direct_poller: select.poll | None = None
+        self._recall = False
+        """A thread waits for frames while a caller drives: the reader takes over after it."""
+        self._reader_wakes = 0.0
+        """When the reader, standing aside, wakes next (0 while it reads the socket)."""
+        self._late = False
+        """The reader took the socket back after standing aside (see ``_round``)."""
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.peer_id: PeerId | None = None
@@ -248,6 +268,8 @@ class BlockingConnection:
                     if wait:
                         room = min(room, cap - quic.sender_buffered(stream_id))
                         if room <= 0:
+                            if self._owner is None:
+                                self._call_reader()  # ACKs free room: someone must read
                             self._changed.wait()
                             continue
                     try:
@@ -276,8 +298,61 @@ class BlockingConnection:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
+                if self._owner is None:
+                    self._call_reader()
                 self._changed.wait(left)
         self._shut(reason or "closed by peer")
+
+    def drive_until(self, done: Callable[[], bool], timeout: float) -> bool | None:
+        """Wait for ``done()`` by reading the socket in this thread, handing frames to
+        ``on_frame`` here: a reply then costs no wake-up of the reader thread and no
+        hand-off back to this one (two thread switches and a lock round per round trip).
+
+        ``done`` is checked after each batch of frames, without any lock held. Returns
+        True once it holds, False after ``timeout`` seconds, and None without waiting when
+        the reader thread has the socket, or the connection closed: the caller then waits
+        as before, for the reader to call ``on_frame``. The reader leaves the socket to
+        callers for ``STAND_ASIDE`` seconds after each ``drive_until`` (asked by a call that
+        found it busy), and takes it back when none came in that time, or a timer is due
+        while nobody reads."""
+        with self._lock:
+            if self._error is not None or self._stopping or not self._handed_out:
+                return None
+            if self._owner is not None:
+                if self._owner == self._thread.ident:
+                    self._aside_until = time.monotonic() + STAND_ASIDE  # after its round
+                else:  # another caller drives: the reader must take over when it leaves
+                    self._recall = True
+                return None
+            self._owner = threading.get_ident()
+            if self._direct_poller is None:
+                self._direct_poller = select.poll()
+                self._direct_poller.register(self._sock, select.POLLIN)
+                self._direct_poller.register(self._wake_r, select.POLLIN)
+            poller = self._direct_poller
+        end = time.monotonic() + timeout
+        frames: list[tuple[int, bytes | None]] = []
+        try:
+            while True:
+                self._hand_out(frames)
+                if done():
+                    return True
+                with self._lock:
+                    if self._error is not None or self._stopping:
+                        return None
+                    deadline = min(self._deadline(), end)
+                wait = deadline - time.monotonic()
+                if wait <= 0 and deadline >= end:
+                    return False
+                woken = self._poll(poller, wait)
+                with self._lock:
+                    frames = self._round(woken)
+        finally:
+            with self._lock:
+                self._owner = None
+                self._aside_until = time.monotonic() + STAND_ASIDE
+                if self._recall or self._error is not None or self._stopping:
+                    self._call_reader()  # for another waiter, or to report the loss
 
     def ping(self) -> None:
         """Send a PING now (keep-alive is automatic; this is for tests and tools)."""
@@ -300,6 +375,7 @@ class BlockingConnection:
                 self._transmit()
             self._stopping = True
             self._wake()
+            self._aside.notify_all()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(5.0)
 
@@ -329,8 +405,12 @@ class BlockingConnection:
         timer = self._timer = quic.get_timer()
         if timer is not None and (self._armed is None or timer < self._armed):
             self._armed = timer
-            if threading.current_thread() is not self._thread:
-                self._wake()
+            owner = self._owner
+            if owner is None:  # nobody polls: the reader, standing aside, if it sleeps longer
+                if timer < self._reader_wakes:
+                    self._aside.notify()
+            elif owner != threading.get_ident():
+                self._wake()  # whoever polls the socket
 
     def _deliveries(self) -> tuple[list[tuple[int, bytes | None]], bool]:
         """Drain aioquic's events (lock held): the frames to hand out, and whether what was
@@ -384,30 +464,31 @@ class BlockingConnection:
         poller = select.poll()
         poller.register(self._sock, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        watched = (self._sock.fileno(), self._wake_r)
         frames: list[tuple[int, bytes | None]] = []
+        me = threading.get_ident()
         try:
             with self._lock:
+                self._owner = me
                 deadline = self._deadline()
             while True:
-                for sid, frame in frames:
-                    try:
-                        self._on_frame(sid, frame)
-                    except Exception:  # the handler's bug, not the connection's
-                        log.exception("frame handler failed on stream %d", sid)
+                self._hand_out(frames)
                 if self._error is not None or self._stopping:
                     break
-                wait = deadline - time.monotonic()
-                if wait < FINE_WAIT:  # select's timeout has microseconds, poll's milliseconds
-                    woken = self._wake_r in select.select(watched, (), (), max(0.0, wait))[0]
-                else:
-                    timeout = None if wait == float("inf") else int(wait * 1000) + 1
-                    woken = any(fd == self._wake_r for fd, _ in poller.poll(timeout))
+                if self._aside_until > time.monotonic():
+                    with self._lock:
+                        if not self._stand_aside(me):
+                            break
+                        deadline = self._deadline()
+                woken = self._poll(poller, deadline - time.monotonic())
                 with self._lock:
                     frames = self._round(woken)
                     deadline = self._deadline()
         finally:
             with self._lock:
+                if self._owner == me:
+                    self._owner = None
+                while self._owner is not None:  # a caller still reads the socket
+                    self._aside.wait(0.05)
                 if self._error is None:
                     self._error = TransportError("connection closed")
                 error, tell = self._error, self._handed_out and not self._stopping
@@ -419,6 +500,50 @@ class BlockingConnection:
                 self._wake_w = -1
             if tell:
                 self._on_closed(error)
+
+    def _call_reader(self) -> None:
+        """Make the reader take the socket back now (lock held): someone waits for
+        datagrams and will not read them itself."""
+        self._recall = False
+        self._aside_until = 0.0
+        self._aside.notify_all()
+
+    def _stand_aside(self, me: int) -> bool:
+        """Leave the socket to callers (lock held) until none drove the connection for
+        ``STAND_ASIDE`` seconds, or a timer is due while nobody reads it; False when the
+        connection ended meanwhile."""
+        self._owner = None
+        while self._error is None and not self._stopping:
+            now = time.monotonic()
+            if self._owner is None:
+                due = min(self._aside_until, self._deadline())
+                if now >= due:
+                    self._owner = me
+                    self._reader_wakes = 0.0
+                    self._late = True  # what waits in the socket may be STAND_ASIDE old
+                    return True
+                self._reader_wakes = due
+                self._aside.wait(due - now)
+            else:  # a caller polls, and runs the timers meanwhile
+                self._reader_wakes = now + STAND_ASIDE
+                self._aside.wait(STAND_ASIDE)
+        return False
+
+    def _poll(self, poller: select.poll, wait: float) -> bool:
+        """Wait up to ``wait`` seconds for a datagram or a wake-up; whether woken."""
+        if wait < FINE_WAIT:  # select's timeout has microseconds, poll's milliseconds
+            watched = (self._sock.fileno(), self._wake_r)
+            return self._wake_r in select.select(watched, (), (), max(0.0, wait))[0]
+        timeout = None if wait == float("inf") else int(wait * 1000) + 1
+        return any(fd == self._wake_r for fd, _ in poller.poll(timeout))
+
+    def _hand_out(self, frames: list[tuple[int, bytes | None]]) -> None:
+        """Frames to ``on_frame``, in order, by the thread that read them (no lock held)."""
+        for sid, frame in frames:
+            try:
+                self._on_frame(sid, frame)
+            except Exception:  # the handler's bug, not the connection's
+                log.exception("frame handler failed on stream %d", sid)
 
     def _round(self, woken: bool) -> list[tuple[int, bytes | None]]:
         """Read what arrived, run due timers, send what is due; the frames to hand out."""
@@ -442,6 +567,9 @@ class BlockingConnection:
                 continue
             quic.receive_datagram(data, self._remote, time.monotonic())
         now = time.monotonic()
+        if self._late:  # read after standing aside: acknowledge now, not ACK_DELAY later
+            self._late = False
+            quic.ack_now(now)
         timer = self._timer = quic.get_timer()  # a send below (_transmit) updates it
         fired = timer is not None and now >= timer
         if fired:

@@ -177,6 +177,13 @@ class PeerQuicConnection(QuicConnection):
             if self._unacked_bytes >= ACK_EVERY_BYTES:
                 space.ack_at = now
 
+    def ack_now(self, now: float) -> None:
+        """Send the ACK we owe with the next build instead of after ``ACK_DELAY`` (for
+        datagrams that waited in the socket: their sender's loss timer is already running)."""
+        space = self._spaces.get(tls.Epoch.ONE_RTT)
+        if space is not None and space.ack_at is not None:
+            space.ack_at = now
+
     def _use_datagram_size(self, size: int) -> None:
         """Raise the datagram size after the handshake. The handshake runs at a small size
         because aioquic pads every Initial datagram to the full size (64 KiB on loopback

@@ -319,3 +319,71 @@ def test_a_trio_endpoint_refuses_a_client_only_engine(client: Identity) -> None:
 def test_an_unknown_engine_is_named() -> None:
     with pytest.raises(ValueError, match="quic_engine 'picoquic': expected one of aioquic, qh3"):
         EndpointConfig(quic_engine="picoquic")
+
+
+def test_a_waiting_caller_reads_its_reply_in_its_own_thread(client: Identity) -> None:
+    """``drive_until``: the first call finds the reader thread on the socket and leaves the
+    wait to it (None); the reader then stands aside, and later calls read the reply in the
+    caller's thread. Frames arrive in order either way, and the caller's timeout holds."""
+    from burn_remote.protocol.transport import _blocking
+
+    server = Server({client.peer_id})
+    seen: list[tuple[bytes | None, int]] = []
+    got: queue.Queue[bytes | None] = queue.Queue()
+
+    def on_frame(sid: int, frame: bytes | None) -> None:
+        seen.append((frame, threading.get_ident()))
+        got.put(frame)
+
+    conn = BlockingConnection.connect(
+        client,
+        server.identity.peer_id,
+        ("127.0.0.1", server.address[1]),
+        on_frame=on_frame,
+        on_closed=lambda _: None,
+        config=EndpointConfig(quic_engine=ENGINE["name"]),
+    )
+    try:
+        sid = conn.open_stream()
+        results = []
+        for k in range(30):
+            frame = b"q%d" % k
+            n = len(seen)
+            conn.send_frame(sid, frame, wait=False)
+            results.append(conn.drive_until(lambda n=n: len(seen) > n, 10.0))
+            if results[-1] is None:  # the reader has the socket: it hands the frame out
+                assert got.get(timeout=10) == frame
+            else:
+                assert got.get_nowait() == frame
+        assert results[0] is None and results[-1] is True
+        me = threading.get_ident()
+        driven = [frame for frame, tid in seen if tid == me]
+        assert len(driven) >= 15, results  # the reader takes over only after a pause
+        assert [f for f, _ in seen] == [b"q%d" % k for k in range(30)]
+        assert conn.drive_until(lambda: False, 0.05) is False  # nothing came: the timeout
+        # Nobody waits now: a frame the server pushes is read by the reader thread once it
+        # takes the socket back (within STAND_ASIDE), not left in the socket.
+        n = len(seen)
+        conn.send_frame(sid, b"push", wait=False)
+        assert [got.get(timeout=10) for _ in range(3)].count(b"pushed") == 1
+        assert all(tid != me for _, tid in seen[n:])
+        assert _blocking.STAND_ASIDE < 0.1
+    finally:
+        conn.close(flush_timeout=1)
+        server.stop()
+
+
+def test_a_sender_waiting_for_room_calls_the_reader_back(client: Identity) -> None:
+    """After a caller drove the connection, the reader stands aside; a large upload that
+    must wait for acknowledgements makes it read again at once instead of after
+    STAND_ASIDE per window (the upload completes, echoed back whole)."""
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"hello")
+        assert got.next() == (sid, b"hello")
+        conn.send_frame(sid, b"again", wait=False)
+        assert conn.drive_until(lambda: not got.frames.empty(), 10.0) in (True, None)
+        assert got.next() == (sid, b"again")
+        big = np.random.default_rng(1).bytes(24 << 20)  # six times the 4 MiB send buffer
+        conn.send_frame(sid, big)
+        assert got.next() == (sid, big)
