@@ -852,6 +852,7 @@ def _bin(v: Any, name: str) -> bytes:
 
 
 _INTS = {int}
+_SCALARS = frozenset({int, float, bool})
 
 
 def _ids(v: Any, name: str) -> tuple[int, ...]:
@@ -864,7 +865,7 @@ def _ids(v: Any, name: str) -> tuple[int, ...]:
 
 def _shape(v: Any, name: str) -> tuple[int, ...]:
     ids = _ids(v, name)
-    if len(ids) > MAX_NDIM or any(d > 2**40 for d in ids):
+    if len(ids) > MAX_NDIM or (ids and max(ids) > 2**40):
         raise DecodeError(f"{name}: shape {list(ids)[:8]} is too large")
     return ids
 
@@ -872,9 +873,10 @@ def _shape(v: Any, name: str) -> tuple[int, ...]:
 def _values(v: Any, name: str) -> tuple[float | int | bool, ...]:
     if type(v) is not list:
         raise DecodeError(f"{name}: expected an array of scalars, got {_show(v)}")
-    for i, x in enumerate(v):
-        if type(x) not in (int, float, bool):
-            raise DecodeError(f"{name}[{i}]: expected a number or bool, got {_show(x)}")
+    if not set(map(type, v)) <= _SCALARS:  # checked in C; the message names the first
+        for i, x in enumerate(v):
+            if type(x) not in _SCALARS:
+                raise DecodeError(f"{name}[{i}]: expected a number or bool, got {_show(x)}")
     return tuple(v)
 
 
@@ -965,16 +967,30 @@ def decode_message(raw: Any, where: str = "message") -> Message:
     cls = MESSAGES.get(tag) if type(tag) is int else None
     if cls is None:
         raise DecodeError(f"{where}: unknown message tag {_show(tag)}")
-    schema = _SCHEMAS[cls]
-    if len(raw) != len(schema) + 1:
-        raise DecodeError(
-            f"{where} ({cls.__name__}): expected {len(schema)} fields, got {len(raw) - 1}"
-        )
+    n, build = _BUILDERS[cls]
+    if len(raw) != n + 1:
+        raise DecodeError(f"{where} ({cls.__name__}): expected {n} fields, got {len(raw) - 1}")
     try:
-        fields = [check(v, label) for (_, check, label), v in zip(schema, raw[1:])]
+        return build(raw)
     except DecodeError as exc:
         raise DecodeError(f"{where} {exc}") from None
-    return cls(*fields)
+
+
+def _builder(cls: type) -> tuple[int, Callable[[list[Any]], Any]]:
+    """(field count, a function that checks a raw message array's fields and builds
+    ``cls``): generated once per class from its schema, as dataclasses generate __init__,
+    so a message costs its field checks and nothing per field beside them."""
+    schema = _SCHEMAS[cls]
+    env: dict[str, Any] = {"cls": cls}
+    args = []
+    for k, (_, check, label) in enumerate(schema):
+        env[f"c{k}"], env[f"l{k}"] = check, label
+        args.append(f"c{k}(raw[{k + 1}], l{k})")
+    exec(f"def build(raw):\n    return cls({', '.join(args)})\n", env)  # noqa: S102
+    return len(schema), env["build"]
+
+
+_BUILDERS = {cls: _builder(cls) for cls in MESSAGES.values()}
 
 
 @dataclass(frozen=True, slots=True)
