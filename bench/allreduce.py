@@ -9,14 +9,18 @@ measurements (interleaved, so both see the same machine load), and prints median
   on every rank to every rank's ``sync()`` answered (so it includes one small message and
   one round trip per rank from the client; negligible from 1 MiB on);
 - gloo: ``dist.all_reduce`` on every rank, the slowest rank's time;
+- coll: the ring's all-reduce as the servers timed it (their debug log): from the moment
+  the last rank entered it to the moment the last rank finished -- what gloo's figure is
+  (timed after a barrier), without the client's messages and the ranks' start skew;
 - bus bandwidth = size * 2 (N - 1) / N / time (the bytes each rank sends and receives, as
   nccl-tests reports it), and the ratio ring / gloo (>= 1.0: the ring is as fast or faster).
 
 - cpu-s/op: CPU seconds (user + system, from /proc) each ring server spent per
   all-reduce, a figure the machine's load inflates far less than wall time.
 
-``--planes tcp quic`` measures the servers' TCP data plane (the default) and the fallback
-over their QUIC links side by side.
+``--planes tcp sealed quic`` measures side by side the servers' TCP data plane as it runs
+on one host (plain records after an authenticated hello), the same with AES-256-GCM records
+(as between hosts) and the fallback over their QUIC links.
 
 Usage::
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import re
 import socket
 import statistics
 import sys
@@ -103,15 +108,32 @@ class Ring:
         from burn_remote.server.testing import start_server
 
         self.C = C
-        flags = ["--session-memory", str(4 * 2**30)]
+        flags = ["--session-memory", str(4 * 2**30), "--log-level", "debug"]
         if plane == "quic":  # the fallback: no TCP data plane, ring data on the QUIC links
             flags += ["--ring-port", "off"]
+        if plane == "sealed":  # AES-256-GCM records, as between servers on different hosts
+            flags += ["--ring-seal-loopback"]
         self.daemons = [start_server(tmp / f"s{k}", *flags) for k in range(size)]
         for d in self.daemons:
             d.know(*[o for o in self.daemons if o is not d])
         self.devices = [RemoteDevice(d.target) for d in self.daemons]
         self.group = C.Group(self.devices, timeout=600)
         self.tensors: dict[int, list] = {}
+        self.calls = 0
+
+    def collective(self) -> float:
+        """The last all-reduce as the servers saw it: from the moment the last rank entered
+        it to the moment the last rank finished (their debug log; one clock, one host)."""
+        seq = self.calls - 1
+        deadline = time.monotonic() + 10
+        while True:
+            spans = [_span(d.output(), seq) for d in self.daemons]
+            if all(spans) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if not all(spans):
+            return float("nan")
+        return max(b for _, b in spans) - max(a for a, _ in spans)
 
     def time(self, nbytes: int) -> float:
         import numpy as np
@@ -126,6 +148,7 @@ class Ring:
         outs = [self.C.all_reduce(x, self.group, "sum") for x in xs]
         self.C.sync(self.devices)
         dt = time.perf_counter() - t0
+        self.calls += 1
         del outs
         return dt
 
@@ -134,6 +157,7 @@ class Ring:
 
         xs = [d.tensor(np.full(1001, float(k), np.float32)) for k, d in enumerate(self.devices)]
         outs = [self.C.all_reduce(x, self.group, "sum") for x in xs]
+        self.calls += 1
         want = sum(range(len(xs)))
         assert np.all(outs[-1].numpy() == want), "the ring gave a wrong sum"
 
@@ -143,6 +167,16 @@ class Ring:
             d.close()
         for d in self.daemons:
             d.stop()
+
+
+_SPAN = re.compile(r"all_reduce #(\d+) \(\d+ bytes, \w+\): entered ([\d.]+), done ([\d.]+)")
+
+
+def _span(log: str, seq: int) -> tuple[float, float] | None:
+    for found in _SPAN.finditer(log):
+        if int(found.group(1)) == seq:
+            return float(found.group(2)), float(found.group(3))
+    return None
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -173,18 +207,21 @@ def main() -> int:
     ap.add_argument(
         "--planes",
         nargs="+",
-        choices=("tcp", "quic"),
+        choices=("tcp", "sealed", "quic"),
         default=["tcp"],
-        help="the ring's data plane: tcp (the servers' TCP data plane, the default) and/or "
-        "quic (the fallback over the QUIC links, --ring-port off)",
+        help="the ring's data plane: tcp (the servers' TCP data plane as it runs between "
+        "servers of one host: authenticated, plain records; the default), sealed (the same "
+        "with AES-256-GCM records, as between hosts: --ring-seal-loopback) and/or quic (the "
+        "fallback over the QUIC links: --ring-port off)",
     )
     args = ap.parse_args()
     home = tempfile.mkdtemp(prefix="bench-allreduce-")
     os.environ.setdefault("BURN_REMOTE_HOME", home)
     os.chmod(home, 0o700)
     print(f"cpus: {os.cpu_count()}  python {sys.version.split()[0]}  load {os.getloadavg()}")
-    print(f"{'plane':>5} {'ranks':>5} {'MiB':>5} {'ring ms':>9} {'gloo ms':>9} "
-          f"{'ring GB/s':>10} {'gloo GB/s':>10} {'ring/gloo':>9} {'cpu-s/op':>9}")  # fmt: skip
+    print(f"{'plane':>5} {'ranks':>5} {'MiB':>5} {'ring ms':>9} {'coll ms':>9} "
+          f"{'gloo ms':>9} {'ring GB/s':>10} {'coll GB/s':>10} {'gloo GB/s':>10} "
+          f"{'ring/gloo':>9} {'coll/gloo':>9} {'cpu-s/op':>9}")  # fmt: skip
     for n in args.ranks:
         rings = {p: Ring(n, Path(tempfile.mkdtemp(prefix=f"ring{n}{p}-")), p) for p in args.planes}
         gloo = Gloo(n)
@@ -194,6 +231,7 @@ def main() -> int:
             for mib in args.mib:
                 nbytes = mib * MiB
                 times: dict[str, list[float]] = {p: [] for p in rings}
+                coll: dict[str, list[float]] = {p: [] for p in rings}
                 cpu: dict[str, float] = dict.fromkeys(rings, 0.0)
                 for _ in range(args.warmup):  # steady state, as in a training loop
                     for ring in rings.values():
@@ -206,14 +244,16 @@ def main() -> int:
                         c0 = _cpu_seconds(pids)
                         times[p].append(ring.time(nbytes))
                         cpu[p] += _cpu_seconds(pids) - c0
+                        coll[p].append(ring.collective())
                     g.append(gloo.time(nbytes))
                 gt = statistics.median(g)
                 bus = nbytes * 2 * (n - 1) / n / 1e9
                 for p in rings:
-                    rt = statistics.median(times[p])
+                    rt, ct = statistics.median(times[p]), statistics.median(coll[p])
                     per = cpu[p] / args.repeats / n  # per server per all-reduce
-                    print(f"{p:>5} {n:>5} {mib:>5} {rt * 1e3:>9.1f} {gt * 1e3:>9.1f} "
-                          f"{bus / rt:>10.3f} {bus / gt:>10.3f} {gt / rt:>9.2f} {per:>9.3f}",
+                    print(f"{p:>5} {n:>5} {mib:>5} {rt * 1e3:>9.1f} {ct * 1e3:>9.1f} "
+                          f"{gt * 1e3:>9.1f} {bus / rt:>10.3f} {bus / ct:>10.3f} "
+                          f"{bus / gt:>10.3f} {gt / rt:>9.2f} {gt / ct:>9.2f} {per:>9.3f}",
                           flush=True)  # fmt: skip
         finally:
             for ring in rings.values():

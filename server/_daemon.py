@@ -91,6 +91,8 @@ class ServeOptions:
     group links carry ring data on QUIC)."""
     ring_advertise: str = ""
     """``HOST:PORT`` ring neighbours dial for the data plane instead (port mapping)."""
+    ring_seal_loopback: bool = False
+    """Encrypt same-host ring data links too."""
 
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
@@ -120,7 +122,7 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         from ._groups import GroupService
 
         opts.state.collectives = GroupService(
-            opts.state, ep, nursery, opts.ring_port, opts.ring_advertise
+            opts.state, ep, nursery, opts.ring_port, opts.ring_advertise, opts.ring_seal_loopback
         )
         nursery.start_soon(_close_on_exit, opts.state.collectives.shutdown)
         parking = Parking(opts.resume_grace)

@@ -249,7 +249,7 @@ class GroupMember:
                 self.id,
                 self.succ,
                 plane.upper(),
-                f" (fallback: {why})" if why else "",
+                f" (fallback: {why})" if why else _records(self.data_out),
                 extra={"event": "ring_plane", "session": self.session_id},
             )
             await ctl.send_frame(m.encode(m.RingPlane(self.id, plane, why)))
@@ -283,6 +283,7 @@ class GroupMember:
                     self.id,
                     self.rank,
                     reply.ring_key,
+                    self.service.plain_ok,
                     abandon_on_cancel=True,
                 )
         except (OSError, rd.LinkBroken, trio.TooSlowError) as exc:
@@ -405,7 +406,7 @@ class GroupMember:
             self.id,
             self.pred,
             msg.plane.upper(),
-            f" (fallback: {msg.reason})" if msg.reason else "",
+            f" (fallback: {msg.reason})" if msg.reason else _records(self.tcp_in),
             extra={"event": "ring_plane", "session": self.session_id},
         )
         self._progress.unpark_all()
@@ -438,36 +439,60 @@ class GroupMember:
     # --- the ring all-reduce (an engine worker thread) -----------------------------------------
     def all_reduce(self, host: np.ndarray, op: str) -> np.ndarray:
         """This rank's part of the k-th all-reduce of the group: a new array; ``host``
-        (C-contiguous) is only read. Runs on the engine worker thread that runs the graph
-        (it receives and reduces) with one more thread that sends, whichever the plane: the
-        network loop only carries the QUIC plane's frames."""
+        (C-contiguous) is only read. Runs on the engine worker thread that runs the graph:
+        with both links on the TCP data plane, all of it there (``_ring_data.drive_tcp``);
+        otherwise it receives and reduces there while one more thread sends (the network
+        loop carries only the QUIC plane's frames)."""
         with self._op_lock:
-            seq, self._seq = self._seq, self._seq + 1
-            self.linked_t.wait(SETUP_TIMEOUT)
-            if self.failure is not None:
-                raise self.failure
-            if not self.linked_t.is_set():
-                raise GroupFailure(self.id, -1, "", "the group was never started (GroupStart)")
-            x = host.reshape(-1)
-            if self.size == 1:
-                return ring.finish(x.copy(), op, 1).reshape(host.shape)
-            acc = self._result_buffer(x)
-            self.op_deadline = time.monotonic() + 2 * self.timeout
-            progress = rd.Progress()
-            sender = threading.Thread(
-                target=self._send_all, args=(x, acc, seq, op, progress), daemon=True
-            )
+            entered = time.time()
+            out = self._all_reduce(host, op)
+            if log.isEnabledFor(logging.DEBUG):  # bench/allreduce.py reads these times
+                log.debug(
+                    "all_reduce #%d (%d bytes, %s): entered %.6f, done %.6f",
+                    self._seq - 1,
+                    host.nbytes,
+                    getattr(self.data_out, "plane", "-"),
+                    entered,
+                    time.time(),
+                    extra={"event": "ring_all_reduce", "session": self.session_id},
+                )
+            return out
+
+    def _all_reduce(self, host: np.ndarray, op: str) -> np.ndarray:
+        seq, self._seq = self._seq, self._seq + 1
+        self.linked_t.wait(SETUP_TIMEOUT)
+        if self.failure is not None:
+            raise self.failure
+        if not self.linked_t.is_set():
+            raise GroupFailure(self.id, -1, "", "the group was never started (GroupStart)")
+        x = host.reshape(-1)
+        if self.size == 1:
+            return ring.finish(x.copy(), op, 1).reshape(host.shape)
+        acc = self._result_buffer(x)
+        self.op_deadline = time.monotonic() + 2 * self.timeout
+        if isinstance(self.data_out, rd.DataOut) and isinstance(self.data_in, rd.DataIn):
             try:
-                sender.start()
-                self._receive_all(x, acc, seq, op, progress)
-                while sender.is_alive() and self.failure is None:
-                    sender.join(LINK_BEAT)
+                self._all_reduce_tcp(x, acc, seq, op)
             finally:
                 self.op_deadline = None
-                progress.stop()
             if self.failure is not None:
                 raise self.failure
             return ring.finish(acc, op, self.size).reshape(host.shape)
+        progress = rd.Progress()
+        sender = threading.Thread(
+            target=self._send_all, args=(x, acc, seq, op, progress), daemon=True
+        )
+        try:
+            sender.start()
+            self._receive_all(x, acc, seq, op, progress)
+            while sender.is_alive() and self.failure is None:
+                sender.join(LINK_BEAT)
+        finally:
+            self.op_deadline = None
+            progress.stop()
+        if self.failure is not None:
+            raise self.failure
+        return ring.finish(acc, op, self.size).reshape(host.shape)
 
     def _result_buffer(self, x: np.ndarray) -> np.ndarray:
         """Where the result goes: a former result of this group of the same dtype and size
@@ -475,12 +500,14 @@ class GroupMember:
         kernel 64 MiB of page zeroing on first touch, which perf measured at 37% of the CPU
         of a 2-rank 64 MiB all-reduce (gloo reduces in place and pays nothing)."""
         spares = self._spares
-        for i, a in enumerate(spares):
-            # references: the list, ``a`` and getrefcount's argument; none elsewhere (a
-            # view of it holds it through .base), so no one can be reading or writing it
-            if a.dtype == x.dtype and a.size == x.size and sys.getrefcount(a) == 3:
-                del spares[i]
-                break
+        for i in range(len(spares)):
+            # references: the list's and getrefcount's argument, none elsewhere (a view of
+            # it holds it through .base), so no one can be reading or writing it
+            if sys.getrefcount(spares[i]) == 2:
+                a = spares[i]
+                if a.dtype == x.dtype and a.size == x.size:
+                    del spares[i]
+                    break
         else:
             a = np.empty_like(x)
         spares.append(a)
@@ -496,6 +523,54 @@ class GroupMember:
         is what woke the thread)."""
         if self.failure is None:
             trio.from_thread.run_sync(self.fail, rank, reason, trio_token=self.service.token)
+
+    def _all_reduce_tcp(self, x: np.ndarray, acc: np.ndarray, seq: int, op: str) -> None:
+        """Both links on the TCP data plane: the whole all-reduce on this thread."""
+        assert isinstance(self.data_out, rd.DataOut) and isinstance(self.data_in, rd.DataIn)
+        mine = m.RingHeader(seq, dtypes.from_numpy(acc.dtype), acc.size, op)
+
+        def check(frame: bytes) -> None:
+            why = self._header_mismatch(frame, mine)
+            if why:
+                raise rd.HeaderMismatch(why)
+
+        try:
+            on_time = rd.drive_tcp(
+                self._plan(acc),
+                x,
+                acc,
+                self.data_out,
+                self.data_in,
+                m.encode(mine),
+                check,
+                self.timeout,
+                lambda: self.failure is not None,
+            )
+        except rd.HeaderMismatch as exc:
+            self._fail_here(self.pred, str(exc))
+        except rd.LinkBroken as exc:
+            culprit = {"succ": self.succ, "pred": self.pred}.get(exc.side, -1)
+            self._fail_here(culprit, f"{exc} (all_reduce #{seq})")
+        else:
+            if not on_time:
+                self._fail_here(
+                    self.pred, f"did not reach all_reduce #{seq} within {self.timeout:g} s"
+                )
+
+    def _header_mismatch(self, frame: bytes, mine: m.RingHeader) -> str:
+        """Why the predecessor's RingHeader frame is not this rank's (empty: it is)."""
+        try:
+            (head,) = m.decode(frame)
+        except (m.DecodeError, ValueError):
+            head = None
+        if head == mine:
+            return ""
+        return (
+            f"sent all_reduce #{getattr(head, 'seq', '?')} of "
+            f"{getattr(head, 'dtype', '?')}[{getattr(head, 'count', '?')}] "
+            f"op={getattr(head, 'op', '?')}; rank {self.rank} has #{mine.seq} of "
+            f"{mine.dtype}[{mine.count}] op={mine.op}"
+        )
 
     def _send_all(
         self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: rd.Progress
@@ -526,19 +601,10 @@ class GroupMember:
                     self.pred, f"did not reach all_reduce #{seq} within {self.timeout:g} s"
                 )
                 return
-            try:
-                (head,) = m.decode(frame)
-            except (m.DecodeError, ValueError):
-                head = None
             mine = m.RingHeader(seq, dtypes.from_numpy(acc.dtype), acc.size, op)
-            if head != mine:
-                self._fail_here(
-                    self.pred,
-                    f"sent all_reduce #{getattr(head, 'seq', '?')} of "
-                    f"{getattr(head, 'dtype', '?')}[{getattr(head, 'count', '?')}] "
-                    f"op={getattr(head, 'op', '?')}; rank {self.rank} has #{seq} of "
-                    f"{mine.dtype}[{mine.count}] op={op}",
-                )
+            why = self._header_mismatch(frame, mine)
+            if why:
+                self._fail_here(self.pred, why)
                 return
             rd.receive_pieces(self._plan(acc), x, acc, inn, progress)
         except rd.LinkBroken as exc:
@@ -661,6 +727,13 @@ class QuicIn:
         self.member._moved["pred"] = time.monotonic()  # noqa: SLF001
 
 
+def _records(end: Any) -> str:
+    """How a TCP data link's records travel, for the log."""
+    if not isinstance(end, rd.DataOut | rd.DataIn):
+        return ""
+    return " (AES-256-GCM)" if end.sealed else " (same host: authenticated, not encrypted)"
+
+
 def _ring_target(address: str, link_host: str) -> tuple[str, int]:
     """GroupLink.ring_address as (host, port): ``:PORT`` is the QUIC link's host."""
     host, sep, port = address.rpartition(":")
@@ -702,11 +775,15 @@ class GroupService:
         nursery: trio.Nursery,
         ring_port: int | None = 0,
         ring_advertise: str = "",
+        seal_loopback: bool = False,
     ) -> None:
         """``ring_port``: where the TCP data plane listens, on the host of the endpoint's
         QUIC socket (0: a free port; None: no TCP data plane, the links' QUIC streams carry
         the ring data). ``ring_advertise``: the ``HOST:PORT`` predecessors dial instead
-        (a port mapping or proxy in front of this server)."""
+        (a port mapping or proxy in front of this server). ``seal_loopback``: encrypt
+        same-host TCP data links too (by default their records are plain after the
+        authenticated hello: the bytes never leave this host's kernel)."""
+        self.plain_ok = not seal_loopback
         self.state, self.ep, self.nursery = state, ep, nursery
         self.token = trio.lowlevel.current_trio_token()
         self.members: dict[int, GroupMember] = {}
@@ -715,7 +792,7 @@ class GroupService:
         if ring_port is not None:
             host = ep.local_address[0]
             try:
-                self.listener = rd.RingListener(host, ring_port, self._lookup)
+                self.listener = rd.RingListener(host, ring_port, self._lookup, self.plain_ok)
             except OSError as exc:
                 why = f"TCP ring data plane (--ring-port {ring_port}): {exc.strerror or exc}"
                 raise OSError(exc.errno, why) from None

@@ -32,6 +32,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -45,13 +46,20 @@ log = logging.getLogger("burn_remote.server")
 PREAMBLE = struct.Struct(">8sQQ")
 """RING_MAGIC, group id, the dialler's rank."""
 LENGTH = struct.Struct(">I")
-HELLO_RECORD = len(m.RING_HELLO) + m.RING_TAG
+HELLO_RECORD = len(m.RING_HELLO) + 1 + m.RING_TAG
+"""RING_HELLO and the mode byte (1: plain records, 0: sealed), sealed."""
+PLAIN, SEALED = b"\x01", b"\x00"
 TO_SUCCESSOR, TO_DIALLER = 0, 1
 """Nonce directions."""
 
 
 class LinkBroken(Exception):
-    """The data link failed (closed, reset, unauthentic data); the caller names the rank."""
+    """The data link failed (closed, reset, unauthentic data); ``side`` says which link
+    (``succ``: the one this rank sends on; ``pred``: the one it receives on)."""
+
+    def __init__(self, message: str, side: str = "") -> None:
+        super().__init__(message)
+        self.side = side
 
 
 class _Sealer:
@@ -73,6 +81,19 @@ def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
+def same_host(sock: socket.socket) -> bool:
+    """Whether the connection's other end is a loopback address (its bytes never leave
+    this host's kernel)."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
+    except (OSError, ValueError):
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
 def _read_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -89,25 +110,37 @@ class DataOut:
 
     plane = "tcp"
 
-    def __init__(self, sock: socket.socket, sealer: _Sealer) -> None:
-        self.sock, self.sealer = sock, sealer
+    def __init__(self, sock: socket.socket, sealer: _Sealer, sealed: bool = True) -> None:
+        self.sock, self.sealer, self.sealed = sock, sealer, sealed
         self.sent = 0
         """Bytes handed to the socket (counted before ``sendall``: the watchdog compares
         it with what the successor says it read)."""
         self.blocked_since: float | None = None
         self._buf = bytearray()
 
-    def send_header(self, frame: bytes) -> None:
+    def seal_header(self, frame: bytes) -> bytes:
+        if not self.sealed:
+            return LENGTH.pack(len(frame)) + frame
         sealed = self.sealer.aead.encrypt(self.sealer.nonce(), frame, self.sealer.aad)
-        self._send(LENGTH.pack(len(sealed)) + sealed)
+        return LENGTH.pack(len(sealed)) + sealed
 
-    def send_piece(self, piece: memoryview) -> None:
+    def seal_piece(self, piece: memoryview) -> memoryview:
+        """The record of ``piece``: sealed in a buffer reused by the next call, or the
+        piece itself on a plain (same-host) link."""
+        if not self.sealed:
+            return piece
         need = len(piece) + m.RING_TAG
         if len(self._buf) < need:
             self._buf = bytearray(need)
         out = memoryview(self._buf)[:need]
         self.sealer.aead.encrypt_into(self.sealer.nonce(), piece, self.sealer.aad, out)
-        self._send(out)
+        return out
+
+    def send_header(self, frame: bytes) -> None:
+        self._send(self.seal_header(frame))
+
+    def send_piece(self, piece: memoryview) -> None:
+        self._send(self.seal_piece(piece))
 
     def _send(self, data: bytes | memoryview) -> None:
         self.sent += len(data)
@@ -128,8 +161,8 @@ class DataIn:
 
     plane = "tcp"
 
-    def __init__(self, sock: socket.socket, sealer: _Sealer) -> None:
-        self.sock, self.sealer = sock, sealer
+    def __init__(self, sock: socket.socket, sealer: _Sealer, sealed: bool = True) -> None:
+        self.sock, self.sealer, self.sealed = sock, sealer, sealed
         self.received = 0
         self.waiting_since: float | None = None
         """Since when the receiver has been blocked on the socket with nothing arriving."""
@@ -164,16 +197,21 @@ class DataIn:
             self.sock.settimeout(None)
         self._fill(head[1:])
         (n,) = LENGTH.unpack(head)
-        if not m.RING_TAG <= n <= m.RING_MAX_HEADER:
+        if not (m.RING_TAG if self.sealed else 0) <= n <= m.RING_MAX_HEADER:
             raise LinkBroken(f"sent a ring header record of {n} bytes")
         sealed = memoryview(bytearray(n))
         self._fill(sealed)
+        if not self.sealed:
+            return bytes(sealed)
         try:
             return self.sealer.aead.decrypt(self.sealer.nonce(), sealed, self.sealer.aad)
         except InvalidTag:
             raise LinkBroken("sent a ring header that failed authentication") from None
 
     def recv_piece_into(self, dest: memoryview) -> None:
+        if not self.sealed:
+            self._fill(dest)
+            return
         need = len(dest) + m.RING_TAG
         if len(self._buf) < need:
             self._buf = bytearray(need)
@@ -203,24 +241,31 @@ def _close(sock: socket.socket) -> None:
     sock.close()
 
 
-def dial(address: tuple[str, int], group_id: int, rank: int, key: bytes) -> DataOut:
+def dial(
+    address: tuple[str, int], group_id: int, rank: int, key: bytes, plain_ok: bool = True
+) -> DataOut:
     """Connect to the successor's TCP data plane and prove both ends hold ``key``
-    (blocking; at most RING_CONNECT_TIMEOUT)."""
+    (blocking; at most RING_CONNECT_TIMEOUT). On a same-host connection the dialler asks
+    for plain records if ``plain_ok``; the successor's sealed answer decides."""
     sock = socket.create_connection(address, timeout=m.RING_CONNECT_TIMEOUT)
     try:
         _tune(sock)
         out, back = _Sealer(key, TO_SUCCESSOR, group_id), _Sealer(key, TO_DIALLER, group_id)
-        hello = out.aead.encrypt(out.nonce(), m.RING_HELLO, out.aad)
+        ask = PLAIN if plain_ok and same_host(sock) else SEALED
+        hello = out.aead.encrypt(out.nonce(), m.RING_HELLO + ask, out.aad)
         sock.sendall(PREAMBLE.pack(m.RING_MAGIC, group_id, rank) + hello)
         answer = _read_exact(sock, HELLO_RECORD)
         try:
-            ok = back.aead.decrypt(back.nonce(), answer, back.aad) == m.RING_HELLO
+            opened = back.aead.decrypt(back.nonce(), answer, back.aad)
         except InvalidTag:
-            ok = False
-        if not ok:
+            opened = b""
+        mode = opened[len(m.RING_HELLO) :]
+        if opened[: len(m.RING_HELLO)] != m.RING_HELLO or mode not in (PLAIN, SEALED):
             raise LinkBroken("the listener there did not prove the link key (not the successor)")
+        if mode == PLAIN and ask != PLAIN:
+            raise LinkBroken("the successor answered plain records on a sealed link")
         sock.settimeout(None)
-        return DataOut(sock, out)
+        return DataOut(sock, out, sealed=mode == SEALED)
     except BaseException:
         sock.close()
         raise
@@ -235,11 +280,14 @@ class RingListener:
     """This server's TCP data-plane listener: a thread that accepts and authenticates
     predecessors' data links and hands each to its group member."""
 
-    def __init__(self, host: str, port: int, lookup: Lookup) -> None:
+    def __init__(self, host: str, port: int, lookup: Lookup, plain_ok: bool = True) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=64)
         self.address = self.sock.getsockname()[:2]
         self.lookup = lookup
+        self.plain_ok = plain_ok
+        """Grant a same-host dialler's ask for plain records (``--ring-seal-loopback``
+        turns it off)."""
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="ring-listener", daemon=True)
         self._thread.start()
@@ -271,14 +319,18 @@ class RingListener:
                 ok = inn.aead.decrypt(inn.nonce(), _read_exact(conn, HELLO_RECORD), inn.aad)
             except InvalidTag:
                 ok = b""
-            if ok != m.RING_HELLO:
+            ask = ok[len(m.RING_HELLO) :]
+            if ok[: len(m.RING_HELLO)] != m.RING_HELLO or ask not in (PLAIN, SEALED):
                 raise LinkBroken(
                     f"group {gid:016x} rank {rank}: the dialler did not prove the link key"
                 )
+            plain = ask == PLAIN and self.plain_ok and same_host(conn)
             conn.settimeout(None)
-            deliver(DataIn(conn, inn))  # before the answer: the dialler's RingPlane follows it
-            conn.sendall(back.aead.encrypt(back.nonce(), m.RING_HELLO, back.aad))
-        except (LinkBroken, OSError, struct.error) as exc:
+            # handed over before the answer: the dialler's RingPlane follows the answer
+            deliver(DataIn(conn, inn, sealed=not plain))
+            mode = PLAIN if plain else SEALED
+            conn.sendall(back.aead.encrypt(back.nonce(), m.RING_HELLO + mode, back.aad))
+        except Exception as exc:  # noqa: BLE001 - one connection's failure, logged
             log.warning(
                 "ring data link from %s refused: %s",
                 where,
@@ -315,6 +367,160 @@ class Progress:
         with self.cond:
             self.stopped = True
             self.cond.notify_all()
+
+
+class HeaderMismatch(Exception):
+    """The predecessor's RingHeader is not this rank's (``drive_tcp``'s ``check`` says why)."""
+
+
+def drive_tcp(
+    plan: ring.Plan,
+    x: np.ndarray,
+    acc: np.ndarray,
+    out: DataOut,
+    inn: DataIn,
+    header: bytes,
+    check: Callable[[bytes], None],
+    header_timeout: float,
+    stopped: Callable[[], bool],
+) -> bool:
+    """One all-reduce over two TCP data links on this one thread: non-blocking sends and
+    receives driven by ``poll``, so both directions move at once with no hand-over between
+    threads (each costs a wake-up, which a loaded machine delays). A received piece lands
+    in the result (opened there from its sealed record, or received there on a plain
+    same-host link) and is reduced in place; piece p of step k is sent once piece p of
+    step k - 1 arrived. False if the predecessor sent no header within ``header_timeout``
+    (it is late); raises LinkBroken (with its side) or HeaderMismatch (``check``'s), or
+    LinkBroken once ``stopped()`` (the group failed)."""
+    import select
+
+    item = acc.itemsize
+    xb, ab = x.view(np.uint8), acc.view(np.uint8)
+    sends, recvs = plan.sends(), plan.receives()
+    where = {(k, a): j for j, (k, a, _, _) in enumerate(recvs)}
+    done = 0  # pieces received and reduced
+    si = 0  # next piece to send
+    pending = memoryview(out.seal_header(header))  # bytes of the record being sent
+    # receiving: the header's length, the header, then each piece's record
+    sealed, sealer = inn.sealed, inn.sealer
+    tag = m.RING_TAG if sealed else 0
+    head_len = bytearray(LENGTH.size)
+    want = memoryview(head_len)
+    got = 0
+    stage = "length"
+    landing: Any = ab  # a plain link's pieces land in the result itself
+    if sealed:
+        biggest = max((b - a for _, a, b, _ in recvs), default=0) * item + tag
+        if len(inn._buf) < biggest:  # noqa: SLF001 - the receiving end's reused buffer
+            inn._buf = bytearray(biggest)  # noqa: SLF001
+        landing = inn._buf  # noqa: SLF001
+    deadline = time.monotonic() + header_timeout
+    ofd, ifd = out.sock.fileno(), inn.sock.fileno()
+    out.sock.setblocking(False)
+    inn.sock.setblocking(False)
+    poller = select.poll()
+    try:
+        while True:
+            if not pending and si < len(sends):
+                k, a, b = sends[si]
+                if k == 0 or done > where[(k - 1, a)]:
+                    src = xb if k == 0 else ab  # ring.source
+                    pending = out.seal_piece(memoryview(src[a * item : b * item]))
+                    si += 1
+            reading = done < len(recvs) or stage != "piece"
+            if not pending and si == len(sends) and not reading:
+                return True
+            if stopped():
+                raise LinkBroken("the group failed")
+            poller.register(ofd, select.POLLOUT if pending else 0)
+            poller.register(ifd, select.POLLIN if reading else 0)
+            if inn.waiting_since is None and reading:
+                inn.waiting_since = time.monotonic()
+            header_wait = stage == "length" and got == 0
+            wait = LINK_POLL
+            if header_wait:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            events = dict(poller.poll(wait * 1000))
+            if pending and events.get(ofd, 0):
+                try:
+                    n = out.sock.send(pending)
+                except BlockingIOError:
+                    n = 0
+                except OSError as exc:
+                    why = f"its data link broke: {exc.strerror or exc}"
+                    raise LinkBroken(why, "succ") from None
+                out.sent += n
+                pending = pending[n:]
+            if not (reading and events.get(ifd, 0)):
+                if header_wait and time.monotonic() > deadline:
+                    return False
+                continue
+            try:
+                n = inn.sock.recv_into(want[got:])
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise LinkBroken(f"its data link broke: {exc.strerror or exc}", "pred") from None
+            if n == 0:
+                raise LinkBroken("closed its data link", "pred")
+            inn.waiting_since = None
+            inn.received += n
+            got += n
+            if got < len(want):
+                continue
+            got = 0
+            if stage == "length":
+                (size,) = LENGTH.unpack(head_len)
+                if not tag <= size <= m.RING_MAX_HEADER:
+                    raise LinkBroken(f"sent a ring header record of {size} bytes", "pred")
+                want, stage = memoryview(bytearray(size)), "header"
+                continue
+            if stage == "header":
+                frame = bytes(want)
+                if sealed:
+                    try:
+                        frame = sealer.aead.decrypt(sealer.nonce(), want, sealer.aad)
+                    except InvalidTag:
+                        why = "sent a ring header that failed authentication"
+                        raise LinkBroken(why, "pred") from None
+                check(frame)
+                stage = "piece"
+            else:
+                _, a, b, reduce = recvs[done]
+                if sealed:
+                    try:
+                        sealer.aead.decrypt_into(
+                            sealer.nonce(), want, sealer.aad, ab[a * item : b * item]
+                        )
+                    except InvalidTag:
+                        why = "sent ring data that failed authentication"
+                        raise LinkBroken(why, "pred") from None
+                if reduce:
+                    np.add(acc[a:b], x[a:b], out=acc[a:b])
+                done += 1
+            want = _next_piece(recvs, done, item, tag, landing)
+    finally:
+        inn.waiting_since = None
+        for sock in (out.sock, inn.sock):
+            try:
+                sock.setblocking(True)
+            except OSError:
+                pass
+
+
+def _next_piece(recvs: list, done: int, item: int, tag: int, landing: Any) -> memoryview:
+    """Where the next piece's record is received: the start of the scratch buffer (sealed:
+    it is opened into the result), or its place in the result itself (plain)."""
+    if done >= len(recvs):
+        return memoryview(landing)[:0]
+    _, a, b, _ = recvs[done]
+    if tag:
+        return memoryview(landing)[: (b - a) * item + tag]
+    return memoryview(landing)[a * item : b * item]
+
+
+LINK_POLL = m.LINK_BEAT
+"""Longest a data-plane thread waits in poll before it checks whether the group failed."""
 
 
 def send_pieces(plan: ring.Plan, x: np.ndarray, acc: np.ndarray, out, progress: Progress) -> None:  # noqa: ANN001 - out: DataOut or the QUIC pipe of server/_groups.py

@@ -128,6 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         ring_port=args.ring_port,
         ring_advertise=args.ring_advertise,
+        ring_seal_loopback=args.ring_seal_loopback,
     )
     if args.ring_advertise:
         try:
@@ -333,6 +334,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="TCP port of the ring all-reduce's data plane, on the --listen host (default 0: "
         "a free one, told to ring neighbours over their authenticated QUIC link; off: ring "
         "data goes over the QUIC links, slower; open it in firewalls as you open --listen)",
+    )
+    p.add_argument(
+        "--ring-seal-loopback",
+        action="store_true",
+        help="encrypt ring data between servers on this same host too (by default such "
+        "links are authenticated with their one-time key but carry plain bytes: they never "
+        "leave the host's kernel; links to other hosts are always AES-256-GCM)",
     )
     p.add_argument(
         "--ring-advertise",

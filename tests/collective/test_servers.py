@@ -29,8 +29,14 @@ def _devices(daemons):
     return [RemoteDevice(d.target) for d in daemons]
 
 
-PLANES = {"tcp": (), "quic": ("--ring-port", "off")}
-"""Server flags for each data plane: the TCP data plane (default) and the QUIC fallback."""
+PLANES = {
+    "tcp": ((), "over TCP (same host: authenticated, not encrypted)"),
+    "sealed": (("--ring-seal-loopback",), "over TCP (AES-256-GCM)"),
+    "quic": (("--ring-port", "off"), "over QUIC (fallback: the successor offers no TCP"),
+}
+"""Server flags for each data plane, and what the servers log about their links: the TCP
+data plane (default; plain records between servers of one host, sealed ones if asked or
+between hosts) and the QUIC fallback."""
 
 
 def _ring_address(daemon) -> tuple[str, int]:
@@ -45,7 +51,7 @@ def _ring_address(daemon) -> tuple[str, int]:
 @pytest.mark.parametrize("plane", PLANES)
 @pytest.mark.parametrize("n", [2, 3])
 def test_ring_matches_numpy(servers, n, plane):
-    daemons = servers(n, "--allow-any", *PLANES[plane])
+    daemons = servers(n, "--allow-any", *PLANES[plane][0])
     devs = _devices(daemons)
     rng = np.random.default_rng(n)
     with C.Group(devs) as g:
@@ -62,7 +68,7 @@ def test_ring_matches_numpy(servers, n, plane):
                  for k, d in enumerate(devs)]  # fmt: skip
         np.testing.assert_allclose(means[-1].numpy(), np.full((2, 3), (n - 1) / 2))
     for d in daemons:  # every link took the plane asked for, and said so
-        assert f"over {plane.upper()}" in d.output(), d.output()
+        assert PLANES[plane][1] in d.output(), d.output()
 
 
 def test_an_unreachable_tcp_data_plane_falls_back_to_quic(servers):
@@ -189,7 +195,7 @@ def test_a_cut_link_fails_every_rank_naming_the_cut_pair(servers):
 
     from burn_remote.protocol.transport.faultproxy import FaultProxy
 
-    daemons = servers(3, "--allow-any", *PLANES["quic"])  # the UDP proxy cuts QUIC only
+    daemons = servers(3, "--allow-any", *PLANES["quic"][0])  # the UDP proxy cuts QUIC only
     host, port = daemons[1].address.rsplit(":", 1)
     proxy = FaultProxy.start_thread((host, int(port)))
     try:

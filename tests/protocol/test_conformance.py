@@ -546,7 +546,9 @@ def test_group_setup_refusals_are_group(raw: Raw, server: Daemon) -> None:
     assert "not this server" in errs[0]["message"] and "twice" in errs[1]["message"]
 
 
-def _ring_hello(host: str, port: int, gid: int, rank: int, key: bytes) -> bytes | None:
+def _ring_hello(
+    host: str, port: int, gid: int, rank: int, key: bytes, mode: bytes = b"\x00"
+) -> bytes | None:
     """§12's TCP data-plane hello, written from the spec: what the successor's sealed
     answer opens to, or None if it closed the connection."""
     import socket
@@ -554,12 +556,15 @@ def _ring_hello(host: str, port: int, gid: int, rank: int, key: bytes) -> bytes 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     aead, aad = AESGCM(key), gid.to_bytes(8, "big")
-    hello = aead.encrypt(bytes(4) + bytes(8), b"ring data link", aad)
+    hello = aead.encrypt(bytes(4) + bytes(8), b"ring data link" + mode, aad)
     with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(b"burnring" + struct.pack(">QQ", gid, rank) + hello)
         answer = b""
         while len(answer) < len(hello):
-            more = sock.recv(len(hello) - len(answer))
+            try:
+                more = sock.recv(len(hello) - len(answer))
+            except ConnectionResetError:  # closed with our bytes unread
+                return None
             if not more:
                 return None
             answer += more
@@ -585,8 +590,11 @@ def test_a_group_link_needs_the_capability_and_the_right_rank(
     assert answer["ring_address"].startswith(":") and len(answer["ring_key"]) == 32
     port = int(answer["ring_address"][1:])
     host = server.address.rsplit(":", 1)[0]
+    key = answer["ring_key"]
     assert _ring_hello(host, port, gid, 1, os.urandom(32)) is None  # another key: closed
-    assert _ring_hello(host, port, gid, 1, answer["ring_key"]) == b"ring data link"
+    assert _ring_hello(host, port, gid, 1, key) == b"ring data link\x00"  # sealed records
+    # the link is up (one per group link): a second hello is refused, plain or not
+    assert _ring_hello(host, port, gid, 1, key, b"\x01") is None
     right.send(msg("GroupBeat", gid, 0, 0))
     # the server must dial its successor (rank 1) itself: it knows no address for it
     raw.send(msg("GroupStart", 2, gid, "ring"))
