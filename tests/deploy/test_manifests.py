@@ -99,8 +99,11 @@ def test_k8s_manifests_agree_with_the_cli() -> None:
         assert ns.command == kind
         udp = {p["containerPort"] for p in container["ports"] if p["protocol"] == "UDP"}
         assert udp == {_listen_port(ns)}
-        (http,) = [p for p in container["ports"] if p["protocol"] == "TCP"]
+        (http,) = [p for p in container["ports"] if p["name"] == "http"]
         assert http["containerPort"] == int(ns.http.rpartition(":")[2])
+        tcp = {p["containerPort"] for p in container["ports"] if p["protocol"] == "TCP"}
+        ring = {ns.ring_port} if kind == "serve" else set()  # the ring's TCP data plane
+        assert tcp == {http["containerPort"], *ring}
         for probe in ("livenessProbe", "readinessProbe"):
             get = container[probe]["httpGet"]
             assert get["path"] == "/healthz" and get["port"] == http["name"], probe
@@ -115,6 +118,9 @@ def test_k8s_manifests_agree_with_the_cli() -> None:
             assert int(port) == relay_svc["spec"]["ports"][0]["port"]
             assert relay_svc["spec"]["ports"][0]["targetPort"] == 7400
             assert not ns.allow_any  # a fleet admits listed peers only
+            svc = by_kind[("Service", "burn-remote")]
+            (ring_port,) = [p for p in svc["spec"]["ports"] if p["name"] == "ring"]
+            assert ring_port["protocol"] == "TCP" and ring_port["targetPort"] == ns.ring_port
 
 
 def test_systemd_unit_agrees_with_the_cli() -> None:
