@@ -16,7 +16,8 @@ measurements (interleaved, so both see the same machine load), and prints median
   nccl-tests reports it), and the ratio ring / gloo (>= 1.0: the ring is as fast or faster).
 
 - cpu-s/op: CPU seconds (user + system, from /proc) each ring server spent per
-  all-reduce, a figure the machine's load inflates far less than wall time.
+  all-reduce, a figure the machine's load inflates far less than wall time; gloo cpu: the
+  same for a gloo rank (its process time around ``dist.all_reduce``).
 
 ``--planes tcp sealed quic`` measures side by side the servers' TCP data plane as it runs
 on one host (plain records after an authenticated hello), the same with AES-256-GCM records
@@ -67,9 +68,10 @@ def _gloo_worker(rank: int, size: int, port: int, jobs, results) -> None:
         if t is None:
             t = tensors[nbytes] = torch.ones(nbytes // 4, dtype=torch.float32)
         dist.barrier()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         dist.all_reduce(t)
-        results.put((rank, time.perf_counter() - t0))
+        results.put((rank, time.perf_counter() - t0, time.process_time() - c0))
     dist.destroy_process_group()
 
 
@@ -85,11 +87,17 @@ class Gloo:
         ]
         for p in self.procs:
             p.start()
+        self.cpu = 0.0
+        """CPU seconds per rank, summed over the all-reduces timed (process time of the
+        gloo worker around dist.all_reduce: its own threads included)."""
 
     def time(self, nbytes: int) -> float:
+        """The slowest rank's time; ``self.cpu`` adds the ranks' CPU seconds."""
         for q in self.jobs:
             q.put(nbytes)
-        return max(self.results.get(timeout=600)[1] for _ in self.jobs)
+        got = [self.results.get(timeout=600) for _ in self.jobs]
+        self.cpu += sum(c for _, _, c in got) / len(got)
+        return max(t for _, t, _ in got)
 
     def close(self) -> None:
         for q in self.jobs:
@@ -221,7 +229,7 @@ def main() -> int:
     print(f"cpus: {os.cpu_count()}  python {sys.version.split()[0]}  load {os.getloadavg()}")
     print(f"{'plane':>5} {'ranks':>5} {'MiB':>5} {'ring ms':>9} {'coll ms':>9} "
           f"{'gloo ms':>9} {'ring GB/s':>10} {'coll GB/s':>10} {'gloo GB/s':>10} "
-          f"{'ring/gloo':>9} {'coll/gloo':>9} {'cpu-s/op':>9}")  # fmt: skip
+          f"{'ring/gloo':>9} {'coll/gloo':>9} {'cpu-s/op':>9} {'gloo cpu':>9}")  # fmt: skip
     for n in args.ranks:
         rings = {p: Ring(n, Path(tempfile.mkdtemp(prefix=f"ring{n}{p}-")), p) for p in args.planes}
         gloo = Gloo(n)
@@ -238,6 +246,7 @@ def main() -> int:
                         ring.time(nbytes)
                     gloo.time(nbytes)
                 g = []
+                gloo.cpu = 0.0
                 for _ in range(args.repeats):  # interleaved: every plane and gloo per round
                     for p, ring in rings.items():
                         pids = [d.proc.pid for d in ring.daemons]
@@ -253,8 +262,8 @@ def main() -> int:
                     per = cpu[p] / args.repeats / n  # per server per all-reduce
                     print(f"{p:>5} {n:>5} {mib:>5} {rt * 1e3:>9.1f} {ct * 1e3:>9.1f} "
                           f"{gt * 1e3:>9.1f} {bus / rt:>10.3f} {bus / ct:>10.3f} "
-                          f"{bus / gt:>10.3f} {gt / rt:>9.2f} {gt / ct:>9.2f} {per:>9.3f}",
-                          flush=True)  # fmt: skip
+                          f"{bus / gt:>10.3f} {gt / rt:>9.2f} {gt / ct:>9.2f} {per:>9.3f} "
+                          f"{gloo.cpu / args.repeats:>9.3f}", flush=True)  # fmt: skip
         finally:
             for ring in rings.values():
                 ring.close()
