@@ -53,6 +53,8 @@ ABORT_GRACE = 1.0
 MAX_SESSION_GROUPS = 16
 """Groups one session may have open at once."""
 ENGINES = ("ring", "nccl")
+MAX_RING_HOSTS = 4
+"""Hosts a server tries for its successor's TCP data plane before it falls back to QUIC."""
 MAX_SPARES = 4
 """Results of one group's recent all-reduces kept for reuse (several gradient buckets of
 different sizes each step); they are freed with the group."""
@@ -271,24 +273,51 @@ class GroupMember:
         if len(reply.ring_key) != 32:
             return None, "the successor's ring_key is not 32 bytes"
         try:
-            host, port = _ring_target(reply.ring_address, conn.remote_address[0])
+            host, port = _ring_target(reply.ring_address)
         except ValueError as exc:
             return None, f"ring_address {reply.ring_address!r}: {exc}"
-        where = f"{host}:{port}"
-        try:
-            with trio.fail_after(2 * m.RING_CONNECT_TIMEOUT):
-                out = await trio.to_thread.run_sync(
-                    rd.dial,
-                    (host, port),
-                    self.id,
-                    self.rank,
-                    reply.ring_key,
-                    self.service.plain_ok,
-                    abandon_on_cancel=True,
-                )
-        except (OSError, rd.LinkBroken, trio.TooSlowError) as exc:
-            return None, f"TCP data link to {where} failed: {type(exc).__name__}: {exc}"
-        return out, ""
+        hosts = [host] if host else await self._successor_hosts(conn)
+        tried = []
+        for where in [f"{h}:{port}" for h in hosts[:MAX_RING_HOSTS]]:
+            try:
+                with trio.fail_after(2 * m.RING_CONNECT_TIMEOUT):
+                    out = await trio.to_thread.run_sync(
+                        rd.dial,
+                        (where.rpartition(":")[0], port),
+                        self.id,
+                        self.rank,
+                        reply.ring_key,
+                        self.service.plain_ok,
+                        abandon_on_cancel=True,
+                    )
+                return out, ""
+            except (OSError, rd.LinkBroken, trio.TooSlowError) as exc:
+                tried.append(f"{where}: {type(exc).__name__}: {exc}")
+        return None, f"TCP data link to {'; '.join(tried) or 'no address of it'} failed"
+
+    async def _successor_hosts(self, conn: Connection) -> list[str]:
+        """Where the successor's host may be, best first: the host our QUIC connection
+        reached it at, then the hosts this server resolves for it itself (its --peer
+        flags, address book, signed relay record: a relayed or hole-punched QUIC
+        connection's address is a tunnel's). Each is tried; the link key proves the
+        right one."""
+        from ._relay_glue import record_addresses
+
+        svc = self.service
+        pid = PeerId.parse(self.peers[self.succ])
+        found = []
+        router = getattr(svc.ep, "router", None)
+        direct = getattr(router, "direct_path", None)
+        real = direct(conn.remote_address) if direct is not None else None
+        if real is not None:  # a hole-punched path: the peer's own address
+            found.append(real[0])
+        found.append(conn.remote_address[0])
+        directory = getattr(svc.state, "peers", None)
+        if directory is not None:
+            found += [a[0] for a in directory.addresses(pid)]
+        with trio.move_on_after(m.RING_CONNECT_TIMEOUT):
+            found += [a[0] for a in await record_addresses(svc.ep, pid)]
+        return list(dict.fromkeys(found))
 
     async def attach_predecessor(self, conn: Connection, ctl: FrameStream) -> None:
         """The predecessor's link arrived (its connection's handler calls this and stays
@@ -734,13 +763,13 @@ def _records(end: Any) -> str:
     return " (AES-256-GCM)" if end.sealed else " (same host: authenticated, not encrypted)"
 
 
-def _ring_target(address: str, link_host: str) -> tuple[str, int]:
-    """GroupLink.ring_address as (host, port): ``:PORT`` is the QUIC link's host."""
+def _ring_target(address: str) -> tuple[str, int]:
+    """GroupLink.ring_address as (host, port); host "" for ``:PORT`` (the successor's host,
+    wherever this server reaches it)."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError("expected HOST:PORT or :PORT")
-    host = host.strip("[]") or link_host
-    return host, int(port)
+    return host.strip("[]"), int(port)
 
 
 async def _send_quietly(ctl: FrameStream, frame: bytes) -> None:

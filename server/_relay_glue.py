@@ -93,4 +93,24 @@ async def connect_via_relay(ep: Endpoint, peer: str) -> Connection:
     return await ep.connect(pid, await client.dial(pid))
 
 
-__all__ = ["connect_via_relay", "has_relay", "start_relay_agent"]
+async def record_addresses(ep: Endpoint, peer: PeerId) -> list[tuple[str, int]]:
+    """The addresses in ``peer``'s signed record on our relay (none without a relay or a
+    record): where a ring neighbour's own host may be found when our QUIC connection to it
+    runs through a tunnel or a hole-punched path."""
+    client = _clients.get(ep)
+    if client is None:
+        return []
+    try:
+        record = await client.lookup(peer)
+    except (RelayError, ValueError, TransportError, OSError):
+        return []
+    found = []
+    for text in record.addresses if record is not None else ():
+        try:
+            found.append(parse_host_port(text))
+        except ValueError:
+            continue
+    return found
+
+
+__all__ = ["connect_via_relay", "has_relay", "record_addresses", "start_relay_agent"]

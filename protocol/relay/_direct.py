@@ -254,6 +254,13 @@ class DirectPaths:
             size -= len(recent.popleft())
         self._recent_bytes[peer] = size
 
+    def direct_path(self, addr: tuple) -> tuple | None:
+        """The direct path now in use for the peer whose shim is ``addr`` (None: ``addr`` is
+        no shim, or its peer has no direct path): where that peer's host really is (the
+        ring's TCP data plane dials it)."""
+        peer = self._peer_at.get(addr[:2])
+        return None if peer is None else self.peers[peer].direct(time.monotonic())
+
     def route(self, data: bytes, addr: tuple) -> tuple:
         """Endpoint mode: where a QUIC datagram for ``addr`` goes -- a peer's direct path
         when ``addr`` is its shim and the path is up, else ``addr`` itself."""
