@@ -105,7 +105,11 @@ def replicate(model: Any, opt: Any, device: Any, rank: int) -> Replica:
 def adopt(dst: Replica, src: Replica) -> None:
     """Make `dst`'s tensor objects hold `src`'s values (and device): how the user's own model
     and optimizer stay rank 0 after the replica that held them is gone."""
-    for (_, a), (_, b) in zip(dst.model.named_tensors(), src.model.named_tensors()):
+    every = ("_params", "_buffers")  # non-persistent buffers too (a GPT's causal mask)
+    for (_, a), (_, b) in zip(
+        dst.model._named(every, persistent_only=False),
+        src.model._named(every, persistent_only=False),
+    ):
         a._assign(b)
         a.grad = None
     if dst.optimizer is not None:

@@ -58,6 +58,9 @@ class ReplicaRuntime(LocalRuntime):
             except BaseException as exc:  # kept for the next wait, in order
                 with self._lock:
                     self._errors.append(exc)
+            with self._lock:  # failed and idle: its partners stop waiting for it
+                if self._errors and self._queue.empty():
+                    self.liveness.failed(self._errors[0])
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the worker after everything queued; its result. Raises the first
@@ -78,6 +81,7 @@ class ReplicaRuntime(LocalRuntime):
         done.wait()
         with self._lock:
             errors, self._errors = self._errors + failed, []
+            self.liveness.failed(None)
         if errors:
             first = errors[0]
             if isinstance(first, KeyError):  # an input of a graph after a failed one
@@ -88,6 +92,8 @@ class ReplicaRuntime(LocalRuntime):
     def _put(self, job: Callable[[], Any]) -> None:
         self.liveness.touch()
         self._queue.put(job)
+        with self._lock:  # it has work again (the worker sets it under the same lock)
+            self.liveness.failed(None)
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: Any) -> None:

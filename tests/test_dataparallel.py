@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 from burn_remote import DataParallel, Device, ReplicaDivergence, ShardError, collective, nn, optim
 from burn_remote import functional as F
-from dp_models import MODELS, assert_state_close, mlp, mlp_step, train_one, train_parallel
+from dp_models import (
+    MODELS,
+    assert_state_close,
+    gpt_lora,
+    mlp,
+    mlp_step,
+    train_one,
+    train_parallel,
+)
 
 STEPS = 12
 GROUP_TIMEOUT = 5.0
@@ -257,6 +265,29 @@ def test_a_dead_replica_fails_every_survivor_and_a_rebuilt_group_continues(victi
     for x, y in batches[dp.steps :]:
         run(x, y)
     dp.check_in_sync()
+    assert_state_close(dp.state_dict(), want)
+    dp.close()
+
+
+def test_rank_0_of_a_gpt_dying_moves_every_tensor_of_your_model_to_the_new_rank_0():
+    """The user's model objects take the new rank 0's tensors, non-persistent buffers (the
+    GPT's causal mask) included: the next step records on one device only."""
+    want, _ = train_one(Device.cpu(), gpt_lora, 6, 5)
+    model, opt, step, batches = gpt_lora(6, 5)
+    devices = collective.local_devices(3)
+    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
+    run = dp.compile(step)
+    for x, y in batches[:2]:
+        run(x, y)
+    _kill(devices[0])
+    run(*batches[2])
+    with pytest.raises(collective.GroupError):
+        run(*batches[3])
+    dp.rebuild()
+    assert dp.steps == 2 and model.device is devices[1]
+    assert all(t.device is devices[1] for _, t in model._named(("_buffers",), False))
+    for x, y in batches[dp.steps :]:
+        run(x, y)
     assert_state_close(dp.state_dict(), want)
     dp.close()
 

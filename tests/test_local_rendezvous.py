@@ -116,3 +116,40 @@ def test_two_ranks_waiting_for_each_other_fail_rather_than_wait_forever():
             d.sync()
     a.close()
     b.close()
+
+
+def _out_of_memory() -> None:
+    raise MemoryError("Unable to allocate 2.00 GiB for an array")
+
+
+def test_a_rank_whose_step_failed_before_the_all_reduce_is_named_at_once_with_its_error():
+    """Rank 1's graph fails before its all-reduce (here: memory runs out) and it has nothing
+    else to run: it will never come, so rank 0 fails at once (not after the 60 s timeout)
+    with rank 1's own error in the message, and rank 1's client sees that error."""
+    devices = collective.local_devices(2)
+    runtime = devices[1]._rec.runtime
+    runtime.execute = lambda capture: runtime._put(_out_of_memory)  # its graph fails midway
+    with collective.Group(devices, timeout=60) as group:
+        started = time.monotonic()
+        outs = _all_reduce_on_both(devices, group)
+        devices[1].flush()
+        with pytest.raises(collective.GroupError) as info:
+            outs[0].numpy()
+        assert time.monotonic() - started < 30
+        assert info.value.rank == 1 and "local:1" in str(info.value)
+        assert "its work failed before it (MemoryError: Unable to allocate" in str(info.value)
+        with pytest.raises(MemoryError):
+            devices[1].sync()
+
+
+def test_a_failed_job_does_not_stop_a_rank_that_still_has_the_collective_to_run():
+    """The failure is kept for rank 1's next wait; the graph queued after it still runs and
+    reaches the all-reduce, which completes."""
+    devices = collective.local_devices(2)
+    with collective.Group(devices, timeout=60) as group:
+        devices[1]._rec.runtime._put(_out_of_memory)
+        outs = _all_reduce_on_both(devices, group)
+        devices[1].flush()
+        np.testing.assert_array_equal(outs[0].numpy(), np.full(4, 3.0, np.float32))
+        with pytest.raises(MemoryError):
+            devices[1].sync()

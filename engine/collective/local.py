@@ -13,7 +13,9 @@ can take minutes). A missing rank is declared late only when it has shown no pro
 group's timeout -- nothing recorded or queued for it, and no CPU time used by a thread acting
 for it (its worker while running a job, a client thread inside ``Liveness.acting``). That is
 the local twin of the servers' link heartbeats: a frozen or deadlocked rank goes quiet, a
-busy one does not. A thread waiting at a rendezvous does not count as progress, so two ranks
+busy one does not. A rank whose work failed before the collective (an op error, memory
+running out) and that has nothing else to run will not come at all: it is named at once,
+with its error. A thread waiting at a rendezvous does not count as progress, so two ranks
 waiting for each other (different sequences of calls) still fail.
 """
 
@@ -60,9 +62,18 @@ class Liveness:
         """Thread ident -> nesting depth of ``acting`` (a registered thread is alive: it
         leaves under the lock, so reading its CPU clock is safe)."""
         self._blocked: dict[int, int] = {}
+        self.failure: BaseException | None = None
+        """Why this rank, idle after a failure, will not come (see ``failed``)."""
 
     def touch(self) -> None:
         self._events += 1  # a lost increment between threads only delays a verdict
+
+    def failed(self, exc: BaseException | None) -> None:
+        """Set by the rank's runtime while its work failed (the error kept for the client's
+        next wait) and it has nothing left to run: it will not reach the collectives its
+        partners wait at until the client acts, so they fail at once, citing ``exc``.
+        None: it has work again, or the client has seen the error."""
+        self.failure = exc
 
     @contextlib.contextmanager
     def acting(self) -> Iterator[None]:
@@ -177,6 +188,16 @@ class LocalGroup:
         ):
             now = time.monotonic()
             for r in sorted(set(range(self.size)) - set(rnd.inputs)):
+                failure = self.liveness[r].failure
+                if failure is not None:
+                    why = str(failure).strip().splitlines()
+                    self.failure = GroupFailure(
+                        self.id, r, self.names[r],
+                        f"will not reach all_reduce #{seq}: its work failed before it "
+                        f"({type(failure).__name__}: {why[0] if why else ''})",
+                    )  # fmt: skip
+                    self._cond.notify_all()
+                    return
                 token = self.liveness[r].progress()
                 last = seen.get(r)
                 if last is None or last[0] != token:

@@ -57,7 +57,7 @@ def run_training(ctx: Any) -> dict[str, Path]:
             _seed_step(spec["seed"], step)  # dropout keys: the compiled step draws from here
             x, y = data.sample(rng, spec["batch_size"])
             loss = train_step(dev.tensor(x), dev.tensor(y))
-            _report(ctx, step, loss, lambda path, n=step + 1: save_checkpoint(path, opt, n, rng))
+            _report(ctx, step, loss, _writer(opt, step + 1, rng))
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     if spec["kind"] == "lora_finetune":
@@ -90,10 +90,11 @@ def _step_body(clip: float | None) -> Any:
 
 
 def _report(ctx: Any, step: int, loss: Any, write: Any) -> None:
-    """Progress after `step`, and a checkpoint every `checkpoint_every` steps."""
+    """Progress after `step`, and a checkpoint every `checkpoint_every` steps (`loss`: a
+    tensor, or None for a step whose loss was lost with a server)."""
     spec = ctx.spec
-    value = float(loss.item())
-    if not np.isfinite(value):
+    value = None if loss is None else float(loss.item())
+    if value is not None and not np.isfinite(value):
         raise FloatingPointError(f"loss became {value} at step {step + 1}")
     ctx.progress(step + 1, value)
     done = step + 1
@@ -105,33 +106,78 @@ def _train_data_parallel(
     ctx: Any, model: Any, opt: Any, data: Any, rng: np.random.Generator, start: int
 ) -> None:
     """The same steps on the servers of `devices`, each on its share of every batch; the
-    model ends on this server's device again (for the outputs), the checkpoint is one copy."""
+    model ends on this server's device again (for the outputs), the checkpoint is one copy.
+    A server lost mid-way is dropped and the survivors redo the failed step (``_parallel``),
+    unless the spec says ``require_all_devices``."""
     from .._peers import dial_targets
-    from ._parallel import close_devices, connect_devices
+    from ._parallel import Replicas, close_devices, connect_devices
 
     spec = ctx.spec
     owner = ctx.job.get("owner") or ""
+    require_all = bool(spec.get("require_all_devices", False))
 
     def candidates(peer: str) -> Iterator[str]:
         return dial_targets(ctx.service.state, peer, requester=owner, key_path=ctx.key_path)
 
-    devices = connect_devices(spec["devices"], ctx.key_path, candidates)
+    targets = spec["devices"]
+    # a fresh job needs every server (a typo'd or stopped one shows at once); a resumed one
+    # goes on with those it can still reach, as it would after losing them mid-way
+    unreachable: list[tuple[int, str]] | None = (
+        None if require_all or ctx.checkpoint is None else []
+    )
+    devices = connect_devices(targets, ctx.key_path, candidates, unreachable)
+    gone = {k for k, _ in unreachable or ()}
+    replicas = Replicas(targets, devices, [k for k in range(len(targets)) if k not in gone])
+    for k, why in unreachable or ():
+        ctx.log(f"devices[{k}] ({targets[k][:16]}...) dropped: cannot reach it: {why}")
     ctx.log(f"data-parallel on {len(devices)} servers")
     try:
         dp = br.DataParallel(model, opt, devices=devices)
-
         train_step = dp.compile(_step_body(spec["clip"]))
         ctx.started(start)
-        for step in range(start, spec["steps"]):
+        rng_before = {start: rng.bit_generator.state}
+        """Job step -> the batch generator's state before that step's batch was drawn."""
+        step = start
+        while step < spec["steps"]:
             ctx.check()
+            rng.bit_generator.state = rng_before[step]
             _seed_step(spec["seed"], step)
             x, y = data.sample(rng, spec["batch_size"])
-            loss = train_step(x, y)
-            _report(ctx, step, loss, lambda path, n=step + 1: save_checkpoint(path, opt, n, rng))
+            rng_before = {step: rng_before[step], step + 1: rng.bit_generator.state}
+            try:
+                loss = train_step(x, y)
+                dp.sync()  # every replica ran it (a lost server shows here, named)
+            except Exception as exc:
+                if require_all:
+                    replicas.refuse_loss(dp, exc)
+                resume, lines = replicas.survive(dp, exc)
+                resume += start
+                for line in lines:
+                    ctx.log(line)
+                ctx.log(
+                    f"continuing on {len(replicas.devices)} server(s) from step {resume} "
+                    "(the last state every survivor holds)"
+                )
+                if resume not in rng_before:
+                    raise RuntimeError(
+                        f"the survivors hold the state of step {resume}, not one of "
+                        f"{sorted(rng_before)}"
+                    ) from exc
+                if resume == step + 1:  # they had finished this step: only its loss is lost
+                    _report(ctx, step, None, _writer(opt, resume, rng))
+                step = resume
+                continue
+            _report(ctx, step, loss, _writer(opt, step + 1, rng))
+            step += 1
         dp.close()
         model.to(ctx.device)  # rank 0's copy: the outputs are written from here
     finally:
-        close_devices(devices)
+        close_devices(replicas.devices)
+
+
+def _writer(opt: Any, step: int, rng: np.random.Generator) -> Any:
+    """Writes the checkpoint of the state after ``step`` steps (``rng``: as it is then)."""
+    return lambda path: save_checkpoint(path, opt, step, rng)
 
 
 def run_export(ctx: Any) -> dict[str, Path]:

@@ -19,7 +19,9 @@ A training job may name several servers by peer id, ``devices = ["<peer-id>", ..
 trains data-parallel on them (``burn_remote.DataParallel``), with this server as the
 coordinator that holds the data and writes the one checkpoint. This server finds their
 addresses itself (``serve --peer``, its address book, its relay: ``server/_peers.py``); an
-address in the spec is refused, as a peer could otherwise make the server dial any host.
+address in the spec is refused, as a peer could otherwise make the server dial any host. A
+server lost mid-way is dropped and the job goes on with the others (``_parallel.py``);
+``require_all_devices = true`` fails the job instead.
 
 Validation fills in defaults and refuses, with the dotted key path, anything else: wrong types
 (``lora.r: expected a positive integer, got "8x"``), unknown keys (with the closest valid one)
@@ -362,6 +364,7 @@ _TRAINING = {
     "optimizer": (OPTIMIZER, lambda: OPTIMIZER({}, "optimizer")),
     "schedule": (SCHEDULE, lambda: SCHEDULE({}, "schedule")),
     "devices": (opt(list_of(target, 1, MAX_JOB_DEVICES)), None),
+    "require_all_devices": (boolean, False),
 }
 SCHEMAS: dict[str, Check] = {
     "lora_finetune": table({**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}),
@@ -417,6 +420,8 @@ def _cross_check(spec: dict[str, Any]) -> None:
     if model["adapter"] and not model["adapter"].startswith("job:") and not model["adapter_config"]:
         raise SpecError('model.adapter_config: required when model.adapter is not "job:<id>"')
     devices = spec.get("devices")
+    if spec.get("require_all_devices") and not devices:
+        raise SpecError("require_all_devices: only for a job that names devices")
     if devices:
         peers = [d.partition("@")[0].strip().lower() for d in devices]
         for k, peer in enumerate(peers):

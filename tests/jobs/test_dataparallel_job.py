@@ -22,7 +22,7 @@ ADAPTER = "adapter_model.safetensors"
 
 def _spec(base, **extra):
     """No dropout: replicas draw other masks than one server on the whole batch would."""
-    spec = lora_spec(*base, steps=STEPS, checkpoint_every=4, **extra)
+    spec = lora_spec(*base, **{"steps": STEPS, "checkpoint_every": 4, **extra})
     spec["model"]["dropout"] = 0.0
     spec["lora"]["dropout"] = 0.0
     return spec
@@ -114,6 +114,113 @@ def test_a_data_parallel_job_killed_mid_way_resumes_from_its_one_checkpoint(
         b = load_arrays(again.fetch(tmp_path / "b")[ADAPTER])
         for name in a:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)  # bit for bit
+    finally:
+        for d in [coordinator, *replicas]:
+            d.stop()
+
+
+def test_a_server_killed_mid_job_is_dropped_and_the_job_ends_as_one_server(
+    base, tmp_path, client_home
+):
+    """Three servers; devices[0] (rank 0: the coordinator's own model lives there) is
+    SIGKILLed mid-job. The job logs which server it dropped and why, goes on with the two
+    others from the last state they both hold, and ends with the adapter one server training
+    on the whole batch makes. With require_all_devices the next loss fails the job instead,
+    naming the server."""
+    from tests.jobs.conftest import wait_for
+
+    coordinator = start_daemon("serve", tmp_path / "c", "--device", "cpu", "--allow-any")
+    replicas = [
+        start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
+        for k in range(3)
+    ]
+    steps = 40
+    try:
+        for r in replicas:
+            r.know(*[o for o in replicas if o is not r])
+        coordinator.know(*replicas)
+        jobs = RemoteDevice(coordinator.target).jobs
+        alone = jobs.submit(_spec(base, steps=steps))
+        assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
+        parallel = jobs.submit(_spec(base, steps=steps, devices=[r.peer_id for r in replicas]))
+        wait_for(lambda: parallel.status()["step"] >= 6, timeout=120)
+        replicas[0].proc.kill()  # SIGKILL mid-job
+        replicas[0].proc.wait(10)
+        done = parallel.wait(timeout=240)
+        notes = [e.get("message", "") for e in parallel.events(0)]
+        assert done["state"] == "succeeded", (done, notes)
+        print("\n".join(n for n in notes if n))  # what the job said (pytest -s)
+        dropped = [n for n in notes if "dropped:" in n]
+        assert len(dropped) == 1 and dropped[0].startswith("devices[0] ("), notes
+        assert replicas[0].peer_id[:16] in dropped[0]
+        assert any(n.startswith("continuing on 2 server(s) from step ") for n in notes), notes
+        assert done["step"] == steps
+        a = load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
+        b = load_arrays(parallel.fetch(tmp_path / "parallel")[ADAPTER])
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+        strict = jobs.submit(
+            _spec(
+                base,
+                steps=steps,
+                devices=[r.peer_id for r in replicas[1:]],
+                require_all_devices=True,
+            )  # fmt: skip
+        )
+        wait_for(lambda: strict.status()["step"] >= 3, timeout=120)
+        replicas[2].proc.kill()
+        with pytest.raises(JobError, match=r"lost devices\[1\] \(.*require_all_devices") as info:
+            strict.wait(timeout=120)
+        assert replicas[2].peer_id[:16] in str(info.value)
+    finally:
+        for d in [coordinator, *replicas]:
+            d.stop()
+
+
+def test_a_job_resumed_after_a_restart_goes_on_with_the_servers_it_can_still_reach(
+    base, tmp_path, client_home
+):
+    """The coordinator and devices[1] are SIGKILLed; the coordinator restarts alone with its
+    data directory: the job resumes from its checkpoint on devices[0] (logging the one it
+    cannot reach) and ends as one server training on the whole batch."""
+    from tests.jobs.conftest import wait_for
+
+    replicas = [
+        start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
+        for k in range(2)
+    ]
+    data_dir = tmp_path / "c"
+    coordinator = start_daemon("serve", data_dir, "--device", "cpu", "--allow-any")
+    steps = 30
+    try:
+        for r in replicas:
+            r.know(*[o for o in replicas if o is not r])
+        coordinator.know(*replicas)
+        jobs = RemoteDevice(coordinator.target).jobs
+        alone = jobs.submit(_spec(base, steps=steps))
+        assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
+        a = load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
+        job = jobs.submit(_spec(base, steps=steps, devices=[r.peer_id for r in replicas]))
+        wait_for(lambda: job.status()["checkpoint_step"] >= 8, timeout=120)
+        for d in (coordinator, replicas[1]):
+            d.proc.kill()
+            d.proc.wait(10)
+        coordinator = start_daemon("serve", data_dir, "--device", "cpu", "--allow-any")
+        resumed = RemoteDevice(coordinator.target).jobs.get(job.id)
+        done = resumed.wait(timeout=180)
+        notes = [e.get("message", "") for e in resumed.events(0)]
+        assert done["state"] == "succeeded", (done, notes)
+        assert any(n.startswith("resumed from the checkpoint at step ") for n in notes), notes
+        assert any(
+            n.startswith(f"devices[1] ({replicas[1].peer_id[:16]}...) dropped: cannot reach")
+            for n in notes
+        ), notes
+        assert "data-parallel on 1 servers" in notes, notes
+        b = load_arrays(resumed.fetch(tmp_path / "resumed")[ADAPTER])
+        for name in a:
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
     finally:
         for d in [coordinator, *replicas]:
             d.stop()

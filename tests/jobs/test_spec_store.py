@@ -53,6 +53,11 @@ r = "8x"
             lambda s: s.update(devices=[PEER, PEER2], batch_size=1),
             "batch_size: 1 samples cannot be split across 2 devices",
         ),
+        (
+            lambda s: s.update(require_all_devices=True),
+            "require_all_devices: only for a job that names devices",
+        ),
+        (lambda s: s.update(require_all_devices="yes"), "require_all_devices: expected"),
     ],
 )
 def test_malformed_specs_name_the_key_path(change, message):
@@ -69,6 +74,7 @@ def test_toml_specs_and_defaults():
     spec = validate(TOML.replace('"8x"', "8"))
     assert spec["lora"]["alpha"] == 16.0 and spec["optimizer"]["name"] == "adamw"
     assert spec["schedule"]["kind"] == "constant" and spec["checkpoint_every"] == 10
+    assert spec["require_all_devices"] is False  # a lost server is dropped, the job goes on
     layers = [{"type": "linear", "in_features": 4, "out_feature": 2}]
     with pytest.raises(SpecError, match=r"model\.layers\[0\]\.out_feature: .*'out_features'"):
         validate(
