@@ -472,6 +472,13 @@ def _failure(dp: DataParallel, outcome: Outcome) -> BaseException:
         )
     if first is None:
         first = errors[min(errors)]
+    for r, exc in sorted(errors.items()):  # a rank's own failure behind a survivor's error
+        if exc is not first and not isinstance(exc, collective.GroupError):
+            text = str(exc).strip().splitlines()
+            first.add_note(
+                f"rank {r} ({dp.replicas[r].device}) itself failed with "
+                f"{type(exc).__name__}: {text[0] if text else ''}"
+            )
     if dead:
         alive = [f"rank {r.rank} ({r.device})" for r in dp.replicas if r.rank not in outcome.dead]
         first.add_note(

@@ -75,7 +75,7 @@ class _Waits:
 
     def _wait(self, rank: int) -> None:
         try:
-            self.devices[rank].sync()
+            _wait_only(self.devices[rank])
             with self.lock:
                 if not self.probed:
                     self.completed.add(rank)
@@ -106,11 +106,34 @@ class _Waits:
         return []
 
 
+def _flush(device: Any) -> None:
+    """Submit what the caller recorded on `device` (on the caller's thread: a recorder is
+    not for several threads at once)."""
+    device.flush()
+
+
+def _wait_only(device: Any) -> None:
+    """Wait until `device` ran everything submitted to it; raises its failures. Submits
+    nothing: the waiting threads never touch a recorder (two of them flushing one rank --
+    its own wait and a partner's `sync` flushing it -- once lost that rank's tensors)."""
+    rt = device._rec.runtime
+    wait = getattr(rt, "wait", None) or getattr(rt, "sync", None)  # a worker; a server
+    if wait is not None:  # (a plain local device ran everything when it was flushed)
+        wait()
+
+
 def wait_all(devices: list[Any], probe: Callable[[], None] | None = None) -> Outcome:
-    """Wait for each device (concurrently) to run what it was given (`sync` flushes it)."""
+    """Wait for each device (concurrently) to run what it was given: everything recorded is
+    submitted first, from this thread, then one thread per device waits."""
     out = Outcome()
     waits = _Waits(devices)
-    waits.start(list(range(len(devices))))
+    for r, dev in enumerate(devices):
+        try:
+            _flush(dev)
+        except BaseException as exc:  # a rank's own failure (its connection, an op error)
+            waits.errors[r] = exc
+            waits.done.add(r)
+    waits.start([r for r in range(len(devices)) if r not in waits.done])
     probed = probe is None or len(devices) == 1
     lagging_since: float | None = None
     with waits.lock:

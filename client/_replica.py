@@ -77,11 +77,10 @@ class ReplicaRuntime(LocalRuntime):
             finally:
                 done.set()
 
-        self._put(job)
+        self._put(job, work=False)  # a wait: nothing that could reach a collective
         done.wait()
         with self._lock:
             errors, self._errors = self._errors + failed, []
-            self.liveness.failed(None)
         if errors:
             first = errors[0]
             if isinstance(first, KeyError):  # an input of a graph after a failed one
@@ -89,11 +88,16 @@ class ReplicaRuntime(LocalRuntime):
             raise first
         return box[0]
 
-    def _put(self, job: Callable[[], Any]) -> None:
+    def _put(self, job: Callable[[], Any], work: bool = True) -> None:
+        """Queue `job`. Work (an upload, a graph, a drop) may lead to a collective, so a
+        rank failed earlier is waited for again (the worker marks it failed under the same
+        lock); a wait or a read may not, and leaves the mark: a failure the client received
+        still keeps its partners from waiting for a rank that has nothing to bring."""
         self.liveness.touch()
         self._queue.put(job)
-        with self._lock:  # it has work again (the worker sets it under the same lock)
-            self.liveness.failed(None)
+        if work:
+            with self._lock:
+                self.liveness.failed(None)
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: Any) -> None:

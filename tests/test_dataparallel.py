@@ -471,3 +471,37 @@ def test_batchnorm_running_statistics_are_rank_0s_on_every_replica():
     )
     dp.close()
     dp2.close()
+
+
+def test_waiting_for_the_replicas_touches_each_recorder_from_the_calling_thread_only(
+    monkeypatch,
+):
+    """DataParallel waits for every replica at once, one thread each. Those threads must not
+    flush: a partner's `sync` flushes the other ranks too, so two threads once captured one
+    rank's pending ops together and lost its tensors ("tensor 2 was never computed", the
+    GPT-2-small-sized test's failure under load)."""
+    import threading
+
+    from burn_remote._recorder import Recorder
+
+    model, opt, step, batches = mlp(12, 3)
+    devices = collective.local_devices(3)
+    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
+    run = dp.compile(step)
+    run(*batches[0])
+    callers: set[str] = set()
+    flush = Recorder.flush
+
+    def watched(self):
+        if self.pending:
+            callers.add(threading.current_thread().name)
+        return flush(self)
+
+    monkeypatch.setattr(Recorder, "flush", watched)
+    for x, y in batches[1:]:
+        run(x, y)
+        for d in devices:  # something pending on every rank when the wait starts
+            d.zeros((2,))
+        dp.sync()
+    assert callers == {threading.current_thread().name}, callers
+    dp.close()

@@ -71,8 +71,8 @@ class Liveness:
     def failed(self, exc: BaseException | None) -> None:
         """Set by the rank's runtime while its work failed (the error kept for the client's
         next wait) and it has nothing left to run: it will not reach the collectives its
-        partners wait at until the client acts, so they fail at once, citing ``exc``.
-        None: it has work again, or the client has seen the error."""
+        partners wait at until the client gives it new work, so they fail at once, citing
+        ``exc``. None: it has work again."""
         self.failure = exc
 
     @contextlib.contextmanager
