@@ -1,8 +1,12 @@
 """Data-parallel speed-up: one transformer training step on one server vs `br.DataParallel`
-over two servers, each server pinned to a core of its own (`taskset`).
+over two servers, each server pinned to a core of its own (`os.sched_setaffinity`, as
+`taskset -c` does).
 
-One run, the two variants interleaved round by round, medians over the rounds (this machine
-is shared and noisy). Both train the same GPT (AdamW, captured with `br.compile`) on the same
+One run, the variants interleaved round by round, medians over the rounds (this machine is
+shared and noisy); the speed-up is also given as the median of each round's own ratio (the
+two variants of a round ran seconds apart, under about the same load). The script holds
+`/tmp/burn-bench.lock` (`flock`) while it measures, so two benchmarks never run at once, and
+prints the load average beside every round. Both train the same GPT (AdamW, captured with `br.compile`) on the same
 whole batches; DataParallel gives each server half of every batch and all-reduces the
 gradients between the servers (the ring over their QUIC links), so the speed-up is what two
 servers buy after the all-reduce and the client's waits. Every engine runs one BLAS thread,
@@ -10,12 +14,14 @@ so a server is one core's worth of work. The loss is read every step (as a train
 that logs it does; DataParallel also waits for the replicas before each step to keep its
 snapshot, see the README).
 
-Run: .venv/bin/python bench/dataparallel.py [--steps N] [--rounds R] [--batch B]
+Run: .venv/bin/python bench/dataparallel.py [--steps N] [--rounds R] [--batch B] [--no-lock]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import shutil
 import statistics
@@ -39,11 +45,24 @@ its gradients (~1.9M parameters, 7 MiB) is small beside it, as it is for the mod
 parallelism is for."""
 
 
+PIN = (
+    "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+"""Run the rest of the command line pinned to core argv[1] (what `taskset -c` does; the
+affinity is inherited by exec and by every thread the server starts)."""
+
+
 def pinned(core: int) -> tuple[str, ...]:
-    """`taskset -c CORE` when there is a core to pin to, else nothing (said in the output)."""
-    if shutil.which("taskset") is None or (os.cpu_count() or 1) <= core:
+    """A prefix that pins the server to `core` (`os.sched_setaffinity`), or nothing when the
+    machine has no such core (said in the output)."""
+    if not hasattr(os, "sched_setaffinity") or core not in os.sched_getaffinity(0):
         return ()
-    return ("taskset", "-c", str(core))
+    return (sys.executable, "-c", PIN, str(core))
+
+
+def shown(prefix: tuple[str, ...]) -> str:
+    return f"core {prefix[-1]}" if prefix else "not pinned"
 
 
 def build(batch: int, steps: int) -> tuple[Any, Any, list[tuple[np.ndarray, np.ndarray]]]:
@@ -155,12 +174,45 @@ def fixed_costs(devices: list[Any], steps: int = 60) -> dict[str, float]:
     return out
 
 
+BENCH_LOCK = "/tmp/burn-bench.lock"
+"""Held while measuring: benchmarks on this shared machine take turns."""
+
+
+@contextlib.contextmanager
+def bench_lock(path: str | None) -> Any:
+    """`flock` on `path` (None: no lock), saying so when it has to wait."""
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for {path} (another benchmark is measuring)", flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f}/{five:.1f} (1/5 min) on {os.cpu_count()} cores"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=3, help="timed steps per round and variant")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32, help="whole batch (each server: half)")
+    ap.add_argument("--no-lock", action="store_true", help=f"measure without holding {BENCH_LOCK}")
     args = ap.parse_args()
+    with bench_lock(None if args.no_lock else BENCH_LOCK):
+        measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-dp-"))
     os.environ["BURN_REMOTE_HOME"] = str(tmp / "client")
     (tmp / "client").mkdir(mode=0o700)
@@ -172,9 +224,9 @@ def main() -> None:
         devices = [br.RemoteDevice(s.target) for s in servers]
         print(
             f"GPT {CONFIG.n_layer}x{CONFIG.d_model}, context {CONFIG.context}, batch "
-            f"{args.batch}; servers pinned: {[' '.join(p) or 'no (taskset missing)' for p in prefixes]}"
+            f"{args.batch}; servers pinned: {', '.join(shown(p) for p in prefixes)}"
         )
-        print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(f"before: {load()}")
         pids = [srv.proc.pid for srv in servers]
         rows: dict[str, list[tuple[float, float]]] = {
             "1 server": [],
@@ -193,20 +245,28 @@ def main() -> None:
                     f"{n} {v[-1][0] * 1e3:7.1f} ms (server CPU {v[-1][1] * 1e3:6.1f} ms)"
                     for n, v in rows.items()
                 )
+                + f"   [{load()}]",
+                flush=True,
             )
         wall = {n: statistics.median(t for t, _ in v) for n, v in rows.items()}
         cpu = {n: statistics.median(c for _, c in v) for n, v in rows.items()}
-        print(f"load average after: {os.getloadavg()[0]:.1f}")
+        one = "1 server"
+        paired = {
+            n: statistics.median(a[0] / b[0] for a, b in zip(rows[one], v))
+            for n, v in rows.items()
+            if n != one
+        }
+        print(f"after: {load()}")
         print(
             f"medians of {args.rounds} rounds, ms/step (busiest server's CPU/step): "
             + ", ".join(f"{n} {wall[n] * 1e3:.1f} ({cpu[n] * 1e3:.1f})" for n in rows)
         )
-        one = "1 server"
         print(
             f"data-parallel speed-up, 2 servers vs 1: wall {wall[one] / wall['2 servers']:.2f}x "
-            f"(no snapshots {wall[one] / wall['2 servers, no snapshots']:.2f}x); "
-            f"work on the critical path (server CPU) {cpu[one] / cpu['2 servers']:.2f}x "
-            "(ideal 2.00x)"
+            f"(median of per-round ratios {paired['2 servers']:.2f}x; no snapshots "
+            f"{wall[one] / wall['2 servers, no snapshots']:.2f}x, per round "
+            f"{paired['2 servers, no snapshots']:.2f}x); work on the critical path (server "
+            f"CPU) {cpu[one] / cpu['2 servers']:.2f}x (ideal 2.00x)"
         )
         small = fixed_costs(devices)
         print(

@@ -33,6 +33,13 @@ def test_the_unique_id_crosses_the_wire_as_bytes_and_back():
 
 @pytest.mark.skipif(_gpus() < 2, reason="NCCL between servers needs two CUDA GPUs")
 def test_gpu_servers_all_reduce_through_nccl(servers):
+    import os
+
+    why = nccl.available()
+    if why is not None:  # two GPUs but no NCCL: `make gpu-check` (REQUIRE_CUDA) must say so
+        if os.environ.get("BURN_REMOTE_REQUIRE_CUDA") == "1":
+            pytest.fail(f"NCCL is not usable on this multi-GPU machine: {why}")
+        pytest.skip(f"NCCL is not usable here: {why}")
     from burn_remote import RemoteDevice
     from burn_remote import collective as C
     from burn_remote.server.testing import start_daemon
