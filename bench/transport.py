@@ -8,7 +8,10 @@ Prints, in one run (separate server and client processes, as on two machines):
   for each client QUIC engine installed (aioquic; qh3 with the `qh3` extra; the server runs
   aioquic either way);
 - the `item()` round trip per client engine (medians of interleaved runs) beside a 64-byte
-  echo over the transport and over a plain asyncio TCP socket;
+  echo over the transport and over a plain asyncio TCP socket, and beside the same round
+  trip without the two round-trip fast paths (a server with ``BURN_REMOTE_INLINE_FRAMES=0``,
+  a client waiting through its reader thread: ``_remote_link.DIRECT_WAIT`` off), with the
+  CPU both processes spend per trip;
 - a 64-byte echo over each stock QUIC engine's own asyncio API, side by side (the same
   engine at both ends: what a server on qh3 could give, which its TLS server cannot do for
   us: it never asks for a client certificate).
@@ -218,22 +221,28 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
     from pathlib import Path
 
     import numpy as np
+    from burn_remote import _remote_link
     from burn_remote.server.testing import start_server
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from remote import item_round_trip, transport_echo
+    from remote import transport_echo
 
     home = tempfile.mkdtemp(prefix="burn-remote-bench-")
     os.chmod(home, 0o700)
     os.environ["BURN_REMOTE_HOME"] = home
     server = start_server(Path(home) / "server")
+    slow = start_server(  # the same server without answering on its receive loop
+        Path(home) / "slow", env=dict(os.environ, BURN_REMOTE_INLINE_FRAMES="0")
+    )
     names = engines()
     ups: dict[str, list[float]] = {e: [] for e in names}
     downs: dict[str, list[float]] = {e: [] for e in names}
-    items: dict[str, list[float]] = {e: [] for e in names}
+    items: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
+    items_slow: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     echoes, tcp = [], []
     try:
         devs = {e: remote_device(server.target, e) for e in names}
+        slow_devs = {e: remote_device(slow.target, e) for e in names}
         x = np.random.default_rng(0).standard_normal(tensor_mib * MiB // 4).astype(np.float32)
         for _ in range(repeats):
             for engine, dev in devs.items():
@@ -248,22 +257,60 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
                 downs[engine].append(x.nbytes / (t2 - t1) / 1e6)
                 del t, back
         for _ in range(5):  # interleaved, medians: a shared machine is noisy
-            for engine, dev in devs.items():
-                items[engine].append(item_round_trip(dev, trips))
+            for engine in names:
+                items[engine].append(item_trips(devs[engine], trips, server.proc.pid))
+                _remote_link.DIRECT_WAIT = False
+                try:
+                    items_slow[engine].append(item_trips(slow_devs[engine], trips, slow.proc.pid))
+                finally:
+                    _remote_link.DIRECT_WAIT = True
             echoes.append(transport_echo(trips))
             tcp.append(tcp_echo(trips))
-        for dev in devs.values():
+        for dev in [*devs.values(), *slow_devs.values()]:
             dev.close()
     finally:
         server.stop()
+        slow.stop()
     med = statistics.median
     return {
         "upload_mb_s": {e: med(v) for e, v in ups.items()},
         "read_mb_s": {e: med(v) for e, v in downs.items()},
-        "item_us": {e: med(v) * 1e6 for e, v in items.items()},
+        "item_us": {e: med(w for w, _ in v) * 1e6 for e, v in items.items()},
+        "item_cpu_us": {e: med(c for _, c in v) / trips * 1e6 for e, v in items.items()},
+        "item_slow_us": {e: med(w for w, _ in v) * 1e6 for e, v in items_slow.items()},
+        "item_slow_cpu_us": {e: med(c for _, c in v) / trips * 1e6 for e, v in items_slow.items()},
         "echo_us": med(echoes) * 1e6,
         "tcp_us": med(tcp) * 1e6,
     }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of a process so far (``schedstat``: nanoseconds, where
+    ``/proc/PID/stat`` counts 10 ms ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return total / 1e9
+
+
+def item_trips(dev, trips: int, server_pid: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(seconds per ``item()`` round trip, CPU seconds of this process and the server for all
+    ``trips``), after a warm-up."""
+    import numpy as np
+
+    t = dev.tensor(np.ones(4, np.float32)).sum()
+    for _ in range(50):
+        t.item()
+    cpu = _cpu_seconds(os.getpid()) + _cpu_seconds(server_pid)
+    start = time.perf_counter()
+    for _ in range(trips):
+        t.item()
+    wall = (time.perf_counter() - start) / trips
+    return wall, _cpu_seconds(os.getpid()) + _cpu_seconds(server_pid) - cpu
 
 
 def tcp_echo(n: int, warm_up: int = 50) -> float:
@@ -421,6 +468,14 @@ def main(argv: list[str] | None = None) -> int:
         + f"; 64-byte echo over the transport {r['echo_us']:.0f} us; over plain asyncio TCP "
         f"{r['tcp_us']:.0f} us"
     )
+    for e in r["item_us"]:
+        fast, slow = r["item_us"][e], r["item_slow_us"][e]
+        cpu, slow_cpu = r["item_cpu_us"][e], r["item_slow_cpu_us"][e]
+        print(
+            f"  item() on {e}: {fast:.0f} us, client+server CPU {cpu:.0f} us per trip; "
+            f"without the fast paths {slow:.0f} us, CPU {slow_cpu:.0f} us "
+            f"(ratio {fast / slow:.2f}x wall, {cpu / slow_cpu:.2f}x CPU)"
+        )
     runs: dict[str, list[float]] = {e: [] for e in engines()}
     for _ in range(5):  # interleaved, medians
         for engine in runs:
