@@ -134,8 +134,8 @@ class Link:
         of ``timeout`` left, for the caller's own wait on ``cond`` (which returns at once
         when ``done()`` already holds)."""
         conn = self._conn
-        if conn is None or self._state != _UP or not DIRECT_WAIT:
-            return timeout
+        if conn is None or self._state != _UP or not DIRECT_WAIT or self._forked() or done():
+            return timeout  # (a forked child must not touch its parent's socket or locks)
         start = time.monotonic()
         conn.drive_until(done, timeout)
         return max(0.0, timeout - (time.monotonic() - start))
