@@ -171,7 +171,11 @@ def _compile(graph: Graph, backend: Backend) -> Plan:
     # a backend may rewrite the plan once per compiled graph (GPU backends fuse elementwise
     # chains into generated kernels; engine/fusion.py)
     optimize = getattr(backend, "optimize_plan", None)
-    return optimize(plan) if optimize is not None else plan
+    if optimize is None:
+        return plan
+    optimized = optimize(plan)
+    optimized.collective = plan.collective  # a rewritten plan still waits for its ranks
+    return optimized
 
 
 class Executor:
