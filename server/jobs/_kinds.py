@@ -147,6 +147,7 @@ def _train_data_parallel(
             try:
                 loss = train_step(x, y)
                 dp.sync()  # every replica ran it (a lost server shows here, named)
+                _report(ctx, step, loss, _writer(opt, step + 1, rng))  # reads rank 0
             except Exception as exc:
                 if require_all:
                     replicas.refuse_loss(dp, exc)
@@ -167,7 +168,6 @@ def _train_data_parallel(
                     _report(ctx, step, None, _writer(opt, resume, rng))
                 step = resume
                 continue
-            _report(ctx, step, loss, _writer(opt, step + 1, rng))
             step += 1
         dp.close()
         model.to(ctx.device)  # rank 0's copy: the outputs are written from here

@@ -98,7 +98,7 @@ class Replicas:
     def refuse_loss(self, dp: Any, error: BaseException) -> None:
         """``require_all_devices``: raise DeviceLost naming the servers lost (``error``
         itself when none was: a failure every replica shares)."""
-        outcome = dp.last_failure
+        outcome = _failure_of(dp)
         if outcome is None or not outcome.dead:
             raise error
         lost = "; ".join(f"{self.name(r)}: {_why(outcome, r)}" for r in sorted(outcome.dead))
@@ -112,7 +112,7 @@ class Replicas:
         (the DataParallel step count of the state they continue from, one line per server
         dropped, naming it and why). Raises ``error`` when no server died (a failure every
         replica shares, e.g. an op error) or none is left."""
-        outcome = dp.last_failure
+        outcome = _failure_of(dp)
         if outcome is None or not outcome.dead:
             raise error
         dead = sorted(outcome.dead)
@@ -126,6 +126,18 @@ class Replicas:
         self.indices = [self.indices[r] for r in keep]
         close_devices(lost)
         return dp.steps, lines
+
+
+def _failure_of(dp: Any) -> Any:
+    """What DataParallel found when the step failed; when the error came from elsewhere (a
+    read of rank 0's loss or parameters), wait for the replicas once so it finds out which
+    server, if any, is gone."""
+    if dp.last_failure is None:
+        try:
+            dp.sync()
+        except Exception:  # recorded in dp.last_failure
+            pass
+    return dp.last_failure
 
 
 def _why(outcome: Any, rank: int) -> str:
