@@ -135,8 +135,8 @@ def _train_data_parallel(
         dp = br.DataParallel(model, opt, devices=devices)
         train_step = dp.compile(_step_body(spec["clip"]))
         ctx.started(start)
+        # job step -> the batch generator's state before that step's batch was drawn
         rng_before = {start: rng.bit_generator.state}
-        """Job step -> the batch generator's state before that step's batch was drawn."""
         step = start
         while step < spec["steps"]:
             ctx.check()
