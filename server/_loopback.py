@@ -10,12 +10,15 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 from burn_remote._remote import RemoteDevice, RemoteRuntime
 from burn_remote._remote_protocol import ClientProtocol
 
+from ..protocol import messages as m
+from ..protocol.bulk import BulkSend
 from ._replies import SendBulk, StartFetch
 from ._session import Session
-from ._state import ServerState
+from ._state import LimitExceeded, ServerState
 
 
 class LoopbackLink:
@@ -35,16 +38,40 @@ class LoopbackLink:
                 self.frames.append(batch.frame)
                 self.session.feed_control(batch.frame)
                 for bulk_id, payload in batch.bulk:
-                    self.session.feed_bulk(bulk_id, payload)
+                    self._deliver_bulk(bulk_id, payload)
                 for out in self.session.step(time.monotonic()):
                     if isinstance(out, bytes):
                         self.proto.receive_control(out)
                     elif isinstance(out, SendBulk):
-                        self.proto.receive_bulk(out.bulk_id, out.payload)
+                        self._return_bulk(out.send)
                     elif isinstance(out, StartFetch):
                         self.session.feed_fetched(out.tensor_id, "no network in memory")
                         self.session.queue and self._resume()
                 self.cond.notify_all()
+
+    def _deliver_bulk(self, bulk_id: int, payload: Any) -> None:
+        """One transfer, received the way the network glue receives it (charged to the
+        quota, written into its destination buffer), so an Upload finds the same buffer."""
+        data = memoryview(payload).cast("B")
+        try:
+            rx = self.session.open_bulk(m.Bulk(bulk_id, len(data), 0))
+        except LimitExceeded as exc:
+            self.session.refuse_bulk(bulk_id, m.LIMIT, str(exc))
+            return
+        if rx is None:
+            return
+        rx.start(m.Bulk(bulk_id, len(data), 0))
+        for at in range(0, len(data), m.BULK_CHUNK):
+            rx.feed(data[at : at + m.BULK_CHUNK])
+        self.session.feed_bulk(bulk_id, rx.buffer)
+
+    def _return_bulk(self, send: BulkSend) -> None:
+        """A transfer to the client, written into a buffer of its own as the client's
+        receiver does, then acknowledged whole."""
+        buffer = np.empty(send.size, np.uint8)
+        buffer[:] = np.frombuffer(send.view, np.uint8)
+        self.proto.receive_bulk(send.bulk_id, buffer)
+        self.session.bulk_sent(send.bulk_id)
 
     def wait(self, done: Any, timeout: float) -> float:
         """Replies arrive within ``kick``: nothing to read here (see ``Link.wait``)."""

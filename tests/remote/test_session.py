@@ -74,6 +74,29 @@ def test_limits_give_errors_and_memory_is_freed() -> None:
     assert state.held == 0  # the plans' charges left with the last session that used them
 
 
+def test_tensors_above_the_bulk_threshold_move_both_ways_in_memory() -> None:
+    # they ride as bulk transfers: charged to the quota, written into their destination
+    state = ServerState("cpu")
+    dev, session = loopback_device(state)
+    size = state.limits.bulk_threshold // 4 + 1000  # float32 elements: over the threshold
+    x = np.random.default_rng(0).standard_normal(size).astype(np.float32)
+    t = dev.tensor(x)
+    np.testing.assert_array_equal((t * 2).numpy(), x * 2)
+    session.close()
+    assert state.bytes == 0 and state.held == 0
+
+
+def test_a_bulk_transfer_over_the_quota_fails_its_upload_and_keeps_the_session() -> None:
+    state = ServerState("cpu", Limits(session_memory=2 * 1024 * 1024))
+    dev, session = loopback_device(state)
+    big = dev.tensor(np.ones(1024 * 1024, np.float32))  # 4 MiB, a bulk transfer
+    with pytest.raises(OpFailed, match="quota|memory"):
+        big.sum().item()
+    assert dev.tensor(np.ones(3, np.float32)).sum().item() == 3.0
+    session.close()
+    assert state.bytes == 0
+
+
 def test_tensor_and_graph_count_limits_are_clear_and_all_or_nothing() -> None:
     state = ServerState("cpu", Limits(max_tensors=3, max_graphs=3))
     dev, session = loopback_device(state)
