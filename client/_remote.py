@@ -119,7 +119,7 @@ class RemoteRuntime:
             def answered() -> bool:
                 return wait_for in proto.results or proto.fatal is not None
 
-            left = self.link.wait(answered, WAIT_TIMEOUT)  # reads the reply in this thread
+            left = self.link.wait(answered, WAIT_TIMEOUT, linger=False)  # more will follow
             with self.cond:
                 if not self.cond.wait_for(answered, left):
                     raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
@@ -170,7 +170,9 @@ class RemoteRuntime:
         def answered() -> bool:
             return rid in proto.results or proto.fatal is not None
 
-        left = self.link.wait(answered, WAIT_TIMEOUT)  # reads the reply in this thread
+        # Reads the reply in this thread. A device running compiled steps has replies
+        # coming while nobody waits (each packet's Sync): its reader keeps the socket.
+        left = self.link.wait(answered, WAIT_TIMEOUT, linger=not self._steps)
         with self.cond:
             done = self.cond.wait_for(answered, left)
             result = proto.results.pop(rid, None)

@@ -128,16 +128,17 @@ class Link:
                 if self._state == _UP:
                     self._send(frame, sends)
 
-    def wait(self, done: Any, timeout: float) -> float:
+    def wait(self, done: Any, timeout: float, linger: bool = True) -> float:
         """Wait for ``done()`` reading the server's frames in this thread, when the link is
-        up and no other thread reads them (``BlockingConnection.drive_until``); the seconds
-        of ``timeout`` left, for the caller's own wait on ``cond`` (which returns at once
-        when ``done()`` already holds)."""
+        up and no other thread reads them (``BlockingConnection.drive_until``; ``linger``
+        False when more replies will follow, see there); the seconds of ``timeout`` left,
+        for the caller's own wait on ``cond`` (which returns at once when ``done()`` already
+        holds)."""
         conn = self._conn
         if conn is None or self._state != _UP or not DIRECT_WAIT or self._forked() or done():
             return timeout  # (a forked child must not touch its parent's socket or locks)
         start = time.monotonic()
-        conn.drive_until(done, timeout)
+        conn.drive_until(done, timeout, linger=linger)
         return max(0.0, timeout - (time.monotonic() - start))
 
     def close(self) -> None:

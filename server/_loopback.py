@@ -73,7 +73,7 @@ class LoopbackLink:
         self.proto.receive_bulk(send.bulk_id, buffer)
         self.session.bulk_sent(send.bulk_id)
 
-    def wait(self, done: Any, timeout: float) -> float:
+    def wait(self, done: Any, timeout: float, linger: bool = True) -> float:
         """Replies arrive within ``kick``: nothing to read here (see ``Link.wait``)."""
         return timeout
 

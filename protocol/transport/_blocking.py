@@ -154,6 +154,8 @@ class BlockingConnection:
         self._direct_poller: select.poll | None = None
         self._recall = False
         """A thread waits for frames while a caller drives: the reader takes over after it."""
+        self._aside_asked = False
+        """A caller found the reader on the socket: it stands aside after its round."""
         self._reader_wakes = 0.0
         """When the reader, standing aside, wakes next (0 while it reads the socket)."""
         self._late = False
@@ -303,27 +305,46 @@ class BlockingConnection:
                 self._changed.wait(left)
         self._shut(reason or "closed by peer")
 
-    def drive_until(self, done: Callable[[], bool], timeout: float) -> bool | None:
+    def drive_until(
+        self, done: Callable[[], bool], timeout: float, *, linger: bool = True
+    ) -> bool | None:
         """Wait for ``done()`` by reading the socket in this thread, handing frames to
         ``on_frame`` here: a reply then costs no wake-up of the reader thread and no
         hand-off back to this one (two thread switches and a lock round per round trip).
 
         ``done`` is checked after each batch of frames, without any lock held. Returns
         True once it holds, False after ``timeout`` seconds, and None without waiting when
-        the reader thread has the socket, or the connection closed: the caller then waits
-        as before, for the reader to call ``on_frame``. The reader leaves the socket to
-        callers for ``STAND_ASIDE`` seconds after each ``drive_until`` (asked by a call that
-        found it busy), and takes it back when none came in that time, or a timer is due
-        while nobody reads."""
+        another caller drives, the reader keeps the socket (``linger=False``) or the
+        connection closed: the caller then waits as before, for ``on_frame`` calls made
+        elsewhere. The reader leaves the socket to
+        callers for ``STAND_ASIDE`` seconds after each ``drive_until`` (a call that finds it
+        on the socket wakes it and waits for it to step aside: one hand-off, after which
+        calls drive directly), and takes it back when none came in that time, or a timer is
+        due while nobody reads.
+
+        ``linger=False`` is for a caller that expects more frames after this one (pipelined
+        requests): it never asks the reader to stand aside, and if it drove (the reader
+        stood aside for an earlier caller) it hands the socket back at once, so replies
+        that come while nobody waits are read as they arrive."""
         with self._lock:
             if self._error is not None or self._stopping or not self._handed_out:
                 return None
             if self._owner is not None:
-                if self._owner == self._thread.ident:
-                    self._aside_until = time.monotonic() + STAND_ASIDE  # after its round
-                else:  # another caller drives: the reader must take over when it leaves
-                    self._recall = True
-                return None
+                if self._owner != self._thread.ident:  # another caller drives: the reader
+                    self._recall = True  # must take over when it leaves
+                    return None
+                if not linger:
+                    return None
+                # Ask the reader to stand aside now (it may be waiting in poll for this very
+                # reply, which it would then read ``STAND_ASIDE`` late), and drive.
+                self._aside_asked = True
+                self._wake()
+                wait_end = time.monotonic() + timeout
+                while self._owner is not None:
+                    left = wait_end - time.monotonic()
+                    if self._error is not None or self._stopping or left <= 0:
+                        return None
+                    self._aside.wait(left)
             self._owner = threading.get_ident()
             if self._direct_poller is None:
                 self._direct_poller = select.poll()
@@ -351,7 +372,7 @@ class BlockingConnection:
             with self._lock:
                 self._owner = None
                 self._aside_until = time.monotonic() + STAND_ASIDE
-                if self._recall or self._error is not None or self._stopping:
+                if not linger or self._recall or self._error is not None or self._stopping:
                     self._call_reader()  # for another waiter, or to report the loss
 
     def ping(self) -> None:
@@ -474,8 +495,11 @@ class BlockingConnection:
                 self._hand_out(frames)
                 if self._error is not None or self._stopping:
                     break
-                if self._aside_until > time.monotonic():
+                if self._aside_asked or self._aside_until > time.monotonic():
                     with self._lock:
+                        if self._aside_asked:
+                            self._aside_asked = False
+                            self._aside_until = time.monotonic() + STAND_ASIDE
                         if not self._stand_aside(me):
                             break
                         deadline = self._deadline()
@@ -504,7 +528,7 @@ class BlockingConnection:
     def _call_reader(self) -> None:
         """Make the reader take the socket back now (lock held): someone waits for
         datagrams and will not read them itself."""
-        self._recall = False
+        self._recall = self._aside_asked = False
         self._aside_until = 0.0
         self._aside.notify_all()
 
@@ -513,6 +537,7 @@ class BlockingConnection:
         ``STAND_ASIDE`` seconds, or a timer is due while nobody reads it; False when the
         connection ended meanwhile."""
         self._owner = None
+        self._aside.notify_all()  # a caller may wait for the socket
         while self._error is None and not self._stopping:
             now = time.monotonic()
             if self._owner is None:

@@ -322,9 +322,9 @@ def test_an_unknown_engine_is_named() -> None:
 
 
 def test_a_waiting_caller_reads_its_reply_in_its_own_thread(client: Identity) -> None:
-    """``drive_until``: the first call finds the reader thread on the socket and leaves the
-    wait to it (None); the reader then stands aside, and later calls read the reply in the
-    caller's thread. Frames arrive in order either way, and the caller's timeout holds."""
+    """``drive_until``: the first call finds the reader thread on the socket, wakes it and
+    waits for it to stand aside; then every call reads the reply in the caller's thread.
+    Frames arrive in order, and the caller's timeout holds."""
     from burn_remote.protocol.transport import _blocking
 
     server = Server({client.peer_id})
@@ -351,14 +351,11 @@ def test_a_waiting_caller_reads_its_reply_in_its_own_thread(client: Identity) ->
             n = len(seen)
             conn.send_frame(sid, frame, wait=False)
             results.append(conn.drive_until(lambda n=n: len(seen) > n, 10.0))
-            if results[-1] is None:  # the reader has the socket: it hands the frame out
-                assert got.get(timeout=10) == frame
-            else:
-                assert got.get_nowait() == frame
-        assert results[0] is None and results[-1] is True
+            assert got.get_nowait() == frame
+        assert all(r is True for r in results), results
         me = threading.get_ident()
         driven = [frame for frame, tid in seen if tid == me]
-        assert len(driven) >= 15, results  # the reader takes over only after a pause
+        assert len(driven) >= 25, results  # the reader takes over only after a pause
         assert [f for f, _ in seen] == [b"q%d" % k for k in range(30)]
         assert conn.drive_until(lambda: False, 0.05) is False  # nothing came: the timeout
         # Nobody waits now: a frame the server pushes is read by the reader thread once it
@@ -387,3 +384,49 @@ def test_a_sender_waiting_for_room_calls_the_reader_back(client: Identity) -> No
         big = np.random.default_rng(1).bytes(24 << 20)  # six times the 4 MiB send buffer
         conn.send_frame(sid, big)
         assert got.next() == (sid, big)
+
+
+def test_a_caller_expecting_more_replies_leaves_the_socket_to_the_reader(client: Identity) -> None:
+    """``linger=False`` (pipelined requests, a device running compiled steps): a caller that
+    drove because the reader stood aside hands the socket back at once, and never asks the
+    reader to stand aside (None: it waits for the reader's ``on_frame``), so replies
+    nobody waits for are read as they arrive."""
+    import time
+
+    server = Server({client.peer_id})
+    got: queue.Queue[tuple[bytes | None, int]] = queue.Queue()
+    conn = BlockingConnection.connect(
+        client,
+        server.identity.peer_id,
+        ("127.0.0.1", server.address[1]),
+        on_frame=lambda sid, frame: got.put((frame, threading.get_ident())),
+        on_closed=lambda _: None,
+        config=EndpointConfig(quic_engine=ENGINE["name"]),
+    )
+    try:
+        sid = conn.open_stream()
+
+        def ask(frame: bytes, linger: bool) -> bool | None:
+            conn.send_frame(sid, frame, wait=False)
+            result = conn.drive_until(lambda: not got.empty(), 10.0, linger=linger)
+            assert got.get(timeout=10)[0] == frame
+            return result
+
+        def owner_is(reader: bool) -> None:  # the reader's turn comes after it hands out
+            deadline = time.monotonic() + 10
+            while (conn._owner is not None) != reader and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        assert ask(b"a", True) is True  # the reader had the socket and stood aside
+        assert ask(b"b", True) is True
+        assert ask(b"c", False) is True  # drove, then called the reader back
+        owner_is(reader=True)
+        for k in range(10):
+            assert ask(b"d%d" % k, False) is None  # the reader keeps it
+        conn.send_frame(sid, b"push", wait=False)  # nobody waits: still read at once
+        seen = [got.get(timeout=10) for _ in range(3)]
+        assert [f for f, _ in seen].count(b"pushed") == 1
+        assert all(tid != threading.get_ident() for _, tid in seen)
+    finally:
+        conn.close(flush_timeout=1)
+        server.stop()
