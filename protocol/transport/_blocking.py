@@ -156,6 +156,8 @@ class BlockingConnection:
         """A thread waits for frames while a caller drives: the reader takes over after it."""
         self._aside_asked = False
         """A caller found the reader on the socket: it stands aside after its round."""
+        self._takers = 0
+        """Callers waiting for the reader to stand aside (it then leaves timers to them)."""
         self._reader_wakes = 0.0
         """When the reader, standing aside, wakes next (0 while it reads the socket)."""
         self._late = False
@@ -337,14 +339,19 @@ class BlockingConnection:
                     return None
                 # Ask the reader to stand aside now (it may be waiting in poll for this very
                 # reply, which it would then read ``STAND_ASIDE`` late), and drive.
-                self._aside_asked = True
-                self._wake()
                 wait_end = time.monotonic() + timeout
-                while self._owner is not None:
-                    left = wait_end - time.monotonic()
-                    if self._error is not None or self._stopping or left <= 0:
-                        return None
-                    self._aside.wait(left)
+                self._takers += 1  # the reader does not take the socket back meanwhile
+                try:
+                    while self._owner is not None:
+                        left = wait_end - time.monotonic()
+                        if self._error is not None or self._stopping or left <= 0:
+                            return None
+                        if self._owner == self._thread.ident:  # (again: it may have taken it
+                            self._aside_asked = True  # back for a due timer before we came)
+                            self._wake()
+                        self._aside.wait(min(left, 0.05))
+                finally:
+                    self._takers -= 1
             self._owner = threading.get_ident()
             if self._direct_poller is None:
                 self._direct_poller = select.poll()
@@ -540,7 +547,7 @@ class BlockingConnection:
         self._aside.notify_all()  # a caller may wait for the socket
         while self._error is None and not self._stopping:
             now = time.monotonic()
-            if self._owner is None:
+            if self._owner is None and not self._takers:
                 due = min(self._aside_until, self._deadline())
                 if now >= due:
                     self._owner = me
@@ -549,7 +556,7 @@ class BlockingConnection:
                     return True
                 self._reader_wakes = due
                 self._aside.wait(due - now)
-            else:  # a caller polls, and runs the timers meanwhile
+            else:  # a caller polls (or is about to), and runs the timers meanwhile
                 self._reader_wakes = now + STAND_ASIDE
                 self._aside.wait(STAND_ASIDE)
         return False
