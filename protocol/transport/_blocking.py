@@ -352,6 +352,8 @@ class BlockingConnection:
                         self._aside.wait(min(left, 0.05))
                 finally:
                     self._takers -= 1
+                if self._error is not None or self._stopping:  # the reader ended meanwhile
+                    return None
             self._owner = threading.get_ident()
             if self._direct_poller is None:
                 self._direct_poller = select.poll()
