@@ -5,7 +5,7 @@ Why not the link's QUIC stream: aioquic's per-datagram work is pure Python, whic
 ring CPU-bound at ~0.1 GB/s on a 2-core machine. Why not TLS (``ssl``) over the TCP socket:
 OpenSSL hands Python one 16 KiB record per ``recv_into`` (4096 calls per 64 MiB), which
 measured 0.07 CPU-s to receive 64 MiB against 0.03 CPU-s for plain TCP + one AES-GCM
-``decrypt_into`` per 1 MiB piece (/work/wt/notes/issue-22-ring.md has the figures).
+``decrypt_into`` per 1 MiB piece.
 
 Security: the key is 32 fresh random bytes the *successor* makes per link and sends to its
 predecessor inside their QUIC link (``GroupLink.ring_key``), which is already mutually
@@ -115,7 +115,6 @@ class DataOut:
         self.sent = 0
         """Bytes handed to the socket (counted before ``sendall``: the watchdog compares
         it with what the successor says it read)."""
-        self.blocked_since: float | None = None
         self._buf = bytearray()
 
     def seal_header(self, frame: bytes) -> bytes:
@@ -144,13 +143,10 @@ class DataOut:
 
     def _send(self, data: bytes | memoryview) -> None:
         self.sent += len(data)
-        self.blocked_since = time.monotonic()
         try:
             self.sock.sendall(data)
         except OSError as exc:
             raise LinkBroken(f"its data link broke: {exc.strerror or exc}") from None
-        finally:
-            self.blocked_since = None
 
     def close(self) -> None:
         _close(self.sock)
