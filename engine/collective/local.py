@@ -75,37 +75,29 @@ class Liveness:
         ``exc``. None: it has work again."""
         self.failure = exc
 
-    @contextlib.contextmanager
-    def acting(self) -> Iterator[None]:
-        me = threading.get_ident()
-        with self._lock:
-            self._actors[me] = self._actors.get(me, 0) + 1
-            self._events += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._events += 1
-                if self._actors[me] == 1:
-                    del self._actors[me]
-                else:
-                    self._actors[me] -= 1
+    def acting(self) -> contextlib.AbstractContextManager[None]:
+        """While open, this thread works for the rank (its CPU counts as progress)."""
+        return self._counted(self._actors)
+
+    def waiting(self) -> contextlib.AbstractContextManager[None]:
+        """While open, this thread waits at a rendezvous (its CPU is not progress)."""
+        return self._counted(self._blocked)
 
     @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
+    def _counted(self, table: dict[int, int]) -> Iterator[None]:
         me = threading.get_ident()
         with self._lock:
-            self._blocked[me] = self._blocked.get(me, 0) + 1
+            table[me] = table.get(me, 0) + 1
             self._events += 1
         try:
             yield
         finally:
             with self._lock:
                 self._events += 1
-                if self._blocked[me] == 1:
-                    del self._blocked[me]
+                if table[me] == 1:
+                    del table[me]
                 else:
-                    self._blocked[me] -= 1
+                    table[me] -= 1
 
     def progress(self) -> tuple[int, int]:
         """(events, CPU ns of the threads acting for this rank and not blocked)."""
