@@ -41,6 +41,7 @@ from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.transport import Connection, Endpoint, FrameStream, PeerId, TransportError
 from . import _ring_data as rd
+from ._state import LimitExceeded
 
 log = logging.getLogger("burn_remote.server")
 
@@ -57,7 +58,8 @@ MAX_RING_HOSTS = 4
 """Hosts a server tries for its successor's TCP data plane before it falls back to QUIC."""
 MAX_SPARES = 4
 """Results of one group's recent all-reduces kept for reuse (several gradient buckets of
-different sizes each step); they are freed with the group."""
+different sizes each step); charged to the owning session's memory quota while kept, and
+freed with the group."""
 
 
 class GroupMember:
@@ -69,6 +71,7 @@ class GroupMember:
         self.size = len(msg.peers)
         self.capability = msg.capability
         self.timeout = max(msg.timeout_ms, 1) / 1000
+        self.session = session
         self.session_id = session.id
         self.owner = session.peer_id
         self.engine = "ring"
@@ -96,7 +99,14 @@ class GroupMember:
         self._io_scopes: set[trio.CancelScope] = set()
         self._op_lock = threading.Lock()
         self._spares: list[np.ndarray] = []
-        """Recent results (``_result_buffer``), reused once nothing else holds them."""
+        """Recent results (``_result_buffer``), reused once nothing else holds them; their
+        bytes are charged to the session's quota and the server's limit (``_spare_bytes``)."""
+        self._spare_bytes = 0
+        self._spare_lock = threading.Lock()
+        """Guards the spares and their charge: the engine worker keeps them, the loop frees
+        them when the member ends (never held across a call into the loop)."""
+        self._retaining = True
+        """False once the member ended: a late all-reduce keeps nothing more."""
         self.op_deadline: float | None = None
         self._peer_data = {"succ": 0, "pred": 0}
         """What the neighbour's latest GroupBeat said of the TCP data link (bytes)."""
@@ -147,7 +157,9 @@ class GroupMember:
                 await trio.sleep_forever()
         self.ended.set()
         self._set_linked()
-        self._spares = []
+        with self._spare_lock:
+            self._retaining = False
+            self._drop_spares()
         for end in (self.data_out, self.tcp_in):
             if isinstance(end, rd.DataOut | rd.DataIn):
                 end.close()
@@ -528,21 +540,72 @@ class GroupMember:
         that nothing holds any more, else a new array. A fresh 64 MiB array costs the
         kernel 64 MiB of page zeroing on first touch, which perf measured at 37% of the CPU
         of a 2-rank 64 MiB all-reduce (gloo reduces in place and pays nothing)."""
-        spares = self._spares
-        for i in range(len(spares)):
-            # references: the list's and getrefcount's argument, none elsewhere (a view of
-            # it holds it through .base), so no one can be reading or writing it
-            if sys.getrefcount(spares[i]) == 2:
-                a = spares[i]
-                if a.dtype == x.dtype and a.size == x.size:
-                    del spares[i]
-                    break
-        else:
+        with self._spare_lock:
+            spares = self._spares
+            for i in range(len(spares)):
+                # references: the list's and getrefcount's argument, none elsewhere (a view
+                # of it holds it through .base), so no one can be reading or writing it
+                if sys.getrefcount(spares[i]) == 2:
+                    a = spares[i]
+                    if a.dtype == x.dtype and a.size == x.size:
+                        del spares[i]
+                        spares.append(a)
+                        return a
             a = np.empty_like(x)
-        spares.append(a)
-        if len(spares) > MAX_SPARES:
-            del spares[0]
-        return a
+            if self._retaining:
+                self._retain(a)
+            return a
+
+    def _retain(self, a: np.ndarray) -> None:
+        """Keep ``a`` as a spare, charged to the session (the spare lock is held). The
+        result itself is already charged (the run's arena, then the session's tensor);
+        keeping it past its use is what the charge is for. Past the quota or the server's
+        limit the spares go first, and the all-reduce never fails for want of a spare: it
+        only loses the reuse."""
+        if len(self._spares) >= MAX_SPARES:
+            self._uncharge(self._spares.pop(0).nbytes)
+        try:
+            self._charge(a.nbytes)
+        except LimitExceeded as first:
+            self._drop_spares()
+            try:
+                self._charge(a.nbytes)
+            except LimitExceeded:
+                log.info(
+                    "group %016x: no result buffer kept for reuse (%s)",
+                    self.id,
+                    first,
+                    extra={"event": "ring_spares_dropped", "session": self.session_id},
+                )
+                return
+        self._spares.append(a)
+
+    def _charge(self, nbytes: int) -> None:
+        """Charge kept result bytes to the owning session (LimitExceeded past its quota, its
+        peer's share or the server's limit), counting the result the session is about to
+        store as well, so that storing it does not then find the quota short."""
+        s, state = self.session, self.service.state
+        state.check_peer_memory(s.peer_id, 2 * nbytes)
+        held = s.nbytes + s.bulk_reserved + s.group_bytes + nbytes
+        state.hold(nbytes, held, f"session {s.id} (group {self.id:016x}'s result buffers)")
+        s.group_bytes += nbytes
+        self._spare_bytes += nbytes
+
+    def _uncharge(self, nbytes: int) -> None:
+        self.service.state.hold(-nbytes)
+        self.session.group_bytes -= nbytes
+        self._spare_bytes -= nbytes
+
+    def shed(self) -> None:
+        """Free the spares now (the session needs the quota for tensors)."""
+        with self._spare_lock:
+            self._drop_spares()
+
+    def _drop_spares(self) -> None:
+        """Forget every spare and refund its charge (the spare lock is held)."""
+        self._spares.clear()
+        if self._spare_bytes:
+            self._uncharge(self._spare_bytes)
 
     def _plan(self, acc: np.ndarray) -> ring.Plan:
         return ring.Plan(self.rank, self.size, acc.size, acc.itemsize)

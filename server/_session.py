@@ -99,6 +99,9 @@ class Session:
         self.groups: dict[int, Any] = {}
         """Group id -> this session's member (``_groups.MemberHandle``): the scope of its
         graphs' collectives."""
+        self.group_bytes = 0
+        """Bytes its groups keep for reuse (former all-reduce results; ``_groups``), charged
+        to its quota beside its tensors; refunded when the groups end."""
         self.waiting: tuple[str, int] | None = None
         """("bulk", bulk_id) or ("fetch", tensor_id) while ``step`` cannot go on."""
         self.opened: float | None = None
@@ -367,11 +370,23 @@ class Session:
                 f"session holds {len(store)} tensors and {added} more would exceed "
                 f"max_tensors {limit}"
             )
-        self.state.check_peer_memory(self.peer_id, delta)
-        self.state.account(added, delta, self.nbytes)
+        try:
+            self.state.check_peer_memory(self.peer_id, delta)
+            self.state.account(added, delta, self.nbytes + self.group_bytes)
+        except LimitExceeded:
+            if not self.group_bytes:
+                raise
+            self.shed_group_buffers()  # tensors first: kept buffers only save page zeroing
+            self.state.check_peer_memory(self.peer_id, delta)
+            self.state.account(added, delta, self.nbytes + self.group_bytes)
         store.update(new_items)
         self.nbytes += delta
         self.peak = max(self.peak, self.nbytes)
+
+    def shed_group_buffers(self) -> None:
+        """Free the buffers this session's groups keep for reuse (and their charge)."""
+        for handle in list(self.groups.values()):
+            handle.member.shed()
 
     def drop(self, ids: Iterable[int]) -> None:
         count, freed = pop_all(self.store, ids)

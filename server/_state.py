@@ -215,7 +215,7 @@ class ServerState:
             return
         with self.lock:
             held = sum(
-                s.nbytes + getattr(s, "bulk_reserved", 0)
+                s.nbytes + getattr(s, "bulk_reserved", 0) + getattr(s, "group_bytes", 0)
                 for s in self.sessions.values()
                 if s.peer_id == peer
             )

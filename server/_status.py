@@ -18,6 +18,7 @@ def memory(state: Any) -> dict[str, Any]:
     with state.lock:
         out: dict[str, Any] = {
             "in_use": state.bytes,
+            "held": state.held,
             "peak": state.peak_bytes,
             "limit": state.limits.memory_limit,
             "tensors": state.tensors,
@@ -90,6 +91,7 @@ def snapshot(state: Any, now: float) -> dict[str, Any]:
                 "peer": s.peer_id,
                 "tensors": len(s.store),
                 "bytes": s.nbytes,
+                "group_bytes": getattr(s, "group_bytes", 0),
                 "peak": s.peak,
                 "messages": s.messages,
                 "idle_s": round(max(0.0, now - s.last_active), 1),

@@ -123,9 +123,7 @@ def test_compiled_step_replays_over_the_ring(servers):
 def test_servers_link_on_the_capability_without_authorising_each_other(
     servers, client_home, tmp_path
 ):
-    from burn_remote.protocol.transport import Identity
-
-    me = Identity.load_or_create(client_home / "key").peer_id
+    me = _client_peer(client_home)
     allowed = tmp_path / "authorized_peers"
     allowed.write_text(f"{me} client\n")
     daemons = servers(3, "--authorized-peers", str(allowed))
@@ -266,3 +264,57 @@ def test_a_cut_tcp_data_link_fails_every_rank_naming_the_cut_pair(servers):
             np.testing.assert_array_equal(_bounded(again[1].numpy), [2.0, 2.0])
     finally:
         proxy.stop()
+
+
+def _client_peer(client_home) -> str:
+    from burn_remote.protocol.transport import Identity
+
+    return str(Identity.load_or_create(client_home / "key").peer_id)
+
+
+def _session_memory(daemon, peer: str) -> tuple[int, int, int]:
+    """(tensor bytes, kept group bytes) of ``peer``'s session on ``daemon``, and the bytes the
+    server's ledger holds beside tensors, from the server's own status (its own key)."""
+    admin = RemoteDevice(daemon.target, key=str(daemon.data_dir / "key"))
+    try:
+        info = admin.server_status()
+    finally:
+        admin.close()
+    (mine,) = [s for s in info["sessions"] if s["peer"] == peer]
+    return mine["bytes"], mine["group_bytes"], info["memory"]["held"]
+
+
+def test_kept_result_buffers_are_charged_to_the_session_and_refunded_with_the_group(
+    servers, client_home
+):
+    """A rank keeps former results to reuse (no page zeroing); they count against its
+    session's quota while kept, give way when the quota is short instead of failing the
+    all-reduce, and are refunded when the group closes."""
+    mib, quota = 2**20, 8 * 2**20
+    daemons = servers(2, "--allow-any", "--session-memory", str(quota))
+    devs = _devices(daemons)
+    peer = _client_peer(client_home)
+    x = np.arange(mib // 4, dtype=np.float32)
+    g = C.Group(devs)
+    for k in range(3):  # results dropped: a spare is reused
+        outs = [C.all_reduce(d.tensor(x + k), g, "sum") for d in devs]
+        np.testing.assert_array_equal(_bounded(outs[1].numpy), 2 * (x + k))
+        del outs
+    _, kept, held = _session_memory(daemons[0], peer)
+    assert kept % mib == 0 and mib <= kept <= 4 * mib and held >= kept, (kept, held)
+    live = []
+    for k in range(5):  # results kept alive: new buffers, until the quota is short
+        outs = [C.all_reduce(d.tensor(x * k), g, "sum") for d in devs]
+        np.testing.assert_array_equal(_bounded(outs[0].numpy), 2 * x * k)
+        live.append(outs)
+        tensors, kept, _ = _session_memory(daemons[0], peer)
+        assert tensors + kept <= quota, (k, tensors, kept)
+    before = [_session_memory(d, peer) for d in daemons]
+    assert all(kept > 0 for _, kept, _ in before), before
+    g.close()
+    for d, (_, kept_then, held_then) in zip(daemons, before):
+        deadline = time.monotonic() + WATCHDOG  # the member ends on the server's loop
+        while _session_memory(d, peer)[1] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _, kept, held = _session_memory(d, peer)
+        assert kept == 0 and held == held_then - kept_then, (kept, held, kept_then, held_then)
