@@ -24,9 +24,16 @@ from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 2
-"""Sent in Hello and Welcome; a server refuses any other version. Version 2: bulk transfers in
-acknowledged chunks (Bulk gained ``offset``, BulkAck is new)."""
+PROTOCOL_VERSION = 3
+"""Sent in Hello and Welcome, and in GroupLink between servers; a server refuses any other
+version, naming both. Version 2: bulk transfers in acknowledged chunks (Bulk gained
+``offset``, BulkAck is new). Version 3: device groups' TCP data plane (GroupLink gained
+``version`` first, ``ring_address`` and ``ring_key``; GroupBeat gained ``data`` and
+``waiting``; RingPlane is new)."""
+GROUP_LINK_V2_FIELDS = (3, 5)
+"""Field counts of version 2's GroupLink (it had no ``version`` field; the TCP data plane's
+two fields came later under the same version): a server that reads one names its sender's
+version 2 instead of a bare decode error."""
 
 MAX_FRAME = 64 * 1024 * 1024
 """Largest frame (bytes) either end accepts; larger frames are refused before decoding."""
@@ -57,7 +64,8 @@ end; after a lost link the sender continues from the last acknowledged offset.""
 MALFORMED = 1
 """The frame or a message in it did not decode; the frame was skipped."""
 VERSION = 2
-"""Hello carried another PROTOCOL_VERSION; the connection is closed after this error."""
+"""Hello (or a server's GroupLink) carried another PROTOCOL_VERSION; the connection is
+closed after this error."""
 UNKNOWN_GRAPH = 3
 """ExecuteGraph named a digest the server does not hold (never registered, or evicted). The
 session stalls: every later message is skipped (requests answered with STALLED) until Resync."""
@@ -423,6 +431,9 @@ class GroupLink:
     an empty capability, or with Error(CAPABILITY) and closes the connection."""
 
     TAG: ClassVar[int] = 64
+    version: int
+    """The sender's PROTOCOL_VERSION (the first field in every version from 3 on, so that
+    servers of different versions name each other's instead of failing to decode)."""
     group_id: int
     """The group."""
     rank: int
@@ -1060,6 +1071,50 @@ def _unpack_frame(frame: bytes | bytearray | memoryview) -> list[Any]:
     return raw
 
 
+class VersionMismatch(DecodeError):
+    """A server's GroupLink of another protocol version (``theirs``), for ``group_id`` (0
+    where it cannot be read)."""
+
+    def __init__(self, theirs: int, group_id: int = 0) -> None:
+        super().__init__(
+            f"it speaks protocol version {theirs}, this server version {PROTOCOL_VERSION} "
+            "(every server of a group must run the same protocol version)"
+        )
+        self.theirs, self.group_id = theirs, group_id
+
+
+def is_group_link(frame: bytes | bytearray | memoryview) -> bool:
+    """Whether a connection's first frame is one GroupLink, of any protocol version (so a
+    link from a server of another version is answered with VERSION, not taken for a
+    session)."""
+    try:
+        raw = _unpack_frame(frame)
+    except DecodeError:
+        return False
+    return len(raw) == 1 and type(raw[0]) is list and bool(raw[0]) and raw[0][0] == GroupLink.TAG
+
+
+def read_group_link(frame: bytes | bytearray | memoryview) -> GroupLink:
+    """The GroupLink of another server's frame. Raises VersionMismatch naming both versions
+    when it is of another protocol version (its first field from version 3 on; version 2's
+    had none: ``GROUP_LINK_V2_FIELDS``), DecodeError when it is malformed."""
+    raw = _unpack_frame(frame)
+    one = raw[0] if len(raw) == 1 else None
+    if type(one) is not list or not one or one[0] != GroupLink.TAG:
+        return decode_message(one, "GroupLink")  # names what it is instead
+    if len(one) - 1 in GROUP_LINK_V2_FIELDS:
+        raise VersionMismatch(2, _int_at(one, 1))
+    theirs = one[1] if len(one) > 1 else None
+    if type(theirs) is int and theirs != PROTOCOL_VERSION:
+        raise VersionMismatch(theirs, _int_at(one, 2))
+    return decode_message(one, "GroupLink")  # type: ignore[return-value]
+
+
+def _int_at(raw: list[Any], k: int) -> int:
+    value = raw[k] if k < len(raw) else 0
+    return value if type(value) is int and 0 <= value <= U64_MAX else 0
+
+
 def digest_bytes(hex_digest: str) -> bytes:
     """The 32-byte wire form of a graph digest."""
     return bytes.fromhex(hex_digest)
@@ -1077,9 +1132,12 @@ __all__ = [
     "MAX_NDIM",
     "MAX_STR",
     "PROTOCOL_VERSION",
+    "VersionMismatch",
     "DecodeError",
     "Message",
     "decode",
+    "is_group_link",
+    "read_group_link",
     "decode_message",
     "encode",
 ]

@@ -240,12 +240,13 @@ class GroupMember:
             conn = await dial_peer(svc.ep, svc.state, self.peers[self.succ], requester=self.owner)
             self.conns.append(conn)
             ctl = await conn.open_stream()
-            link = m.GroupLink(self.id, self.rank, self.capability, "", b"")
+            link = m.GroupLink(m.PROTOCOL_VERSION, self.id, self.rank, self.capability, "", b"")
             await ctl.send_frame(m.encode(link))
             with trio.fail_after(SETUP_TIMEOUT):
-                (reply,) = m.decode(await ctl.receive_frame() or b"")
+                answer = await ctl.receive_frame() or b""
+            reply = _link_answer(answer)
             if isinstance(reply, m.Error):
-                raise TransportError(f"refused the link: {reply.message}")
+                raise TransportError(f"refused the link: {reply.message}{_older(reply)}")
             if not isinstance(reply, m.GroupLink) or reply.rank != self.succ:
                 raise TransportError(f"answered the link with {type(reply).__name__}")
             self.succ_ctl = ctl
@@ -1000,9 +1001,13 @@ class GroupService:
     # --- server-to-server ---------------------------------------------------------------------
     async def serve_link(self, conn: Connection, ctl: FrameStream, first: bytes) -> None:
         """A predecessor's link (the first frame of a connection is a GroupLink)."""
-        (msg,) = m.decode(first)
-        member = self.members.get(msg.group_id)
         peer = str(conn.peer_id)
+        try:
+            msg = m.read_group_link(first)
+        except m.DecodeError as exc:
+            await self._refuse_link(conn, ctl, exc)
+            return
+        member = self.members.get(msg.group_id)
         why = None
         if member is None or member.closed:
             why = "no such group on this server"
@@ -1021,17 +1026,58 @@ class GroupService:
         if self.listener is not None:
             member.ring_key = os.urandom(32)
         offer = self.ring_address if member.ring_key else ""
-        answer = m.GroupLink(member.id, member.rank, b"", offer, member.ring_key)
+        answer = m.GroupLink(
+            m.PROTOCOL_VERSION, member.id, member.rank, b"", offer, member.ring_key
+        )
         await ctl.send_frame(m.encode(answer))
         await member.attach_predecessor(conn, ctl)
 
+    async def _refuse_link(self, conn: Connection, ctl: FrameStream, exc: m.DecodeError) -> None:
+        """A GroupLink this server cannot take: of another protocol version (VERSION, and the
+        group it names fails at once, naming that rank and both versions, instead of
+        waiting SETUP_TIMEOUT for a link that cannot come) or malformed (MALFORMED)."""
+        peer = str(conn.peer_id)
+        code = m.VERSION if isinstance(exc, m.VersionMismatch) else m.MALFORMED
+        log.warning(
+            "group link from %s... refused: %s",
+            peer[:12],
+            exc,
+            extra={"event": "group_link_refused"},
+        )
+        told = str(exc)
+        if isinstance(exc, m.VersionMismatch):
+            told = (
+                f"the successor speaks protocol version {m.PROTOCOL_VERSION}, the dialler "
+                f"{exc.theirs} (every server of a group must run the same protocol version)"
+            )
+            member = self.members.get(exc.group_id)
+            if member is not None and member.peers[member.pred] == peer:
+                member.fail(member.pred, f"cannot link: {exc}")
+        await ctl.send_frame(m.encode(m.Error(code, told, -1, 0)))
+        await conn.close(told)
 
-def is_group_link(frame: bytes) -> bool:
-    try:
-        msgs = m.decode(frame)
-    except m.DecodeError:
-        return False
-    return len(msgs) == 1 and isinstance(msgs[0], m.GroupLink)
+
+def _link_answer(frame: bytes) -> m.Message:
+    """The successor's answer to a GroupLink: its GroupLink, or its Error. Raises
+    VersionMismatch (naming both versions) for a GroupLink of another protocol version."""
+    if m.is_group_link(frame):
+        return m.read_group_link(frame)
+    (reply,) = m.decode(frame)
+    return reply
+
+
+def _older(reply: m.Error) -> str:
+    """A hint for a refusal from a server older than version 3: it could not read this
+    server's GroupLink (it knows no version field there), so it cannot name its version."""
+    if reply.code == m.VERSION or "GroupLink" not in reply.message:
+        return ""
+    return (
+        f" (it could not read this server's GroupLink of protocol version "
+        f"{m.PROTOCOL_VERSION}: it runs an older version)"
+    )
+
+
+is_group_link = m.is_group_link
 
 
 __all__ = ["LINK_TIMEOUT", "GroupMember", "GroupService", "is_group_link"]

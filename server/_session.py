@@ -340,7 +340,11 @@ class Session:
             raise Failure(m.MALFORMED, f"expected Hello first, got {type(msg).__name__}")
         if msg.version != m.PROTOCOL_VERSION:
             self.closed = True
-            raise Failure(m.VERSION, f"protocol version {msg.version} is not {m.PROTOCOL_VERSION}")
+            raise Failure(
+                m.VERSION,
+                f"the client speaks protocol version {msg.version}, this server version "
+                f"{m.PROTOCOL_VERSION} (upgrade the older side)",
+            )
         try:
             self.id = self.state.open_session(self)
         except LimitExceeded:

@@ -29,7 +29,7 @@ TAG_NAME = {s.tag: name for name, s in MSG.items()}
 MAX_FRAME = 2 * 2**20
 QUOTA = 32 * 2**20
 MAX_TENSORS = 100
-VERSION = 2
+VERSION = 3
 F32 = "float32"
 
 
@@ -162,6 +162,8 @@ def test_another_version_gets_version_and_the_connection_ends(
     client.send(msg("Hello", 1, b"", {}))
     (err,) = client.replies("Error")
     assert err["code"] == ERR["VERSION"]
+    assert "client speaks protocol version 1" in err["message"]
+    assert f"this server version {VERSION}" in err["message"]
     assert isinstance(client.closed.get(timeout=30), Exception)
 
 
@@ -580,11 +582,11 @@ def test_a_group_link_needs_the_capability_and_the_right_rank(
     raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
     raw.replies("GroupReady")
     wrong = Raw(server, neighbour_key)
-    wrong.send(msg("GroupLink", gid, 1, os.urandom(32), "", b""))
+    wrong.send(msg("GroupLink", VERSION, gid, 1, os.urandom(32), "", b""))
     (err,) = wrong.replies("Error")
     assert err["code"] == ERR["CAPABILITY"] and "capability" in err["message"]
     right = Raw(server, neighbour_key)
-    right.send(msg("GroupLink", gid, 1, cap, "", b""))
+    right.send(msg("GroupLink", VERSION, gid, 1, cap, "", b""))
     (answer,) = right.replies("GroupLink")
     assert (answer["group_id"], answer["rank"], answer["capability"]) == (gid, 0, b"")
     assert answer["ring_address"].startswith(":") and len(answer["ring_key"]) == 32
@@ -601,3 +603,31 @@ def test_a_group_link_needs_the_capability_and_the_right_rank(
     (err,) = errors(raw.replies("Error", timeout=60))
     assert err["code"] == ERR["GROUP"] and f"rank 1 ({neighbour})" in err["message"]
     right.close()
+
+
+def test_a_group_link_of_another_version_is_version_and_fails_the_group_naming_both(
+    raw: Raw, server: Daemon, tmp_path: Path
+) -> None:
+    """§4.1: version 2's GroupLink (no version field) and a later version's (its version
+    first) are both answered VERSION naming the two versions; the group fails at once."""
+    neighbour_key = tmp_path / "neighbour"
+    neighbour = str(Identity.load_or_create(neighbour_key).peer_id)
+    gid, cap = 0x78, os.urandom(32)
+    raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
+    raw.replies("GroupReady")
+    later = Raw(server, neighbour_key)
+    later.send([MSG["GroupLink"].tag, VERSION + 1, gid, 1, cap, "", b"", "a field of v4"])
+    (err,) = later.replies("Error")
+    assert err["code"] == ERR["VERSION"]
+    assert (
+        f"successor speaks protocol version {VERSION}, the dialler {VERSION + 1}"
+        in (err["message"])
+    )
+    old = Raw(server, neighbour_key)
+    old.send([MSG["GroupLink"].tag, gid, 1, cap, "", b""])  # version 2's five fields
+    (err,) = old.replies("Error")
+    assert err["code"] == ERR["VERSION"] and "the dialler 2" in err["message"]
+    raw.send(msg("GroupStart", 2, gid, "ring"))
+    (err,) = errors(raw.replies("Error", timeout=60))
+    assert err["code"] == ERR["GROUP"] and f"rank 1 ({neighbour})" in err["message"]
+    assert f"protocol version {VERSION + 1}, this server version {VERSION}" in err["message"]

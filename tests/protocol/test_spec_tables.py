@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
+import msgpack
 from burn_remote.protocol import messages as m
 from burn_remote.protocol.graph import decode, validate
 
@@ -48,3 +49,32 @@ def test_the_worked_graph_example_is_canonical_and_its_digest_right() -> None:
     validate(graph)
     assert graph.encode() == data
     assert hashlib.sha256(data).hexdigest() == digest == graph.digest()
+
+
+def test_the_spec_states_the_code_s_protocol_version() -> None:
+    text = spec.README.read_text()
+    assert f"# burn-remote wire protocol (version {m.PROTOCOL_VERSION})" in text
+    assert f"`PROTOCOL_VERSION`, now {m.PROTOCOL_VERSION})" in text
+
+
+def test_a_group_link_of_another_version_names_it() -> None:
+    """§4.1: the version of any GroupLink can be read, whatever its layout."""
+    tag, gid = m.GroupLink.TAG, 0x1234
+    v3 = m.encode(m.GroupLink(m.PROTOCOL_VERSION, gid, 1, bytes(32), "", b""))
+    assert m.is_group_link(v3) and m.read_group_link(v3).group_id == gid
+    for raw, theirs in [
+        ([tag, gid, 1, bytes(32)], 2),  # version 2 as first released
+        ([tag, gid, 1, bytes(32), ":7001", bytes(32)], 2),  # version 2 with the data plane
+        ([tag, 9, gid, 1, bytes(32), "", b"", [1, 2]], 9),  # a later version, more fields
+        ([tag, 9, gid, 1, bytes(32), "", b""], 9),  # a later version, the same fields
+    ]:
+        frame = msgpack.packb([raw], use_bin_type=True)
+        assert m.is_group_link(frame)
+        try:
+            m.read_group_link(frame)
+        except m.VersionMismatch as exc:
+            assert (exc.theirs, exc.group_id) == (theirs, gid), raw
+            assert f"protocol version {theirs}, this server version 3" in str(exc)
+        else:
+            raise AssertionError(f"{raw} was read as this version's")
+    assert not m.is_group_link(m.encode(m.Sync(1)))
