@@ -19,9 +19,13 @@ Changes to stock aioquic, each kept to an override:
   advertise), or goes out at once after ``ACK_EVERY_BYTES``, which keeps bulk transfers
   clocked (RFC 9000 13.2.2 suggests every second packet; for 64 KiB datagrams at hundreds
   of MB/s that is an ACK per 128 KiB, more ACK work than data work in Python). And a packet
-  that carries stream data carries the pending ACK too (RFC 9000 13.2.1 allows it; aioquic
-  only writes an ACK once its delay expired): in request/reply traffic every ACK rides on a
-  request or a reply, and no datagram carries an ACK alone.
+  that carries stream data carries the pending ACK too once it has waited ``ACK_RIDE_AFTER``
+  (RFC 9000 13.2.1 allows it; aioquic only writes an ACK once its delay expired): in
+  request/reply traffic every ACK rides on a request or a reply, and no datagram carries an
+  ACK alone. Not sooner: writing an ACK frame and processing it (loss detection, RTT,
+  congestion control) cost each end ~20 us of Python, more than a small request itself, so
+  a quick exchange (an ``item()`` loop) carries one ACK per ``ACK_RIDE_AFTER``, covering
+  every packet since, instead of one per request and reply.
 * **Flow-control windows follow the reader.** Stock aioquic doubles a receive window once
   half of it has *arrived*, whether or not the application read anything, so a peer can make
   it buffer without bound. Here the window is what the application consumed plus a fixed
@@ -56,6 +60,9 @@ ACK_DELAY = 0.020
 the 25 ms ``max_ack_delay`` both ends advertise (the peer's loss timer allows for it), and
 longer than a training loop's gap between reads (ten steps), so the ACK a reply is owed
 rides on the next request instead of a datagram of its own."""
+ACK_RIDE_AFTER = 0.010
+"""Seconds an owed ACK waits before it rides on outgoing stream data (see the module doc):
+half of ``ACK_DELAY``, so that in a steady exchange the ACK leaves with data, not alone."""
 ACK_EVERY_BYTES = 256 * 1024
 """Bytes received without an ACK after which one is sent at once."""
 
@@ -157,7 +164,12 @@ class PeerQuicConnection(QuicConnection):
         if self._data_queued:  # the pending ACK leaves with this data, not alone later
             self._data_queued = False
             space = self._spaces.get(tls.Epoch.ONE_RTT)
-            if space is not None and space.ack_at is not None and self._handshake_confirmed:
+            if (
+                space is not None
+                and space.ack_at is not None
+                and self._handshake_confirmed
+                and space.ack_at <= now + ACK_DELAY - ACK_RIDE_AFTER
+            ):
                 space.ack_at = now
         return super().datagrams_to_send(now)
 

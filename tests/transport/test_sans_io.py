@@ -201,27 +201,38 @@ def test_a_datagram_is_built_after_receiving_only_when_one_is_due():
     assert server.datagrams_to_send(now + ACK_DELAY)
 
 
-def test_a_reply_carries_the_ack_it_owes():
-    """A request waits for its ACK; the reply written meanwhile carries it, so the request's
-    sender sees its data acknowledged by the reply alone, and no ACK-only datagram follows."""
+def test_an_owed_ack_rides_on_data_once_it_is_old_enough():
+    """A reply written within ACK_RIDE_AFTER of its request leaves the request's ACK owed
+    (processing an ACK per request costs both ends more than the request's own payload);
+    data written once an owed ACK is ACK_RIDE_AFTER old carries it, so in request/reply
+    traffic every ACK rides on a request or a reply and no ACK-only datagram follows."""
     from aioquic import tls
+    from burn_remote.protocol.transport._quic import ACK_DELAY, ACK_RIDE_AFTER
 
     client, server, _, _ = make_pair()
     exchange(client, server)
     sid = client.open_bidi_stream()
-    now = Clock.now = Clock.now + 1.0
-    for turn in range(3):  # request, reply: each carries the other's ACK
-        client.send_stream_data(sid, b"request %d" % turn)
+    server_space = server._spaces[tls.Epoch.ONE_RTT]
+    client_space = client._spaces[tls.Epoch.ONE_RTT]
+
+    def turn(now: float, text: bytes) -> None:
+        client.send_stream_data(sid, b"request " + text)
         assert roundtrip(client, server, now) == 1
-        assert server._spaces[tls.Epoch.ONE_RTT].ack_at is not None  # owed, not yet due
         while server.next_event() is not None:
             pass
-        server.send_stream_data(sid, b"reply %d" % turn)
+        server.send_stream_data(sid, b"reply " + text)
         assert roundtrip(server, client, now) == 1
-        assert server._spaces[tls.Epoch.ONE_RTT].ack_at is None  # it left with the reply
-        assert client.sender_buffered(sid) == 0  # the request is acknowledged
         while client.next_event() is not None:
             pass
-        now += 0.001
-    client_space = client._spaces[tls.Epoch.ONE_RTT]
-    assert client_space.ack_at is not None  # the last reply's ACK waits for the next request
+
+    start = Clock.now = Clock.now + 1.0
+    for i in range(5):  # quick turns: the ACKs stay owed, none is sent
+        turn(start + i * ACK_RIDE_AFTER / 10, b"%d" % i)
+        assert server_space.ack_at == start + ACK_DELAY  # owed since the first request
+        assert client_space.ack_at == start + ACK_DELAY  # owed since the first reply
+    assert client.sender_buffered(sid) > 0  # the requests are not acknowledged yet
+    turn(start + ACK_RIDE_AFTER, b"late")  # both owed ACKs are old enough: they ride
+    assert server_space.ack_at is None  # the server's left with its reply
+    assert client.sender_buffered(sid) == 0  # every request is acknowledged by it
+    assert client_space.ack_at is not None  # the late reply's ACK waits for the next request
+    assert client_space.ack_at > start + ACK_DELAY  # (a new one: the old one left)
