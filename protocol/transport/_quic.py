@@ -26,6 +26,15 @@ Changes to stock aioquic, each kept to an override:
   congestion control) cost each end ~20 us of Python, more than a small request itself, so
   a quick exchange (an ``item()`` loop) carries one ACK per ``ACK_RIDE_AFTER``, covering
   every packet since, instead of one per request and reply.
+* **A build ends with the packet that left nothing behind.** aioquic's ``_write_application``
+  starts another 1-RTT packet after every non-empty one and discards it when it stays empty,
+  so each small request or reply cost two packets' worth of builder work (~8 us of Python
+  on each end of every round trip). Before each further packet aioquic asks the pacer
+  when it may send; ``_BuildPacer`` ends the build there when the last packet's STREAM
+  frames left no data behind (``_nothing_left``: every other writer either writes all it
+  has or stops the build), no stream was discarded (that may owe MAX_STREAMS) and no
+  CRYPTO data waits. A STREAM frame that empties its stream marks it empty at once (what
+  aioquic's next, now skipped, ``get_frame`` would have found), so ``send_due`` stays exact.
 * **Flow-control windows follow the reader.** Stock aioquic doubles a receive window once
   half of it has *arrived*, whether or not the application read anything, so a peer can make
   it buffer without bound. Here the window is what the application consumed plus a fixed
@@ -34,6 +43,7 @@ Changes to stock aioquic, each kept to an override:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from aioquic import tls
@@ -42,8 +52,8 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.packet_builder import QuicPacketBuilder
-from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.packet_builder import QuicPacketBuilder, QuicPacketBuilderStop
+from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 
 from ._config import EndpointConfig, quic_configuration
@@ -113,6 +123,26 @@ class _PeerCheckingContext(tls.Context):
         self.peer_id = client
 
 
+class _BuildPacer(QuicPacketPacer):
+    """aioquic's pacer, which ``_write_application`` consults before each 1-RTT packet; after a
+    packet that left nothing behind it also ends the build (``PeerQuicConnection``'s doc)."""
+
+    owner: weakref.ref[PeerQuicConnection]
+    after_packet: bool
+
+    def update_after_send(self, now: float) -> None:
+        self.after_packet = True
+        super().update_after_send(now)
+
+    def next_send_time(self, now: float) -> float | None:
+        if self.after_packet:
+            self.after_packet = False
+            conn = self.owner()
+            if conn is not None and conn._nothing_left():
+                raise QuicPacketBuilderStop  # datagrams_to_send ends the build here
+        return super().next_send_time(now)
+
+
 class PeerQuicConnection(QuicConnection):
     """A ``QuicConnection`` that authenticates peers by key and bounds its receive buffers.
 
@@ -151,6 +181,12 @@ class PeerQuicConnection(QuicConnection):
         self.app_buffered = 0
         self.frame_credit: dict[int, int] = {}  # stream -> size of the frame being awaited
         self.frame_credit_total = 0
+        self._more_data = False  # a STREAM frame of this packet left data behind
+        self._streams_seen = 0  # streams at the start of this packet (a discard frees one)
+        pacer = self._loss._pacer
+        pacer.__class__ = _BuildPacer
+        pacer.owner = weakref.ref(self)
+        pacer.after_packet = False
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
         """aioquic's, after clamping the congestion window to the in-flight cap (and, once
@@ -296,6 +332,24 @@ class PeerQuicConnection(QuicConnection):
 
     # -- overrides -------------------------------------------------------------------------
 
+    def _write_application(self, builder: QuicPacketBuilder, network_path, now: float) -> None:
+        self._more_data = False
+        self._streams_seen = len(self._streams)
+        super()._write_application(builder, network_path, now)
+
+    def _nothing_left(self) -> bool:
+        """After a 1-RTT packet was built: whether another one would be empty (the build
+        then ends, see the class doc). Every writer but STREAM's and CRYPTO's writes all it
+        has or stops the build; a discarded stream may owe the peer MAX_STREAMS."""
+        more, self._more_data = self._more_data, False
+        seen, self._streams_seen = self._streams_seen, len(self._streams)
+        if more or seen != len(self._streams) or not self._handshake_confirmed:
+            return False
+        if self._datagrams_pending:
+            return False
+        crypto = self._crypto_streams.get(tls.Epoch.ONE_RTT)
+        return crypto is None or not (len(crypto.sender._pending) or crypto.sender._pending_eof)
+
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
         # Same object, our subclass: only the certificate handlers differ.
@@ -360,6 +414,8 @@ class PeerQuicConnection(QuicConnection):
         before = sender.highest_offset
         frame = sender.get_frame(builder.remaining_flight_space - overhead, max_offset)
         if frame is None:
+            if not sender.buffer_is_empty:  # no room (or no credit) left in this packet
+                self._more_data = True
             return 0
         frame_type = QuicFrameType.STREAM_BASE | 2 | (4 if frame.offset else 0) | int(frame.fin)
         buf = builder.start_frame(
@@ -373,6 +429,10 @@ class PeerQuicConnection(QuicConnection):
             buf.push_uint_var(frame.offset)
         buf.push_uint32(len(frame.data) | 0x80000000)
         buf.push_bytes(frame.data)
+        if len(sender._pending) or sender._pending_eof:
+            self._more_data = True
+        else:  # what the next get_frame would find: nothing to send (see _nothing_left)
+            sender.buffer_is_empty = True
         return sender.highest_offset - before
 
 

@@ -236,3 +236,46 @@ def test_an_owed_ack_rides_on_data_once_it_is_old_enough():
     assert client.sender_buffered(sid) == 0  # every request is acknowledged by it
     assert client_space.ack_at is not None  # the late reply's ACK waits for the next request
     assert client_space.ack_at > start + ACK_DELAY  # (a new one: the old one left)
+
+
+def test_a_build_ends_with_the_packet_that_left_nothing_behind(monkeypatch):
+    """aioquic starts one more 1-RTT packet after each non-empty one and throws it away when
+    it stays empty (~8 us of Python per build, on both ends of every round trip). Here a
+    build that wrote everything ends there: a small frame costs one packet; data that does
+    not fit one packet, on several streams, still leaves whole in the same build."""
+    from aioquic.quic.packet_builder import QuicPacketBuilder
+
+    client, server, _, _ = make_pair()
+    exchange(client, server)
+    started: list[int] = []
+    start = QuicPacketBuilder.start_packet
+
+    def counting(builder, packet_type, crypto):
+        started.append(packet_type)
+        return start(builder, packet_type, crypto)
+
+    monkeypatch.setattr(QuicPacketBuilder, "start_packet", counting)
+    now = Clock.now = Clock.now + 1.0
+    sid = client.open_bidi_stream()
+    client.send_stream_data(sid, b"one small request")
+    assert roundtrip(client, server, now) == 1
+    assert len(started) == 1  # stock aioquic: 2 (the second one empty)
+    assert not client.send_due(now)  # and the stream knows it has nothing left to send
+
+    client._loss._cc.congestion_window = 10**7  # only the pacer spreads it out
+    sizes = {client.open_bidi_stream(): n for n in (5000, 1, 70000)}
+    for s, n in sizes.items():
+        client.send_stream_data(s, bytes([s % 251]) * n, end_stream=True)
+    got: dict[int, bytes] = {}
+    for _ in range(100):
+        now += 0.001
+        started.clear()
+        moved = roundtrip(client, server, now)
+        assert len(started) == max(moved, 1)  # a packet per datagram; one when idle
+        while (event := server.next_event()) is not None:
+            if isinstance(event, events.StreamDataReceived):
+                got[event.stream_id] = got.get(event.stream_id, b"") + event.data
+        if not moved:
+            break
+    assert {s: len(d) for s, d in got.items() if s in sizes} == sizes
+    assert all(d == bytes([s % 251]) * sizes[s] for s, d in got.items() if s in sizes)
