@@ -439,7 +439,7 @@ def test_captured_training_on_opencl_equals_plain_training_bitwise(kind):
 def test_gpt2_small_sized_lora_step_captures_and_matches():
     """GPT-2-small-sized weights (124M parameters, ~500 MB): the state scan and the replay
     bind ~150 frozen base tensors and the adapters; captured steps equal plain ones."""
-    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=32)
+    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=8)
 
     def build(dev):
         nn.seed(5)

@@ -22,8 +22,10 @@ from dp_models import (
 )
 
 STEPS = 12
-GROUP_TIMEOUT = 5.0
-"""Seconds a local rank waits at the all-reduce for one that never comes (the fault tests)."""
+GROUP_TIMEOUT = 2.0
+"""Seconds a local rank waits at the all-reduce for one that never comes (the fault tests).
+Ranks that are still recording or computing are waited for regardless (see
+tests/test_local_rendezvous.py, which runs at 0.5 s), so this only bounds the wait for a dead one."""
 
 
 @pytest.mark.parametrize("replicas", [2, 3])
@@ -370,7 +372,7 @@ def test_gpt2_small_sized_lora_on_two_replicas_equals_one_device():
 
     import burn_remote as br
 
-    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=32)
+    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=8)
     ids = np.random.default_rng(6).integers(0, cfg.vocab, (2, 2, cfg.context + 1))
 
     def build():
