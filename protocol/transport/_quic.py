@@ -20,14 +20,16 @@ Changes to stock aioquic, each kept to an override:
   clocked (RFC 9000 13.2.2 suggests every second packet; for 64 KiB datagrams at hundreds
   of MB/s that is an ACK per 128 KiB, more ACK work than data work in Python). And a packet
   that carries stream data carries the pending ACK too (RFC 9000 13.2.1 allows it; aioquic
-  only writes an ACK once its delay expired) once ``ACK_RIDE_PACKETS`` datagrams await it
-  or it has waited ``ACK_RIDE_AFTER``: in request/reply traffic every ACK rides on a
-  request or a reply and no datagram carries an ACK alone, and a quick exchange (an
-  ``item()`` loop) acknowledges every second request, as RFC 9000 13.2.2 recommends,
-  instead of every one: writing an ACK frame and processing it (loss detection, RTT,
-  congestion control) cost each end ~20 us of Python, more than a small request itself.
-  Not fewer: a qh3 client acknowledged only every ``ACK_RIDE_AFTER`` held its next request
-  back until our ``ACK_DELAY`` timer sent an ACK (measured: ~20 ms per ``item()``).
+  only writes an ACK once its delay expired): in request/reply traffic every ACK rides on a
+  request or a reply, and no datagram carries an ACK alone. A server's ACK rides on every
+  reply: a qh3 client holds its next request back while its last one is unacknowledged
+  (measured: a server acknowledging every 10 ms or every second request made each
+  ``item()`` wait ~20 ms for the ``ACK_DELAY`` timer). A client's ACK rides only once it has
+  waited ``ACK_RIDE_AFTER`` (or ``CLIENT_ACK_RIDE_PACKETS`` datagrams): its peer is always a
+  server of ours on aioquic, which does not wait for ACKs within its congestion window, and
+  processing an ACK (loss detection, RTT, congestion control) cost the server ~20 us of
+  Python per request, more than a small request itself; in an ``item()`` loop the server
+  now processes one ACK per ~20 requests.
 * **A build ends with the packet that left nothing behind.** aioquic's ``_write_application``
   starts another 1-RTT packet after every non-empty one and discards it when it stays empty,
   so each small request or reply cost two packets' worth of builder work (~8 us of Python
@@ -73,11 +75,15 @@ the 25 ms ``max_ack_delay`` both ends advertise (the peer's loss timer allows fo
 longer than a training loop's gap between reads (ten steps), so the ACK a reply is owed
 rides on the next request instead of a datagram of its own."""
 ACK_RIDE_AFTER = 0.010
-"""Seconds an owed ACK waits before it rides on outgoing stream data (see the module doc):
-half of ``ACK_DELAY``, so that in a steady exchange the ACK leaves with data, not alone."""
-ACK_RIDE_PACKETS = 2
-"""Datagrams received while an ACK is owed after which it rides on the next stream data
-(RFC 9000 13.2.2's every second packet; qh3 waits for an ACK after two)."""
+"""Seconds a client's owed ACK waits before it rides on its next stream data (see the module
+doc): half of ``ACK_DELAY``, so that in a steady exchange it leaves with a request, not
+alone on the ``ACK_DELAY`` timer."""
+CLIENT_ACK_RIDE_PACKETS = 32
+"""Datagrams received while a client owes an ACK after which it rides on the next request
+regardless of its age. A server rides its ACK on every reply (a qh3 client waits for it);
+a client's peer is always a server of ours on aioquic (``Endpoint.open`` refuses other
+engines), which keeps sending without ACKs within its congestion window. A server on another
+engine would need this to be 1 again."""
 ACK_EVERY_BYTES = 256 * 1024
 """Bytes received without an ACK after which one is sent at once."""
 
@@ -181,6 +187,8 @@ class PeerQuicConnection(QuicConnection):
         self._ack_delay = ACK_DELAY
         self._unacked_bytes = 0
         self._unacked_datagrams = 0
+        self._ack_ride_packets = CLIENT_ACK_RIDE_PACKETS if configuration.is_client else 1
+        self._ack_ride_after = ACK_RIDE_AFTER if configuration.is_client else 0.0
         self._data_queued = False  # stream data written since the last build
         self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
         self.app_consumed: dict[int, int] = {}
@@ -211,8 +219,8 @@ class PeerQuicConnection(QuicConnection):
                 and space.ack_at is not None
                 and self._handshake_confirmed
                 and (
-                    self._unacked_datagrams >= ACK_RIDE_PACKETS
-                    or space.ack_at <= now + ACK_DELAY - ACK_RIDE_AFTER
+                    self._unacked_datagrams >= self._ack_ride_packets
+                    or space.ack_at <= now + ACK_DELAY - self._ack_ride_after
                 )
             ):
                 space.ack_at = now
