@@ -149,6 +149,37 @@ def test_frames_of_many_sizes_round_trip_in_order(client: Identity) -> None:
         assert conn.peer_id is not None
 
 
+def test_quick_round_trips_need_no_datagram_for_an_ack(
+    client: Identity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's reply carries the ACK its request is owed: a qh3 client sends nothing
+    more while its last packet is unacknowledged, so a server that held that ACK (to save
+    processing it, as a client does) made each request wait for its ACK_DELAY timer and a
+    datagram of its own. The server builds no datagram without stream data here."""
+    from burn_remote.protocol.transport._quic import PeerQuicConnection
+
+    bare: list[int] = []
+    build = PeerQuicConnection.datagrams_to_send
+
+    def counting(self: PeerQuicConnection, now: float) -> list:
+        with_data = self.data_queued
+        out = build(self, now)
+        if out and not with_data and not self._is_client and self.handshake_confirmed:
+            bare.append(len(out))
+        return out
+
+    monkeypatch.setattr(PeerQuicConnection, "datagrams_to_send", counting)
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        conn.send_frame(sid, b"warm-up")
+        assert got.next() == (sid, b"warm-up")
+        bare.clear()
+        for k in range(30):
+            conn.send_frame(sid, b"request %d" % k)
+            assert got.next() == (sid, b"request %d" % k)
+        assert len(bare) <= 3, f"{len(bare)} ACK-only builds in 30 round trips"
+
+
 def test_small_frames_sent_without_waiting_arrive_in_order(client: Identity) -> None:
     with served(client) as (_, conn, got):
         sid = conn.open_stream()
