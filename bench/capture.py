@@ -87,7 +87,7 @@ class Loop:
         self.sync()
 
 
-def ours(dev: br.Device, x: np.ndarray, y: np.ndarray, captured: bool) -> Loop:
+def ours(dev: br.Device, x: np.ndarray, y: np.ndarray, captured: bool, label: str = "") -> Loop:
     nn.seed(0)
     net = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to(dev)
     opt = optim.AdamW(net.parameters(), lr=1e-3)
@@ -112,7 +112,7 @@ def ours(dev: br.Device, x: np.ndarray, y: np.ndarray, captured: bool) -> Loop:
         return loss
 
     kind = "captured" if captured else "uncaptured"
-    return Loop(f"{dev.spec.split(':')[0]} {kind}", step, dev.sync)
+    return Loop(f"{dev.spec.split(':')[0]} {kind}{label}", step, dev.sync)
 
 
 def ours_resident(dev: br.Device, x: np.ndarray, y: np.ndarray) -> Loop:
@@ -222,6 +222,25 @@ def gpt_lora_torch(tokens: np.ndarray) -> Loop:
     return Loop("GPT LoRA torch+PEFT", step, lambda: None)
 
 
+def qh3_device(server: Any, home: str) -> br.RemoteDevice | None:
+    """A second session with the same server whose client side runs the compiled QUIC
+    engine (``BURN_REMOTE_QUIC_ENGINE=qh3``, the ``qh3`` extra); None without qh3. Its own
+    client key makes it a separate RemoteDevice in this process."""
+    try:
+        import qh3  # noqa: F401
+    except ImportError:
+        return None
+    from burn_remote import _remote_link
+
+    saved, _remote_link.QUIC_ENGINE = _remote_link.QUIC_ENGINE, "qh3"
+    try:  # the engine is chosen when the link dials, on the first sync
+        dev = br.RemoteDevice(f"{server.peer_id}@{server.address}", key=Path(home) / "qh3.key")
+        dev.sync()
+    finally:
+        _remote_link.QUIC_ENGINE = saved
+    return dev
+
+
 def measure(loops: list[Loop], steps: int, rounds: int, pids: dict[str, int]) -> dict:
     """Interleaved rounds; per loop the median seconds per step, and per (loop, pid) the
     median CPU seconds per step."""
@@ -258,6 +277,7 @@ def main() -> None:
         remote.sync()
         cpu = br.Device.cpu()
         x, y = digits()
+        remote_qh3 = qh3_device(server, home)
         loops = [
             torch_mlp(x, y),
             ours(cpu, x, y, captured=False),
@@ -267,6 +287,8 @@ def main() -> None:
             ours_resident(cpu, x, y),
             ours_resident(remote, x, y),
         ]
+        if remote_qh3 is not None:
+            loops.append(ours(remote_qh3, x, y, captured=True, label=" (qh3)"))
         pids = {"client": "self", "server": server.proc.pid}
         r = measure(loops, args.steps, args.rounds, pids)
         t, c = r["time"], r["cpu"]
@@ -292,6 +314,15 @@ def main() -> None:
                     f"server {c[(name, 'server')] * 1e6:.0f} us"
                 )
             print(line + "   (captured, data set on the device, batch gathered there)")
+        name = "remote captured (qh3)"
+        if name in t:
+            print(
+                f"  {name:<22} {t[name] * 1e6:7.0f} us  {t[name] / torch_t:5.2f}x torch   CPU "
+                f"per step: this process {c[(name, 'client')] * 1e6:.0f} us, server "
+                f"{c[(name, 'server')] * 1e6:.0f} us   (this client's QUIC engine: qh3)"
+            )
+        else:
+            print("  remote captured (qh3): not measured (pip install 'burn-remote[qh3]')")
         local_c, remote_c = t["cpu captured"], t["remote captured"]
         user = c[("remote captured", "client")]
         print(
@@ -299,6 +330,12 @@ def main() -> None:
             f"process's CPU per remote captured step {user * 1e6:.0f} us (<= 60); remote "
             f"captured / local captured {remote_c / local_c:.2f} (<= 1.1)"
         )
+        if name in t:
+            print(
+                f"  with qh3: this process's CPU per remote captured step "
+                f"{c[(name, 'client')] * 1e6:.0f} us; remote / local captured "
+                f"{t[name] / local_c:.2f}"
+            )
         tokens = np.random.default_rng(0).integers(0, GPT["vocab"], (64, GPT["context"] + 1))
         gpt = [
             gpt_lora_torch(tokens),
@@ -311,6 +348,8 @@ def main() -> None:
         for name, v in g.items():
             print(f"  {name:<22} {v * 1e6:7.0f} us  {v / base:5.2f}x torch+PEFT")
         remote.close()
+        if remote_qh3 is not None:
+            remote_qh3.close()
     finally:
         server.stop()
 

@@ -159,6 +159,7 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
     replay.result_fixups = [
         (k, kind, x) for k, (kind, x) in enumerate(result_leaves) if kind != "out"
     ]
+    _plan_in_place(replay, inputs)
     # --- bindings
     slot_of: dict[int, int] = {}
     for n in capture.nodes:
@@ -187,6 +188,34 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
         tuple(replay.arg_values),
         (res_spec, tuple(kind if kind != "in" else x for kind, x in result_leaves)),
     )
+
+
+def _plan_in_place(replay: _Replay, inputs: list) -> None:
+    """Which state a replay may write in place: an output whose only destination is the
+    tensor object that also carries one of the step's inputs, with the same shape and dtype
+    (an optimizer's parameter or moment), and that the step does not also return as it was
+    before the update. The replay then stores the new value under the id that object
+    already holds, so the object keeps its id (see `_Replay.run`)."""
+    returned_inputs = {x for kind, x in replay.result_leaves if kind == "in"}
+    carrier_of = {id(x): k for k, x, _ in replay.obj_inputs if k not in returned_inputs}
+    pairs = []
+    for j, (shape, dtype, sinks) in enumerate(replay.outputs):
+        if len(sinks) != 1 or sinks[0][0] != _SINK_OBJ:
+            continue
+        x = sinks[0][1]
+        k = carrier_of.get(id(x))
+        if k is not None and tuple(inputs[k][2][0]) == shape and inputs[k][2][1] == dtype:
+            pairs.append((j, k, x))
+    written = {j for j, _, _ in pairs}
+    replay.inplace_out = [j for j, _, _ in pairs]
+    replay.inplace_in = [k for _, k, _ in pairs]
+    replay.holders = [x for _, _, x in pairs]
+    replay.ones = [1] * len(pairs)
+    replay.fresh_out = [j for j in range(len(replay.outputs)) if j not in written]
+    replay.obj_sinks_rest = [(j, x) for j, x in replay.obj_sinks if j not in written]
+    replay.obj_holders = [x for _, x, _ in replay.obj_inputs]
+    replay.seen_obj_ids = None
+    replay.seen_hold_ids = None
 
 
 def _first_use(capture: Capture, k: int) -> str:

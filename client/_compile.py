@@ -32,6 +32,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from itertools import islice
+from operator import attrgetter
 from threading import get_ident
 from typing import Any
 
@@ -59,6 +60,9 @@ MAX_CAPTURES = 8
 """Captures kept per compiled function (one per argument signature), least recent evicted."""
 MAX_RECORDINGS = 4
 """Recordings of one signature that may disagree before the function is declared uncapturable."""
+
+
+_ID = attrgetter("_id")
 
 
 class _Miss(Exception):
@@ -236,6 +240,18 @@ class _Replay:
         "obj_sinks",
         "other_sinks",
         "result_fixups",
+        "inplace_out",
+        "inplace_in",
+        "holders",
+        "ones",
+        "fresh_out",
+        "obj_sinks_rest",
+        "obj_holders",
+        "seen_obj_ids",
+        "seen_ids",
+        "seen_hold_ids",
+        "seen_out_ids",
+        "hold_set",
     )
 
     def release(self) -> None:
@@ -245,20 +261,36 @@ class _Replay:
         self.consts = []
 
     def run(self, flat: list) -> Any:
-        """Bind this call's arguments and the state's current tensors, rebind the outputs
-        into their holders, submit the graph; the result, rebuilt. The hot path of a step:
-        the per-kind lists below were laid out by `_analyse` so this is a few flat loops."""
+        """Bind this call's arguments and the state's current tensors, write the state in
+        place (or rebind it to new ids), submit the graph; the result, rebuilt. The hot path
+        of a step: the per-kind lists below were laid out by `_analyse` so this is a few flat
+        loops, and while the state keeps its ids from call to call, none of them per state.
+
+        State is written in place when each object that receives an output is the only
+        Tensor holding its id (no alias, no tape entry of another object): the graph's output
+        is stored under that same id, so the object keeps it and its version is bumped (a
+        tape that saved it refuses to run, as after `_assign`). Otherwise the object takes a
+        new id, as an uncaptured step's `_assign` does: an alias keeps the old value."""
         rec = self.rec
+        if rec.pending:  # ops recorded before the call run first: they may read the state
+            rec.flush()
         specs = rec.specs
-        ids = self.base_ids[:]
-        for k, x, spec in self.obj_inputs:
-            i = x._id
-            now = specs.get(i)
-            if now is not spec and now != spec:  # replays store the template's own spec
-                raise _Miss(_state_changed(x, spec, now))
-            ids[k] = i
+        obj_ids = list(map(_ID, self.obj_holders))
+        if obj_ids == self.seen_obj_ids:  # the same state tensors as last call: checked then
+            ids = self.seen_ids[:]
+        else:
+            ids = self.base_ids[:]
+            for k, x, spec in self.obj_inputs:
+                i = x._id
+                now = specs.get(i)
+                if now is not spec and now != spec:  # replays store the template's own spec
+                    raise _Miss(_state_changed(x, spec, now))
+                ids[k] = i
+            self.seen_obj_ids, self.seen_ids = obj_ids, ids[:]
+        bound = []
         for k, pos in self.arg_inputs:
-            ids[k] = flat[pos]._id
+            i = ids[k] = flat[pos]._id
+            bound.append(i)
         for k, x, spec in self.grad_inputs:
             g = x.grad
             if g is None:
@@ -269,6 +301,7 @@ class _Replay:
             i = ids[k] = g._id
             if specs.get(i) != spec:
                 raise _Miss(_state_changed(g, spec, specs.get(i)))
+            bound.append(i)
         for held, others in self.aliases:
             for o in others:
                 if o._id != held._id:
@@ -283,14 +316,41 @@ class _Replay:
                 values[slot] = v
         for slot, pos in self.arg_values:
             values[slot] = flat[pos]
+        refs = rec.refs
+        holders = self.holders
+        in_place = False
+        if holders:
+            hold_ids = list(map(_ID, holders))
+            if hold_ids != self.seen_hold_ids:
+                self.seen_hold_ids, self.hold_set = hold_ids, set(hold_ids)
+                out = [0] * len(self.outputs)
+                for j, i in zip(self.inplace_out, hold_ids):
+                    out[j] = i
+                self.seen_out_ids = out
+            # sole holders (refs 1), and no argument or gradient bound to the same tensor
+            in_place = list(map(refs.get, hold_ids)) == self.ones and (
+                not bound or self.hold_set.isdisjoint(bound)
+            )
         tmpl = self.template
-        out_ids = list(islice(rec._ids, len(self.outputs)))
+        if in_place:
+            out_ids = self.seen_out_ids[:]
+            fresh = self.fresh_out
+            for j, o in zip(fresh, islice(rec._ids, len(fresh))):
+                out_ids[j] = o
+            for x in holders:
+                x._version += 1  # a tape that saved it refuses to run, as after _assign
+            obj_sinks = self.obj_sinks_rest
+        else:
+            out_ids = list(islice(rec._ids, len(self.outputs)))
+            obj_sinks = self.obj_sinks
         cap = Capture(
             tmpl.key, tmpl.digest, tmpl.nodes, ids, values, out_ids, tmpl.output_specs, tmpl._graph
         )
         cap.prov = tmpl.prov
-        refs, dead, failed = rec.refs, rec.dead, rec.failed
-        for j, x in self.obj_sinks:  # state written: the holder takes the new id (as _assign)
+        if in_place:
+            cap.inplace = self.inplace_in
+        dead, failed = rec.dead, rec.failed
+        for j, x in obj_sinks:  # state written: the holder takes the new id (as _assign)
             o = out_ids[j]
             refs[o] = refs.get(o, 0) + 1
             old = x._id
@@ -320,8 +380,13 @@ class _Replay:
                 rec.release(t._id)
                 t._id = o
                 t._version += 1
-        cap.donated = [k for k, i in enumerate(ids) if i not in refs]
-        rec.submit(cap)
+        if not all(map(refs.__contains__, ids)):
+            cap.donated = [k for k, i in enumerate(ids) if i not in refs]
+        try:
+            rec.submit(cap)
+        except BaseException:  # the state it wrote in place is gone: check it next call
+            self.seen_obj_ids = None
+            raise
         for k, kind, x in self.result_fixups:
             if kind == "in":
                 shape, dtype = tmpl.key[0][x]

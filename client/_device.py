@@ -65,10 +65,13 @@ class LocalRuntime:
         plan = ex.plan(capture.digest) or ex.register(capture.digest, capture.graph)
         store = self.store
         inputs = [store[i] for i in capture.input_ids]
-        for k in capture.donated:  # the graph frees these at their last use
+        donated = capture.donated
+        if capture.inplace:  # state written under its own id: its memory goes to the graph
+            donated = donated + capture.inplace
+        for k in donated:  # the graph frees these at their last use
             self.drop((capture.input_ids[k],), into_graph=True)
         try:
-            outs = ex.run(plan, inputs, capture.values, capture.donated)
+            outs = ex.run(plan, inputs, capture.values, donated)
         except self._execution_error as exc:
             raise op_failure(capture.where(exc.node), exc.op, str(exc)) from exc
         self.drop([i for i in capture.output_ids if i in store])

@@ -95,6 +95,7 @@ class Capture:
 
     __slots__ = (
         "donated",
+        "inplace",
         "prov",
         "key",
         "digest",
@@ -118,6 +119,11 @@ class Capture:
         self.donated: list[int] = []
         """Positions of inputs no Tensor holds any more (an optimizer's old parameters): the
         runtime may free them inside the graph. Not part of the hash."""
+        self.inplace: list[int] = []
+        """Positions of inputs whose id is also one of `output_ids` (a compiled step's state,
+        written in place under the id it keeps): the runtime hands their memory to the graph
+        and stores the new value under the same id. If the graph fails they are gone (their
+        ids then fail to read), never half-updated."""
         self.prov: tuple | None = None
         """(ops, wheres) per node, built once: a compiled function's replays share it."""
 
@@ -333,6 +339,10 @@ class Recorder:
         except OpFailed as exc:
             for o in capture.output_ids:
                 self.failed[o] = str(exc)
+            if capture.inplace:  # the runtime gave their memory to the failed graph
+                ids = capture.input_ids
+                for k in capture.inplace:
+                    self.specs.pop(ids[k], None)
             raise
         finally:
             self._drop_dead()

@@ -115,12 +115,14 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
                     f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
                     f"{dt}{list(shape)}",
                 )
-    # Inputs the client drops with this very message (an optimizer's old weights) are
-    # donated: they leave the store now and the graph frees them at their last use.
+    # Inputs the client drops with this very message (an optimizer's old weights), and
+    # inputs whose id is also an output id (state written in place: the new value replaces
+    # the old under the same id), are donated: they leave the store now and the graph frees
+    # them at their last use. If the graph fails they are gone, never half-updated.
     donated: list[int] = []
-    if msg.drops:
-        dropping = set(msg.drops)
-        donated = [k for k, tid in enumerate(ids) if tid in dropping]
+    gone = set(msg.drops).union(msg.output_ids) if msg.drops else set(msg.output_ids)
+    if not gone.isdisjoint(ids):
+        donated = [k for k, tid in enumerate(ids) if tid in gone]
         if s.bulk_out:  # a transfer to the client still reads it: not donated
             donated = [k for k in donated if not s.being_sent(inputs[k])]
         if donated:

@@ -240,6 +240,128 @@ def test_a_replay_updates_state_in_place_as_autograd_sees_it():
         loss.backward()
 
 
+def _state(net, opt):
+    moments = [t for slots in opt.state.values() for t in slots.values()]
+    return [net[0].weight, net[0].bias, net[2].weight, net[2].bias, *moments]
+
+
+def test_replays_write_state_in_place_under_the_ids_it_holds():
+    """A replay stores the new parameters and moments under the ids their tensors already
+    hold (no rebinding per step), and computes what the plain step computes."""
+    net, opt, step = _mlp()
+    compiled = br.compile(step)
+    for i in range(4):
+        compiled(*_batch(8, i))
+    ids = [t._id for t in _state(net, opt)]
+    versions = [t._version for t in _state(net, opt)]
+    before = net[0].weight.numpy().copy()
+    for i in range(4, 9):
+        compiled(*_batch(8, i))
+    assert [t._id for t in _state(net, opt)] == ids
+    assert [t._version for t in _state(net, opt)] == [v + 5 for v in versions]
+    assert not np.array_equal(net[0].weight.numpy(), before)  # it did train
+    assert compiled.stats()["replays"] == 6  # the calls above after three recordings
+
+    plain_net, plain_opt, plain_step = _mlp()
+    for i in range(9):
+        plain_step(*_batch(8, i))
+    for a, b in zip(_state(net, opt), _state(plain_net, plain_opt)):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_an_alias_of_updated_state_keeps_its_value_as_without_capture():
+    """`detach()` of a parameter taken between steps holds the value it had, with and
+    without capture (the replay gives the parameter a new id instead of writing the shared
+    one); once the alias is gone, replays write in place again."""
+    runs = {}
+    for compiled_step in (False, True):
+        net, opt, step = _mlp()
+        fn = br.compile(step) if compiled_step else step
+        for i in range(4):
+            fn(*_batch(8, i))
+        alias = net[0].weight.detach()
+        kept = alias.numpy().copy()
+        fn(*_batch(8, 4))
+        assert np.array_equal(alias.numpy(), kept)
+        assert not np.array_equal(net[0].weight.numpy(), kept)
+        del alias
+        ids = [t._id for t in _state(net, opt)]
+        fn(*_batch(8, 5))
+        if compiled_step:
+            assert [t._id for t in _state(net, opt)] == ids
+        runs[compiled_step] = [t.numpy() for t in _state(net, opt)]
+    for a, b in zip(runs[False], runs[True]):
+        assert np.array_equal(a, b)
+
+
+def test_ops_recorded_before_a_replay_read_the_state_as_it_was():
+    """Pending ops that read a parameter run before the replay that updates it (a replay
+    used to free the old value first: 'an input of this graph is unavailable')."""
+    net, opt, step = _mlp()
+    compiled = br.compile(step)
+    for i in range(4):
+        compiled(*_batch(8, i))
+    kept = net[0].weight.numpy().copy()
+    doubled = net[0].weight * 2.0  # pending, not run yet
+    compiled(*_batch(8, 4))
+    assert np.array_equal(doubled.numpy(), kept * 2.0)
+
+
+def _loopback():
+    from burn_remote.server._loopback import loopback_device
+
+    return loopback_device()[0]
+
+
+@pytest.mark.parametrize("where", ["cpu", "loopback"])
+def test_a_step_failing_midway_leaves_no_half_updated_state(where):
+    """A replay that fails after its optimizer update ran (an index out of range, found only
+    when the graph runs): every state tensor it writes then fails to read, naming the op
+    and line (none holds a half-updated value); a plain step fails the same way, and new
+    state can be loaded and trained again."""
+    dev = DEV if where == "cpu" else _loopback()
+    nn.seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(dev)
+    opt = optim.AdamW(net.parameters(), lr=1e-2)
+    table = dev.tensor(np.arange(4, dtype=np.float32))
+    rng = np.random.default_rng(0)
+    x = dev.tensor(rng.standard_normal((8, 8)).astype(np.float32))
+    y = dev.tensor(rng.integers(0, 3, 8))
+
+    @br.compile
+    def step(x, y, idx):
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach() + table[idx].sum()  # recorded after the update: fails after it
+
+    good, bad = dev.tensor(np.array([1, 2])), dev.tensor(np.array([1, 9]))
+    for _ in range(5):
+        step(x, y, good)
+    assert step.stats()["replays"] == 2  # after three recordings (Adam's first step differs)
+    ids = [t._id for t in _state(net, opt)]
+    with pytest.raises(br.OpFailed, match=r"recorded at .*test_compile.py:\d+"):
+        step(x, y, bad).item()
+    assert [t._id for t in _state(net, opt)] == ids  # written in place (then lost)
+    gone = "index_select" if where == "cpu" else "does not exist"  # a server forgot them
+    for t in _state(net, opt):
+        with pytest.raises(br.OpFailed, match=gone):
+            t.numpy()
+    with pytest.raises(br.OpFailed, match="index_select|unavailable|does not exist"):
+        step(x, y, good).item()  # the step needs the lost state
+    # load state again (as from a checkpoint): training goes on, capturing again
+    nn.seed(1)
+    fresh = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(dev)
+    for p, q in zip(net.parameters(), fresh.parameters()):
+        p._assign(q)
+    opt.state.clear()
+    for _ in range(3):
+        loss = step(x, y, good)
+    assert np.isfinite(loss.item())
+    assert all(np.isfinite(t.numpy()).all() for t in _state(net, opt))
+
+
 def test_an_alias_of_frozen_state_does_not_hide_its_replacement():
     nn.seed(0)
     lin = nn.Linear(4, 2)

@@ -48,9 +48,10 @@ class JobRuntime:
         state = self.state
         plan = state.plan(capture.digest) or state.compile(capture.digest, capture.graph)
         inputs = [self.store[i] for i in capture.input_ids]
-        self.drop([capture.input_ids[k] for k in capture.donated])
+        donated = [*capture.donated, *capture.inplace]  # in place: the graph takes them
+        self.drop([capture.input_ids[k] for k in donated])
         try:
-            outs = state.run(plan, inputs, capture.values, list(capture.donated))
+            outs = state.run(plan, inputs, capture.values, donated)
         except ExecutionError as exc:
             raise op_failure(capture.where(exc.node), exc.op, str(exc)) from exc
         self._keep(list(zip(capture.output_ids, outs)))

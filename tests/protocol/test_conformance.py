@@ -243,6 +243,39 @@ def test_the_worked_example_registers_and_executes(raw: Raw) -> None:
     assert (replies[-1]["code"], replies[-1]["request_id"]) == (ERR["MISSING_TENSOR"], 4)
 
 
+def test_an_output_id_that_is_an_input_id_replaces_it_in_place_or_is_gone_on_failure(
+    raw: Raw,
+) -> None:
+    data, digest = spec.worked_example()  # y = x * s
+    d = bytes.fromhex(digest)
+    x = np.array([1.5, -2.0], np.float32)
+    raw.send(
+        upload(1, x),
+        msg("RegisterGraph", 1, d, data),
+        msg("ExecuteGraph", 2, d, [1], [3.0], [1], []),  # x = x * 3, under the same id
+        msg("ExecuteGraph", 3, d, [1], [-1.0], [1], []),
+        msg("Read", 4, 1),
+    )
+    (reply,) = raw.replies("Data")
+    assert np.frombuffer(reply["data"], np.float32).tolist() == [-4.5, 6.0]
+    nodes = [["index_select", [0, 1], [["axis", 0]], [[[1], F32]]]]
+    gather, gather_digest = graph([[[3], F32], [[1], "int64"]], nodes, [2])
+    raw.send(
+        upload(5, np.ones(3, np.float32)),
+        upload(6, np.array([7], np.int64)),  # out of range: fails when it runs
+        msg("RegisterGraph", 5, gather_digest, gather),
+        msg("ExecuteGraph", 6, gather_digest, [5, 6], [], [5], []),
+        msg("Read", 7, 5),
+        msg("Read", 8, 6),
+    )
+    replies = raw.replies("Data")
+    assert [(r["name"], r.get("code"), r["request_id"]) for r in replies] == [
+        ("Error", ERR["EXECUTION"], 6),
+        ("Error", ERR["MISSING_TENSOR"], 7),  # gone, not half-written
+        ("Data", None, 8),  # an input it does not write is kept
+    ]
+
+
 def test_a_non_canonical_encoding_is_normalised_or_refused_naming_the_canonical_digest(
     raw: Raw,
 ) -> None:
