@@ -50,11 +50,28 @@ class Counters:
     """Transfers continued on a new connection after a lost link (from their last ack)."""
 
 
-@dataclass(slots=True)
 class _Entry:
-    msg: m.Message
-    payload: bytes | None = None
-    """Bulk payload of an Upload sent on its own stream."""
+    """A queued (then journaled) message: the message object, or for the messages a step
+    sends (inline Upload, ExecuteGraph) its bytes, encoded when it was queued."""
+
+    __slots__ = ("msg", "payload", "raw", "kind", "rid")
+
+    def __init__(
+        self,
+        msg: m.Message | None,
+        payload: bytes | None = None,
+        raw: bytes | None = None,
+        kind: type | None = None,
+        rid: int = 0,
+    ) -> None:
+        self.msg = msg
+        self.payload = payload
+        """Bulk payload of an Upload sent on its own stream."""
+        self.raw = raw
+        """The message's bytes within a frame (``messages.encode_one``), once encoded."""
+        self.kind = type(msg) if kind is None else kind
+        self.rid: int = getattr(msg, "request_id", 0) if msg is not None else rid
+        """Its request id; 0 for a message without one."""
 
 
 @dataclass(slots=True)
@@ -106,6 +123,9 @@ class ClientProtocol:
         self._data_waiting: dict[int, m.Data] = {}
         self._bulk_early: dict[int, bytes] = {}
         self._resend = False
+        self._packer = m.packer()
+        """Encodes messages as ``messages.encode`` does, one at a time, reusing its buffer."""
+        self._pack = self._packer.pack
 
     # --- queueing (user thread) -------------------------------------------------------------
     def _next_rid(self) -> int:
@@ -141,15 +161,16 @@ class ClientProtocol:
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
         a = array if array.flags.c_contiguous else np.ascontiguousarray(array)
-        data = a.tobytes()  # the one copy: the caller may change its array after this
         name = dtypes.from_numpy(a.dtype)
-        n = len(data)
+        n = a.nbytes
         self.counters.data_bytes_sent += n
         if n > self._bulk_threshold:
+            data = a.tobytes()  # the one copy: the caller may change its array after this
             self._bulk += 1
             self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
-        else:
-            self.pending.append(_Entry(m.Upload(tensor_id, name, a.shape, data, 0)))
+        else:  # encoded now, straight from the array's memory (the one copy)
+            raw = self._pack((m.Upload.TAG, tensor_id, name, a.shape, a.data, 0))
+            self.pending.append(_Entry(None, None, raw, m.Upload))
             self.pending_bytes += n
 
     def execute(self, capture: Any) -> None:
@@ -174,20 +195,15 @@ class ClientProtocol:
         # them inside the graph instead of one step later.
         ids = capture.input_ids
         drops = self._drops
-        drops.extend([ids[k] for k in capture.donated])
+        if capture.donated:
+            drops.extend([ids[k] for k in capture.donated])
         self._drops = []
-        self.pending.append(
-            _Entry(
-                m.ExecuteGraph(
-                    rid,
-                    digest,
-                    tuple(ids),
-                    tuple(capture.values),
-                    tuple(capture.output_ids),
-                    tuple(drops),
-                )
-            )
+        # encoded now, as messages.encode would encode ExecuteGraph(rid, digest, ...): a
+        # step's message is a few lists of ids and values filled into the same layout
+        raw = self._pack(
+            (m.ExecuteGraph.TAG, rid, digest, ids, capture.values, capture.output_ids, drops)
         )
+        self.pending.append(_Entry(None, None, raw, m.ExecuteGraph, rid))
 
     def drop(self, ids: Any) -> None:
         """Batched: the ids ride on the next ExecuteGraph, or a Drop when a batch is sent."""
@@ -213,21 +229,25 @@ class ClientProtocol:
         if self._drops:
             self._queue(m.Drop(tuple(self._drops)))
             self._drops = []
-        if len(self.journal) > JOURNAL_MAX and not any(
-            isinstance(e.msg, m.Sync) for e in self.pending
-        ):
+        if len(self.journal) > JOURNAL_MAX and not any(e.kind is m.Sync for e in self.pending):
             self.request(m.Sync)
         if not self.pending:
             return None
         entries, self.pending, self.pending_bytes = self.pending, [], 0
-        frame = m.encode([e.msg for e in entries])
+        packer, encoded = self._packer, []
+        for e in entries:
+            if e.raw is None:
+                e.raw = m.encode_one(e.msg, packer)
+            encoded.append(e.raw)
+        frame = m.frame_of(encoded)
         batch = Batch(frame)
+        journal = self.journal
         for e in entries:
             if e.payload is not None:  # the link keeps it until the server has all of it
                 batch.bulk.append((e.msg.bulk_id, e.payload))
                 e.payload = None
-            if not isinstance(e.msg, m.Hello):
-                self.journal.append(e)
+            if e.kind is not m.Hello:
+                journal.append(e)
         c = self.counters
         c.messages_sent += 1 + len(batch.bulk)
         c.bytes_sent += len(frame) + sum(len(p) for _, p in batch.bulk)
@@ -265,8 +285,7 @@ class ClientProtocol:
         """Every message up to request ``rid`` was processed: trim journal and in_flight."""
         j = self.journal
         while j:
-            e = j.popleft()
-            if getattr(e.msg, "request_id", None) == rid:
+            if j.popleft().rid == rid:
                 break
         for k in [k for k in self.in_flight if k < rid]:
             del self.in_flight[k]
@@ -331,9 +350,7 @@ class ClientProtocol:
     def _replay(self, rid: int) -> None:
         """Re-register the evicted graph and resend the journal from its execution on."""
         entries = list(self.journal)
-        start = next(
-            (i for i, e in enumerate(entries) if getattr(e.msg, "request_id", None) == rid), None
-        )
+        start = next((i for i, e in enumerate(entries) if e.rid == rid), None)
         sent = self.in_flight.get(rid)
         if start is None or sent is None:
             self.fatal = f"server lost graph of request {rid} and it cannot be replayed"
@@ -342,7 +359,7 @@ class ClientProtocol:
         digest = m.digest_bytes(sent.digest)
         # Uploads are not resent: a stalled server still stores them (ids are never reused).
         keep = entries[:start]
-        resend = [e for e in entries[start:] if not isinstance(e.msg, m.Upload)]
+        resend = [e for e in entries[start:] if e.kind is not m.Upload]
         self.journal = deque(keep)
         register = m.RegisterGraph(self._next_rid(), digest, sent.graph.encode())
         head = [_Entry(m.Resync()), _Entry(register)]

@@ -970,6 +970,35 @@ def encode(messages: Message | list[Message] | tuple[Message, ...]) -> bytes:
     return msgpack.packb([_pack_one(m) for m in messages], use_bin_type=True)
 
 
+def packer() -> msgpack.Packer:
+    """A Packer that encodes a message's ``(TAG, *fields)`` tuple (or list) exactly as
+    ``encode`` does, for a sender that encodes messages one at a time as it queues them and
+    keeps one Packer (its buffer is reused: no allocation per message). Not thread-safe."""
+    return msgpack.Packer(use_bin_type=True)
+
+
+def encode_one(msg: Message, packer: msgpack.Packer) -> bytes:
+    """One message as ``encode`` writes it inside a frame (see ``frame_of``)."""
+    return packer.pack(_pack_one(msg))
+
+
+def frame_of(encoded: list[bytes]) -> bytes:
+    """A control frame from messages encoded one by one (``packer``): the bytes ``encode``
+    gives for the same messages (a msgpack array header, then its elements in order)."""
+    n = len(encoded)
+    if n < 16:
+        head = bytes((0x90 | n,))
+    elif n < 0x10000:
+        head = b"\xdc" + n.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + n.to_bytes(4, "big")
+    encoded.insert(0, head)
+    try:
+        return b"".join(encoded)
+    finally:
+        del encoded[0]
+
+
 def decode_message(raw: Any, where: str = "message") -> Message:
     """Check one already-unpacked message array and build its dataclass."""
     if type(raw) is not list or not raw:
@@ -1140,4 +1169,7 @@ __all__ = [
     "read_group_link",
     "decode_message",
     "encode",
+    "encode_one",
+    "frame_of",
+    "packer",
 ]

@@ -1,0 +1,91 @@
+"""The messages of a step are encoded as they are queued (``ClientProtocol``: an inline
+Upload straight from the array, an ExecuteGraph filled from the capture's id and value
+lists): the frames carry exactly the bytes ``messages.encode`` gives for the same messages."""
+
+from __future__ import annotations
+
+import burn_remote as br
+import numpy as np
+import pytest
+from burn_remote import functional as F
+from burn_remote import nn, optim
+from burn_remote._remote_protocol import ClientProtocol
+from burn_remote.protocol import messages as m
+from burn_remote.server._loopback import loopback_device
+
+
+def _some_messages(n: int) -> list[m.Message]:
+    kinds = [
+        lambda i: m.Upload(i, "float32", (2, 3), np.arange(6, dtype=np.float32).tobytes(), 0),
+        lambda i: m.ExecuteGraph(i, b"\x01" * 32, (1, 2**40, i), (0.5, -3, True), (7,), ()),
+        lambda i: m.Drop((i, i + 1)),
+        lambda i: m.Sync(i),
+        lambda i: m.Read(i, 2**63 + i),
+        lambda i: m.Hello(m.PROTOCOL_VERSION, b"token"),
+    ]
+    return [kinds[i % len(kinds)](i + 1) for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 300, 65536])
+def test_a_frame_of_messages_encoded_one_by_one_equals_the_encoder(n: int) -> None:
+    msgs = _some_messages(n)
+    packer = m.packer()
+    assert m.frame_of([m.encode_one(x, packer) for x in msgs]) == m.encode(msgs)
+
+
+def test_uploads_and_executions_queued_as_bytes_equal_the_encoder_and_decode_back() -> None:
+    proto = ClientProtocol()
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    proto.upload(5, a)
+    proto.upload(6, a.T)  # not contiguous: uploaded in C order
+    proto.upload(7, np.array(3, np.int64))  # 0-d
+    proto.upload(8, np.zeros((0, 4), np.float16))  # empty
+    a[:] = -1  # the queued upload kept its own copy
+    frame = proto.take().frame
+    msgs = m.decode(frame)
+    assert m.encode(msgs) == frame
+    hello, *ups = msgs
+    assert isinstance(hello, m.Hello)
+    assert [(u.tensor_id, u.dtype, u.shape, u.bulk_id) for u in ups] == [
+        (5, "float32", (3, 4), 0),
+        (6, "float32", (4, 3), 0),
+        (7, "int64", (), 0),
+        (8, "float16", (0, 4), 0),
+    ]
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert ups[0].data == base.tobytes() and ups[1].data == base.T.copy().tobytes()
+    assert ups[2].data == np.array(3, np.int64).tobytes() and ups[3].data == b""
+
+
+def test_a_compiled_steps_frames_equal_the_encoder_with_the_ids_and_values_it_binds() -> None:
+    dev, _ = loopback_device()
+    link = dev._rt.link
+    nn.seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(dev)
+    opt = optim.AdamW(net.parameters(), lr=1e-2)
+
+    @br.compile
+    def step(x, y, scale):
+        loss = F.cross_entropy(net(x) * scale, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        x = dev.tensor(rng.standard_normal((5, 4)).astype(np.float32))
+        y = dev.tensor(rng.integers(0, 2, 5))
+        loss = step(x, y, 1.0 + i)
+        assert np.isfinite(loss.item())
+    assert step.stats()["replays"] >= 3
+    executions = []
+    for frame in link.frames:
+        msgs = m.decode(frame)
+        assert m.encode(msgs) == frame
+        executions += [x for x in msgs if isinstance(x, m.ExecuteGraph)]
+    last = executions[-1]
+    held = {net[0].weight._id, net[0].bias._id, net[2].weight._id, net[2].bias._id}
+    assert held <= set(last.input_ids) and held <= set(last.output_ids)  # written in place
+    assert x._id in last.input_ids and y._id in last.input_ids
+    assert 6.0 in last.values  # the scale bound on the last call
