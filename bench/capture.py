@@ -5,7 +5,9 @@ shared and noisy): the digits-MLP step (64-128-10, batch 64, AdamW, cross-entrop
 every 10 steps, each batch uploaded) in PyTorch eager (CPU, one thread), on `Device.cpu()`
 uncaptured and captured, on a `RemoteDevice` (a `burn-remote serve --device cpu` on loopback)
 uncaptured and captured, with the CPU each costs this process (all its threads: recording,
-QUIC) and the server per step. Then a tiny GPT LoRA step against a PyTorch + PEFT twin.
+QUIC) and the server per step; the remote captured step once more through a second session
+whose client runs the compiled QUIC engine (qh3, when installed). Then a tiny GPT LoRA step
+against a PyTorch + PEFT twin.
 
 Targets of the capture work: captured local <= 0.8x torch eager; this process's CPU per
 remote captured step <= 60 us; remote captured <= 1.1x local captured.
