@@ -35,7 +35,7 @@ from ..protocol.transport import (
     Identity,
     TransportError,
 )
-from ._groups import is_group_link
+from ._group_service import is_group_link
 from ._peers import dial_peer
 from ._replies import Failure, Place, SendBulk, StartFetch
 from ._resume import Parking, SequencedControl, run_session, unwrap
@@ -119,7 +119,7 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
             from ._relay_glue import start_relay_agent
 
             await start_relay_agent(nursery, opts, ep)
-        from ._groups import GroupService
+        from ._group_service import GroupService
 
         opts.state.collectives = GroupService(
             opts.state, ep, nursery, opts.ring_port, opts.ring_advertise, opts.ring_seal_loopback

@@ -1,5 +1,8 @@
-"""Device groups on a server: set-up messages, ring links to the neighbours, and the ring
-all-reduce that runs over them.
+"""One server's rank of a device group (``GroupMember``): its ring links to the neighbours,
+their watchdog, and the ring all-reduce that runs over them. The server's groups and the
+client's group messages are ``_group_service``; the QUIC fallback pipes and link helpers
+``_group_links``; the results kept for reuse ``_group_buffers``; the TCP data plane
+``_ring_data``.
 
 A client makes this server rank r of a group (``GroupSetup``): the server admits the two
 ring neighbours' peer ids at its TLS layer for group links only (they need not be in its
@@ -24,14 +27,13 @@ build a new one from the survivors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import hmac
 import logging
-import os
-import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
@@ -39,9 +41,24 @@ import trio
 from ..engine.collective import GroupFailure, ring
 from ..protocol import dtypes
 from ..protocol import messages as m
-from ..protocol.transport import Connection, Endpoint, FrameStream, PeerId, TransportError
+from ..protocol.transport import Connection, FrameStream, PeerId, TransportError
 from . import _ring_data as rd
-from ._state import LimitExceeded
+from ._group_buffers import ResultBuffers
+from ._group_links import (
+    ABORT_GRACE,
+    CANCELLED,
+    LATE,
+    QuicIn,
+    QuicOut,
+    link_answer,
+    older_hint,
+    records,
+    ring_target,
+    send_quietly,
+)
+
+if TYPE_CHECKING:
+    from ._group_service import GroupService
 
 log = logging.getLogger("burn_remote.server")
 
@@ -49,17 +66,11 @@ LINK_TIMEOUT = m.LINK_TIMEOUT
 LINK_BEAT = m.LINK_BEAT
 SETUP_TIMEOUT = 30.0
 """Seconds GroupStart waits for both ring links to come up."""
-ABORT_GRACE = 1.0
-"""Seconds a failed member gives its aborts to leave before it closes its links."""
-MAX_SESSION_GROUPS = 16
-"""Groups one session may have open at once."""
-ENGINES = ("ring", "nccl")
 MAX_RING_HOSTS = 4
 """Hosts a server tries for its successor's TCP data plane before it falls back to QUIC."""
-MAX_SPARES = 4
-"""Results of one group's recent all-reduces kept for reuse (several gradient buckets of
-different sizes each step); charged to the owning session's memory quota while kept, and
-freed with the group."""
+BLAME_SETTLED = LINK_TIMEOUT / 3
+"""Seconds a data link's stall or a QUIC link's silence must last before ``_blamed`` takes
+it as evidence over the other side's (heartbeats come every LINK_BEAT)."""
 
 
 class GroupMember:
@@ -98,15 +109,8 @@ class GroupMember:
         """The predecessor's RingPlane (``tcp``/``quic``; empty until it arrives)."""
         self._io_scopes: set[trio.CancelScope] = set()
         self._op_lock = threading.Lock()
-        self._spares: list[np.ndarray] = []
-        """Recent results (``_result_buffer``), reused once nothing else holds them; their
-        bytes are charged to the session's quota and the server's limit (``_spare_bytes``)."""
-        self._spare_bytes = 0
-        self._spare_lock = threading.Lock()
-        """Guards the spares and their charge: the engine worker keeps them, the loop frees
-        them when the member ends (never held across a call into the loop)."""
-        self._retaining = True
-        """False once the member ended: a late all-reduce keeps nothing more."""
+        self.buffers = ResultBuffers(self.id, session, service.state)
+        """Former results reused for new ones, charged to the session."""
         self.op_deadline: float | None = None
         self._peer_data = {"succ": 0, "pred": 0}
         """What the neighbour's latest GroupBeat said of the TCP data link (bytes)."""
@@ -157,9 +161,7 @@ class GroupMember:
                 await trio.sleep_forever()
         self.ended.set()
         self._set_linked()
-        with self._spare_lock:
-            self._retaining = False
-            self._drop_spares()
+        self.buffers.close()
         for end in (self.data_out, self.tcp_in):
             if isinstance(end, rd.DataOut | rd.DataIn):
                 end.close()
@@ -215,7 +217,7 @@ class GroupMember:
             abort = m.encode(m.GroupAbort(self.id, rank, reason))
             for ctl in (self.succ_ctl, self.pred_ctl):
                 if ctl is not None and ctl is not via:
-                    self._nursery.start_soon(_send_quietly, ctl, abort)
+                    self._nursery.start_soon(send_quietly, ctl, abort)
             self._nursery.start_soon(self._close_after_grace)
 
     def _wake_io(self) -> None:
@@ -244,9 +246,9 @@ class GroupMember:
             await ctl.send_frame(m.encode(link))
             with trio.fail_after(SETUP_TIMEOUT):
                 answer = await ctl.receive_frame() or b""
-            reply = _link_answer(answer)
+            reply = link_answer(answer)
             if isinstance(reply, m.Error):
-                raise TransportError(f"refused the link: {reply.message}{_older(reply)}")
+                raise TransportError(f"refused the link: {reply.message}{older_hint(reply)}")
             if not isinstance(reply, m.GroupLink) or reply.rank != self.succ:
                 raise TransportError(f"answered the link with {type(reply).__name__}")
             self.succ_ctl = ctl
@@ -264,7 +266,7 @@ class GroupMember:
                 self.id,
                 self.succ,
                 plane.upper(),
-                f" (fallback: {why})" if why else _records(self.data_out),
+                f" (fallback: {why})" if why else records(self.data_out),
                 extra={"event": "ring_plane", "session": self.session_id},
             )
             await ctl.send_frame(m.encode(m.RingPlane(self.id, plane, why)))
@@ -286,7 +288,7 @@ class GroupMember:
         if len(reply.ring_key) != 32:
             return None, "the successor's ring_key is not 32 bytes"
         try:
-            host, port = _ring_target(reply.ring_address)
+            host, port = ring_target(reply.ring_address)
         except ValueError as exc:
             return None, f"ring_address {reply.ring_address!r}: {exc}"
         hosts = [host] if host else await self._successor_hosts(conn)
@@ -403,9 +405,7 @@ class GroupMember:
         inn = self.tcp_in
         if inn is None:
             return m.GroupBeat(self.id, 0, 0)
-        since = inn.waiting_since
-        waiting = since is not None and time.monotonic() - since > LINK_BEAT
-        return m.GroupBeat(self.id, inn.received, int(waiting))
+        return m.GroupBeat(self.id, inn.received, int(_starving(inn, time.monotonic())))
 
     def _stalled(self, side: str, now: float) -> str:
         """Why the TCP data link on ``side`` counts as cut (empty: it does not): for
@@ -413,8 +413,9 @@ class GroupMember:
         QUIC ends still beat (a TCP path cut under a live QUIC link)."""
         if side == "pred":
             inn = self.tcp_in
-            since = inn.waiting_since if inn is not None else None
-            stuck = inn is not None and since is not None and self._peer_data["pred"] > inn.received
+            stuck = (
+                inn is not None and _starving(inn, now) and self._peer_data["pred"] > inn.received
+            )
             lost = self._peer_data["pred"] - (inn.received if inn is not None else 0)
             what = f"its ring data stopped arriving over the TCP data link ({lost} bytes sent, not received)"
         else:
@@ -448,7 +449,7 @@ class GroupMember:
             self.id,
             self.pred,
             msg.plane.upper(),
-            f" (fallback: {msg.reason})" if msg.reason else _records(self.tcp_in),
+            f" (fallback: {msg.reason})" if msg.reason else records(self.tcp_in),
             extra={"event": "ring_plane", "session": self.session_id},
         )
         self._progress.unpark_all()
@@ -464,19 +465,42 @@ class GroupMember:
     def _blamed(self, rank: int) -> int:
         """The culprit to name for an abort that names ``rank``. A neighbour that stopped
         hearing this rank blames it, though from here the fault is the link to that
-        neighbour (both servers are up): name the neighbour whose TCP data link looks
-        stalled, else whose link went quiet first, as this rank's own watchdog would a
-        moment later."""
+        neighbour (both servers are up): name the neighbour as this rank's own watchdog
+        would a moment later. Best evidence first: the side whose TCP data link has stalled
+        longest (over BLAME_SETTLED); else a QUIC link silent for over twice that (on its
+        way to LINK_TIMEOUT: a moment's lag of the data counters is no evidence against
+        it); else the one side whose data link is stalled at all (an abort may outrun this
+        rank's own watchdog by a beat or two; a loop that was starved of CPU for a second
+        has not yet read the other link's queued beats, so a shorter silence is chance);
+        else a link silent for over BLAME_SETTLED, else the quieter link."""
         if rank != self.rank:
             return rank
         now = time.monotonic()
         for side in ("succ", "pred"):
             self._stalled(side, now)
-        since = {side: t for side, t in self._stall.items() if t and now - t > LINK_TIMEOUT / 3}
-        if since:  # the data link stalled longest (a moment's lag of the counters is not)
-            return self.succ if min(since, key=since.__getitem__) == "succ" else self.pred
-        quiet = min(self._heard, key=lambda side: max(self._heard[side], self._moved[side]))
-        return self.succ if quiet == "succ" else self.pred
+        stalled = {side: t for side, t in self._stall.items() if t}
+        settled = {side: t for side, t in stalled.items() if now - t > BLAME_SETTLED}
+        heard = {side: max(self._heard[side], self._moved[side]) for side in ("succ", "pred")}
+        quiet = min(heard, key=heard.__getitem__)
+        silent = now - heard[quiet]
+        if settled:
+            side = min(settled, key=settled.__getitem__)
+        elif silent > 2 * BLAME_SETTLED or (silent > BLAME_SETTLED and len(stalled) != 1):
+            side = quiet
+        elif len(stalled) == 1:
+            (side,) = stalled
+        else:
+            side = quiet
+        if log.isEnabledFor(logging.DEBUG):  # which evidence decided, for a wrong name
+            log.debug(
+                "group %016x: an abort names this rank; stalled %s, heard %s ago: %s",
+                self.id,
+                {k: round(now - t, 2) for k, t in stalled.items()},
+                {k: round(now - t, 2) for k, t in heard.items()},
+                side,
+                extra={"event": "group_blame", "session": self.session_id},
+            )
+        return self.succ if side == "succ" else self.pred
 
     # --- the ring all-reduce (an engine worker thread) -----------------------------------------
     def all_reduce(self, host: np.ndarray, op: str) -> np.ndarray:
@@ -510,7 +534,7 @@ class GroupMember:
         x = host.reshape(-1)
         if self.size == 1:
             return ring.finish(x.copy(), op, 1).reshape(host.shape)
-        acc = self._result_buffer(x)
+        acc = self.buffers.take(x)
         self.op_deadline = time.monotonic() + 2 * self.timeout
         if isinstance(self.data_out, rd.DataOut) and isinstance(self.data_in, rd.DataIn):
             try:
@@ -535,78 +559,6 @@ class GroupMember:
         if self.failure is not None:
             raise self.failure
         return ring.finish(acc, op, self.size).reshape(host.shape)
-
-    def _result_buffer(self, x: np.ndarray) -> np.ndarray:
-        """Where the result goes: a former result of this group of the same dtype and size
-        that nothing holds any more, else a new array. A fresh 64 MiB array costs the
-        kernel 64 MiB of page zeroing on first touch, which perf measured at 37% of the CPU
-        of a 2-rank 64 MiB all-reduce (gloo reduces in place and pays nothing)."""
-        with self._spare_lock:
-            spares = self._spares
-            for i in range(len(spares)):
-                # references: the list's and getrefcount's argument, none elsewhere (a view
-                # of it holds it through .base), so no one can be reading or writing it
-                if sys.getrefcount(spares[i]) == 2:
-                    a = spares[i]
-                    if a.dtype == x.dtype and a.size == x.size:
-                        del spares[i]
-                        spares.append(a)
-                        return a
-            a = np.empty_like(x)
-            if self._retaining:
-                self._retain(a)
-            return a
-
-    def _retain(self, a: np.ndarray) -> None:
-        """Keep ``a`` as a spare, charged to the session (the spare lock is held). The
-        result itself is already charged (the run's arena, then the session's tensor);
-        keeping it past its use is what the charge is for. Past the quota or the server's
-        limit the spares go first, and the all-reduce never fails for want of a spare: it
-        only loses the reuse."""
-        if len(self._spares) >= MAX_SPARES:
-            self._uncharge(self._spares.pop(0).nbytes)
-        try:
-            self._charge(a.nbytes)
-        except LimitExceeded as first:
-            self._drop_spares()
-            try:
-                self._charge(a.nbytes)
-            except LimitExceeded:
-                log.info(
-                    "group %016x: no result buffer kept for reuse (%s)",
-                    self.id,
-                    first,
-                    extra={"event": "ring_spares_dropped", "session": self.session_id},
-                )
-                return
-        self._spares.append(a)
-
-    def _charge(self, nbytes: int) -> None:
-        """Charge kept result bytes to the owning session (LimitExceeded past its quota, its
-        peer's share or the server's limit), counting the result the session is about to
-        store as well, so that storing it does not then find the quota short."""
-        s, state = self.session, self.service.state
-        state.check_peer_memory(s.peer_id, 2 * nbytes)
-        held = s.nbytes + s.bulk_reserved + s.group_bytes + nbytes
-        state.hold(nbytes, held, f"session {s.id} (group {self.id:016x}'s result buffers)")
-        s.group_bytes += nbytes
-        self._spare_bytes += nbytes
-
-    def _uncharge(self, nbytes: int) -> None:
-        self.service.state.hold(-nbytes)
-        self.session.group_bytes -= nbytes
-        self._spare_bytes -= nbytes
-
-    def shed(self) -> None:
-        """Free the spares now (the session needs the quota for tensors)."""
-        with self._spare_lock:
-            self._drop_spares()
-
-    def _drop_spares(self) -> None:
-        """Forget every spare and refund its charge (the spare lock is held)."""
-        self._spares.clear()
-        if self._spare_bytes:
-            self._uncharge(self._spare_bytes)
 
     def _plan(self, acc: np.ndarray) -> ring.Plan:
         return ring.Plan(self.rank, self.size, acc.size, acc.itemsize)
@@ -646,9 +598,7 @@ class GroupMember:
             self._fail_here(culprit, f"{exc} (all_reduce #{seq})")
         else:
             if not on_time:
-                self._fail_here(
-                    self.pred, f"did not reach all_reduce #{seq} within {self.timeout:g} s"
-                )
+                self._fail_here(self.pred, self._late(seq))
 
     def _header_mismatch(self, frame: bytes, mine: m.RingHeader) -> str:
         """Why the predecessor's RingHeader frame is not this rank's (empty: it is)."""
@@ -670,29 +620,25 @@ class GroupMember:
     ) -> None:
         out = self.data_out
         assert out is not None
-        try:
-            name = dtypes.from_numpy(acc.dtype)
-            out.send_header(m.encode(m.RingHeader(seq, name, acc.size, op)))
-            rd.send_pieces(self._plan(acc), x, acc, out, progress)
-        except rd.LinkBroken as exc:
-            self._fail_here(self.succ, f"{exc} (all_reduce #{seq})")
-        except Exception as exc:  # never a silent dead sender: the group fails loudly
-            self._fail_here(-1, f"all_reduce #{seq} failed sending: {exc!r}")
-        finally:
-            if self.failure is not None:
-                progress.stop()
+        with self._failing(self.succ, seq, progress):
+            try:
+                name = dtypes.from_numpy(acc.dtype)
+                out.send_header(m.encode(m.RingHeader(seq, name, acc.size, op)))
+                rd.send_pieces(self._plan(acc), x, acc, out, progress)
+            except rd.LinkBroken:
+                raise
+            except Exception as exc:  # never a silent dead sender: the group fails loudly
+                self._fail_here(-1, f"all_reduce #{seq} failed sending: {exc!r}")
 
     def _receive_all(
         self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: rd.Progress
     ) -> None:
         inn = self.data_in
         assert inn is not None
-        try:
+        with self._failing(self.pred, seq, progress):
             frame = inn.recv_header(self.timeout)
             if frame is None:
-                self._fail_here(
-                    self.pred, f"did not reach all_reduce #{seq} within {self.timeout:g} s"
-                )
+                self._fail_here(self.pred, self._late(seq))
                 return
             mine = m.RingHeader(seq, dtypes.from_numpy(acc.dtype), acc.size, op)
             why = self._header_mismatch(frame, mine)
@@ -700,33 +646,43 @@ class GroupMember:
                 self._fail_here(self.pred, why)
                 return
             rd.receive_pieces(self._plan(acc), x, acc, inn, progress)
+
+    @contextlib.contextmanager
+    def _failing(self, culprit: int, seq: int, progress: rd.Progress) -> Iterator[None]:
+        """Around one thread of a two-thread all-reduce: a broken link fails the group
+        naming ``culprit``, and once the group failed the other thread is stopped too."""
+        try:
+            yield
         except rd.LinkBroken as exc:
-            self._fail_here(self.pred, f"{exc} (all_reduce #{seq})")
+            self._fail_here(culprit, f"{exc} (all_reduce #{seq})")
         finally:
             if self.failure is not None:
                 progress.stop()
 
+    def _late(self, seq: int) -> str:
+        return f"did not reach all_reduce #{seq} within {self.timeout:g} s"
+
     async def _guarded(self, fn: Any, *args: Any, timeout: float | None = None) -> Any:
         """``await fn(*args)`` on the loop for a worker thread; cancelled when the group
-        fails (``_CANCELLED``) or after ``timeout`` (``_LATE``)."""
+        fails (``CANCELLED``) or after ``timeout`` (``LATE``)."""
         with trio.CancelScope() as cs:
             if timeout is not None:
                 cs.deadline = trio.current_time() + timeout
             self._io_scopes.add(cs)
             try:
                 if self.failure is not None:
-                    return _CANCELLED
+                    return CANCELLED
                 return await fn(*args)
             except (TransportError, m.DecodeError) as exc:
                 return rd.LinkBroken(f"link lost: {exc}")
             finally:
                 self._io_scopes.discard(cs)
-        return _LATE if self.failure is None else _CANCELLED
+        return LATE if self.failure is None else CANCELLED
 
     def on_loop(self, fn: Any, *args: Any, timeout: float | None = None) -> Any:
         guarded = functools.partial(self._guarded, fn, *args, timeout=timeout)
         got = trio.from_thread.run(guarded, trio_token=self.service.token)
-        if got is _CANCELLED:
+        if got is CANCELLED:
             raise rd.LinkBroken("the group failed")
         if isinstance(got, rd.LinkBroken):
             raise got
@@ -764,320 +720,12 @@ class GroupMember:
             self.fail(-1, f"NCCL communicator failed: {exc}")
 
 
-_CANCELLED = object()
-_LATE = object()
+def _starving(inn: rd.DataIn, now: float) -> bool:
+    """Whether a TCP data link's receiver has waited for over LINK_BEAT with nothing
+    arriving: not when bytes wait unread in its socket (its thread is only starved of CPU;
+    the path delivers)."""
+    since = inn.waiting_since
+    return since is not None and now - since > LINK_BEAT and not inn.unread()
 
 
-class QuicOut:
-    """The fallback plane, sending: this rank's ring data as frames on the QUIC link's
-    second stream (the loop's transport moves them; each piece is copied once)."""
-
-    plane = "quic"
-
-    def __init__(self, member: GroupMember, stream: FrameStream) -> None:
-        self.member, self.stream = member, stream
-
-    def send_header(self, frame: bytes) -> None:
-        self.member.on_loop(self.stream.send_frame, frame)
-
-    def send_piece(self, piece: memoryview) -> None:
-        self.member.on_loop(self.stream.send_frame, bytes(piece))
-        self.member._moved["succ"] = time.monotonic()  # noqa: SLF001
-
-
-class QuicIn:
-    """The fallback plane, receiving: the predecessor's second QUIC stream."""
-
-    plane = "quic"
-
-    def __init__(self, member: GroupMember) -> None:
-        self.member = member
-        self.stream: FrameStream | None = None
-
-    def recv_header(self, timeout: float) -> bytes | None:
-        member = self.member
-        if self.stream is None:
-            conn = member.pred_conn
-            if conn is None:
-                raise rd.LinkBroken("has no link")
-            self.stream = member.on_loop(conn.accept_stream, timeout=timeout)
-            if self.stream is _LATE:
-                self.stream = None
-                return None
-        frame = member.on_loop(self.stream.receive_frame, timeout=timeout)
-        if frame is _LATE:
-            return None
-        if frame is None:
-            raise rd.LinkBroken("closed its link")
-        return frame
-
-    def recv_piece_into(self, dest: memoryview) -> None:
-        assert self.stream is not None
-        frame = self.member.on_loop(self.stream.receive_frame)
-        if frame is None or len(frame) != len(dest):
-            raise rd.LinkBroken("sent a malformed piece")
-        dest[:] = frame
-        self.member._moved["pred"] = time.monotonic()  # noqa: SLF001
-
-
-def _records(end: Any) -> str:
-    """How a TCP data link's records travel, for the log."""
-    if not isinstance(end, rd.DataOut | rd.DataIn):
-        return ""
-    return " (AES-256-GCM)" if end.sealed else " (same host: authenticated, not encrypted)"
-
-
-def _ring_target(address: str) -> tuple[str, int]:
-    """GroupLink.ring_address as (host, port); host "" for ``:PORT`` (the successor's host,
-    wherever this server reaches it)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("expected HOST:PORT or :PORT")
-    return host.strip("[]"), int(port)
-
-
-async def _send_quietly(ctl: FrameStream, frame: bytes) -> None:
-    with trio.move_on_after(ABORT_GRACE):
-        try:
-            await ctl.send_frame(frame)
-        except TransportError:
-            pass
-
-
-class MemberHandle:
-    """What a session's scope maps a group id to: the kernel's way into the loop."""
-
-    def __init__(self, member: GroupMember, token: trio.lowlevel.TrioToken) -> None:
-        self.member, self.token = member, token
-
-    def all_reduce(self, x: Any, op: str, backend: Any) -> Any:
-        member = self.member
-        if member.engine == "nccl" and member.nccl is not None:
-            return member.nccl.all_reduce(x, op, backend, member)
-        host = np.ascontiguousarray(backend.to_numpy(x))  # no copy on the CPU backend
-        return backend.from_numpy(member.all_reduce(host, op))
-
-
-class GroupService:
-    """The groups of one server: created by ``serve`` with its endpoint and a nursery."""
-
-    def __init__(
-        self,
-        state: Any,
-        ep: Endpoint,
-        nursery: trio.Nursery,
-        ring_port: int | None = 0,
-        ring_advertise: str = "",
-        seal_loopback: bool = False,
-    ) -> None:
-        """``ring_port``: where the TCP data plane listens, on the host of the endpoint's
-        QUIC socket (0: a free port; None: no TCP data plane, the links' QUIC streams carry
-        the ring data). ``ring_advertise``: the ``HOST:PORT`` predecessors dial instead
-        (a port mapping or proxy in front of this server). ``seal_loopback``: encrypt
-        same-host TCP data links too (by default their records are plain after the
-        authenticated hello: the bytes never leave this host's kernel)."""
-        self.plain_ok = not seal_loopback
-        self.state, self.ep, self.nursery = state, ep, nursery
-        self.token = trio.lowlevel.current_trio_token()
-        self.members: dict[int, GroupMember] = {}
-        self.listener: rd.RingListener | None = None
-        self.ring_address = ""
-        if ring_port is not None:
-            host = ep.local_address[0]
-            try:
-                self.listener = rd.RingListener(host, ring_port, self._lookup, self.plain_ok)
-            except OSError as exc:
-                why = f"TCP ring data plane (--ring-port {ring_port}): {exc.strerror or exc}"
-                raise OSError(exc.errno, why) from None
-            self.ring_address = ring_advertise or f":{self.listener.address[1]}"
-            log.info(
-                "ring data plane: TCP on %s:%d",
-                host,
-                self.listener.address[1],
-                extra={"event": "ring_listening"},
-            )
-
-    def _lookup(self, group_id: int, rank: int) -> Any:
-        """RingListener's question (its thread): the key and the hand-over for a TCP data
-        link from ``rank`` of ``group_id``, or why not."""
-        member = self.members.get(group_id)
-        if member is None or member.closed or member.failure is not None:
-            return "no such group on this server"
-        if rank != member.pred or not member.ring_key:
-            return f"not this rank's predecessor (rank {member.pred}), or no GroupLink yet"
-        if member.tcp_in is not None:
-            return "its data link is already up"
-
-        def deliver(inn: rd.DataIn) -> None:
-            trio.from_thread.run_sync(member.deliver_tcp_in, inn, trio_token=self.token)
-
-        return member.ring_key, deliver
-
-    def shutdown(self) -> None:
-        """The server stops: no more TCP data links."""
-        if self.listener is not None:
-            self.listener.close()
-
-    # --- client messages (loop thread, except start) ------------------------------------------
-    def setup(self, session: Any, msg: m.GroupSetup) -> None:
-        """Raises GroupFailure/ValueError with what is wrong."""
-        me = self.state.peer_id
-        size = len(msg.peers)
-        if not msg.group_id:
-            raise ValueError("group_id must not be 0")
-        if msg.rank >= size:
-            raise ValueError(f"rank {msg.rank} is not below the group's size {size}")
-        try:
-            peers = [str(PeerId.parse(p)) for p in msg.peers]
-        except ValueError as exc:
-            raise ValueError(f"peers: {exc}") from None
-        if len(set(peers)) != size:
-            raise ValueError("a peer is listed twice (one rank per server)")
-        if peers[msg.rank] != me:
-            raise ValueError(f"peers[{msg.rank}] is {peers[msg.rank][:12]}..., not this server")
-        if len(msg.capability) != 32:
-            raise ValueError("capability must be 32 bytes")
-        if msg.group_id in self.members:
-            raise ValueError(f"group {msg.group_id:016x} is already set up on this server")
-        if len(session.groups) >= MAX_SESSION_GROUPS:
-            raise ValueError(f"session has {len(session.groups)} groups (MAX_SESSION_GROUPS)")
-        member = GroupMember(self, msg, session)
-        member.peers = tuple(peers)
-        self.members[msg.group_id] = member
-        session.groups[msg.group_id] = MemberHandle(member, self.token)
-        policy = self.state.authorized
-        if policy is not None and size > 1:
-            for r in {member.pred, member.succ}:
-                policy.admit_guest(PeerId.parse(peers[r]))
-        self._spawn(self._run, member)
-
-    def _spawn(self, fn: Any, *args: Any) -> None:
-        """Start a task on the loop from the loop or from an engine worker: a session's
-        messages run on a worker thread while a server-to-server move is under way (a
-        replica's model arriving just before its group is set up)."""
-        try:
-            trio.lowlevel.current_task()
-        except RuntimeError:  # not on the loop's thread
-            trio.from_thread.run_sync(self.nursery.start_soon, fn, *args, trio_token=self.token)
-            return
-        self.nursery.start_soon(fn, *args)
-
-    async def _run(self, member: GroupMember) -> None:
-        try:
-            await member.run()
-        finally:
-            if self.members.get(member.id) is member:
-                del self.members[member.id]
-            policy = self.state.authorized
-            if policy is not None and member.size > 1:
-                for r in {member.pred, member.succ}:
-                    policy.release_guest(PeerId.parse(member.peers[r]))
-
-    async def start(self, member: GroupMember, engine: str) -> None:
-        """GroupStart: dial the successor, wait for both links (raises GroupFailure)."""
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        member.engine = engine
-        member.started.set()
-        await member.linked.wait()
-        if member.failure is not None:
-            raise member.failure
-
-    def close(self, session: Any, group_id: int) -> None:
-        handle = session.groups.pop(group_id, None)
-        if handle is not None:
-            handle.member.close()
-
-    def close_session(self, session: Any) -> None:
-        """A session ended: its groups end with it (thread-safe)."""
-        groups = list(session.groups)
-
-        def close_all() -> None:
-            for gid in groups:
-                self.close(session, gid)
-
-        self.token.run_sync_soon(close_all)
-
-    # --- server-to-server ---------------------------------------------------------------------
-    async def serve_link(self, conn: Connection, ctl: FrameStream, first: bytes) -> None:
-        """A predecessor's link (the first frame of a connection is a GroupLink)."""
-        peer = str(conn.peer_id)
-        try:
-            msg = m.read_group_link(first)
-        except m.DecodeError as exc:
-            await self._refuse_link(conn, ctl, exc)
-            return
-        member = self.members.get(msg.group_id)
-        why = None
-        if member is None or member.closed:
-            why = "no such group on this server"
-        elif not hmac.compare_digest(msg.capability, member.capability):
-            why = "wrong group capability"
-        elif msg.rank != member.pred or member.peers[msg.rank] != peer:
-            why = f"peer {peer[:12]}... is not rank {member.pred} of this group"
-        elif member.pred_ctl is not None:
-            why = "this group's link is already up"
-        if why is not None:
-            log.warning("group link refused: %s", why, extra={"event": "group_link_refused"})
-            await ctl.send_frame(m.encode(m.Error(m.CAPABILITY, why, -1, 0)))
-            await conn.close(why)
-            return
-        assert member is not None
-        if self.listener is not None:
-            member.ring_key = os.urandom(32)
-        offer = self.ring_address if member.ring_key else ""
-        answer = m.GroupLink(
-            m.PROTOCOL_VERSION, member.id, member.rank, b"", offer, member.ring_key
-        )
-        await ctl.send_frame(m.encode(answer))
-        await member.attach_predecessor(conn, ctl)
-
-    async def _refuse_link(self, conn: Connection, ctl: FrameStream, exc: m.DecodeError) -> None:
-        """A GroupLink this server cannot take: of another protocol version (VERSION, and the
-        group it names fails at once, naming that rank and both versions, instead of
-        waiting SETUP_TIMEOUT for a link that cannot come) or malformed (MALFORMED)."""
-        peer = str(conn.peer_id)
-        code = m.VERSION if isinstance(exc, m.VersionMismatch) else m.MALFORMED
-        log.warning(
-            "group link from %s... refused: %s",
-            peer[:12],
-            exc,
-            extra={"event": "group_link_refused"},
-        )
-        told = str(exc)
-        if isinstance(exc, m.VersionMismatch):
-            told = (
-                f"the successor speaks protocol version {m.PROTOCOL_VERSION}, the dialler "
-                f"{exc.theirs} (every server of a group must run the same protocol version)"
-            )
-            member = self.members.get(exc.group_id)
-            if member is not None and member.peers[member.pred] == peer:
-                member.fail(member.pred, f"cannot link: {exc}")
-        await ctl.send_frame(m.encode(m.Error(code, told, -1, 0)))
-        await conn.close(told)
-
-
-def _link_answer(frame: bytes) -> m.Message:
-    """The successor's answer to a GroupLink: its GroupLink, or its Error. Raises
-    VersionMismatch (naming both versions) for a GroupLink of another protocol version."""
-    if m.is_group_link(frame):
-        return m.read_group_link(frame)
-    (reply,) = m.decode(frame)
-    return reply
-
-
-def _older(reply: m.Error) -> str:
-    """A hint for a refusal from a server older than version 3: it could not read this
-    server's GroupLink (it knows no version field there), so it cannot name its version."""
-    if reply.code == m.VERSION or "GroupLink" not in reply.message:
-        return ""
-    return (
-        f" (it could not read this server's GroupLink of protocol version "
-        f"{m.PROTOCOL_VERSION}: it runs an older version)"
-    )
-
-
-is_group_link = m.is_group_link
-
-
-__all__ = ["LINK_TIMEOUT", "GroupMember", "GroupService", "is_group_link"]
+__all__ = ["LINK_TIMEOUT", "SETUP_TIMEOUT", "GroupMember"]

@@ -26,9 +26,12 @@ record (piece bytes + 16-byte tag; the receiver knows every piece's length from 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import socket
 import struct
+import sys
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -163,6 +166,16 @@ class DataIn:
         self.waiting_since: float | None = None
         """Since when the receiver has been blocked on the socket with nothing arriving."""
         self._buf = bytearray()
+
+    def unread(self) -> int:
+        """Bytes that reached this host's socket and are not read yet (FIONREAD). A
+        receiver whose thread is merely starved of CPU has them; a cut path leaves none, so
+        the cut-link watchdog counts them as arrived."""
+        try:
+            got = fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, bytes(4))
+        except (OSError, ValueError):  # closed meanwhile: nothing to read
+            return 0
+        return int.from_bytes(got, sys.byteorder)
 
     def _fill(self, view: memoryview) -> None:
         got, n = 0, len(view)

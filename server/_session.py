@@ -97,10 +97,10 @@ class Session:
         """Transfers to the client not yet wholly acknowledged."""
         self.fetched: dict[int, Any] = {}
         self.groups: dict[int, Any] = {}
-        """Group id -> this session's member (``_groups.MemberHandle``): the scope of its
+        """Group id -> this session's member (``_group_service.MemberHandle``): the scope of its
         graphs' collectives."""
         self.group_bytes = 0
-        """Bytes its groups keep for reuse (former all-reduce results; ``_groups``), charged
+        """Bytes its groups keep for reuse (former all-reduce results; ``_group_buffers``), charged
         to its quota beside its tensors; refunded when the groups end."""
         self.waiting: tuple[str, int] | None = None
         """("bulk", bulk_id) or ("fetch", tensor_id) while ``step`` cannot go on."""
@@ -390,7 +390,7 @@ class Session:
     def shed_group_buffers(self) -> None:
         """Free the buffers this session's groups keep for reuse (and their charge)."""
         for handle in list(self.groups.values()):
-            handle.member.shed()
+            handle.member.buffers.shed()
 
     def drop(self, ids: Iterable[int]) -> None:
         count, freed = pop_all(self.store, ids)

@@ -140,7 +140,7 @@ class ServerState:
         self.authorized: Any = None
         """The admission policy (an ``AuthorizedPeers``; set by ``serve``): peer roles."""
         self.collectives: Any = None
-        """Device groups (``_groups.GroupService``; set by ``serve``, None in-process)."""
+        """Device groups (``_group_service.GroupService``; set by ``serve``, None in-process)."""
         self.peers = PeerDirectory()
         """Where this server may dial other servers (``serve --peer``, its address book;
         ``_peers.dial_peer``): never an address a client sent."""

@@ -229,6 +229,20 @@ def test_bad_arguments_are_refused_before_anything_is_copied():
         DataParallel(model, stranger, devices=devices)
 
 
+def _three_replicas(make, batch: int, steps: int, warm: int):
+    """``make``'s model trained on one CPU device (the oracle), and the same model data-parallel
+    on three local replicas that ran its first ``warm`` batches: (want, model, devices, dp,
+    run, batches)."""
+    want, _ = train_one(Device.cpu(), make, batch, steps)
+    model, opt, step, batches = make(batch, steps)
+    devices = collective.local_devices(3)
+    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
+    run = dp.compile(step)
+    for x, y in batches[:warm]:
+        run(x, y)
+    return want, model, devices, dp, run, batches
+
+
 def _kill(device) -> None:
     """The replica stops running anything it is given: its rank never reaches the next
     all-reduce (what a dead server looks like to the survivors)."""
@@ -241,13 +255,7 @@ def test_a_dead_replica_fails_every_survivor_and_a_rebuilt_group_continues(victi
     from the last good state, and re-running the lost step gives exactly the training one
     device does on the whole batches. Rank 0 dying moves the user's model to the new rank 0."""
     batch, steps, fail_at = 12, 8, 4
-    want, _ = train_one(Device.cpu(), mlp, batch, steps)
-    model, opt, step, batches = mlp(batch, steps)
-    devices = collective.local_devices(3)
-    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
-    run = dp.compile(step)
-    for x, y in batches[:fail_at]:
-        run(x, y)
+    want, model, devices, dp, run, batches = _three_replicas(mlp, batch, steps, fail_at)
     _kill(devices[victim])
     run(*batches[fail_at])  # the survivors wait at the all-reduce for the dead rank
     with pytest.raises(collective.GroupError) as info:
@@ -274,13 +282,7 @@ def test_a_dead_replica_fails_every_survivor_and_a_rebuilt_group_continues(victi
 def test_rank_0_of_a_gpt_dying_moves_every_tensor_of_your_model_to_the_new_rank_0():
     """The user's model objects take the new rank 0's tensors, non-persistent buffers (the
     GPT's causal mask) included: the next step records on one device only."""
-    want, _ = train_one(Device.cpu(), gpt_lora, 6, 5)
-    model, opt, step, batches = gpt_lora(6, 5)
-    devices = collective.local_devices(3)
-    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
-    run = dp.compile(step)
-    for x, y in batches[:2]:
-        run(x, y)
+    want, model, devices, dp, run, batches = _three_replicas(gpt_lora, 6, 5, 2)
     _kill(devices[0])
     run(*batches[2])
     with pytest.raises(collective.GroupError):
@@ -414,13 +416,7 @@ def test_a_replica_that_hangs_between_steps_is_named_by_a_probe_not_waited_for()
     which fails on every survivor naming it; rebuild continues without it."""
     import threading
 
-    want, _ = train_one(Device.cpu(), mlp, 12, 6)
-    model, opt, step, batches = mlp(12, 6)
-    devices = collective.local_devices(3)
-    dp = DataParallel(model, opt, devices=devices, group_timeout=GROUP_TIMEOUT)
-    run = dp.compile(step)
-    for x, y in batches[:3]:
-        run(x, y)
+    want, model, devices, dp, run, batches = _three_replicas(mlp, 12, 6, 3)
     dp.sync()
     thaw = threading.Event()
     devices[1]._rec.runtime._queue.put(lambda: thaw.wait(120))  # rank 1 hangs

@@ -183,37 +183,40 @@ class LocalGroup:
                 failure = self.liveness[r].failure
                 if failure is not None:
                     why = str(failure).strip().splitlines()
-                    self.failure = GroupFailure(
-                        self.id, r, self.names[r],
+                    self._fail(
+                        r,
                         f"will not reach all_reduce #{seq}: its work failed before it "
                         f"({type(failure).__name__}: {why[0] if why else ''})",
-                    )  # fmt: skip
-                    self._cond.notify_all()
+                    )
                     return
                 token = self.liveness[r].progress()
                 last = seen.get(r)
                 if last is None or last[0] != token:
                     seen[r] = (token, now)
                 elif now - last[1] >= self.timeout:
-                    self.failure = GroupFailure(
-                        self.id, r, self.names[r],
+                    self._fail(
+                        r,
                         f"did not reach all_reduce #{seq}: no progress (nothing recorded, "
                         f"queued or computed) for {self.timeout:g} s",
-                    )  # fmt: skip
-                    self._cond.notify_all()
+                    )
                     return
+
+    def _fail(self, rank: int, reason: str) -> None:
+        """The group fails because of ``rank`` (the condition's lock is held): every rank
+        waiting here wakes to it."""
+        self.failure = GroupFailure(self.id, rank, self.names[rank], reason)
+        self._cond.notify_all()
 
     def _reduce(self, seq: int, rnd: _Round) -> None:
         (first, op0) = rnd.inputs[0]
         for r in range(1, self.size):
             a, op = rnd.inputs[r]
             if a.shape != first.shape or a.dtype != first.dtype or op != op0:
-                self.failure = GroupFailure(
-                    self.id, r, self.names[r],
+                self._fail(
+                    r,
                     f"all_reduce #{seq} got {a.dtype}{list(a.shape)} op={op} from this rank "
                     f"but {first.dtype}{list(first.shape)} op={op0} from rank 0",
-                )  # fmt: skip
-                self._cond.notify_all()
+                )
                 return
         acc = np.array(first, copy=True)
         for r in range(1, self.size):

@@ -64,3 +64,87 @@ def test_a_stalled_tcp_data_link_names_its_other_end(monkeypatch):
     assert "TCP path is cut" in m._stalled("succ", m._stall["succ"] + _groups.LINK_TIMEOUT + 1)
     m._peer_data["succ"] = 9000  # it got everything: nothing is stalled
     assert m._stalled("succ", 100.0) == "" and m._stall["succ"] == 0.0
+
+
+def _starved_receiver(unread: int, received: int):
+    """A TCP data link's receiving end whose thread has not run for a while: it went to wait
+    long ago, and ``unread`` bytes sit in its socket since (a real socket pair)."""
+    import socket
+    import time
+
+    from burn_remote.server import _ring_data as rd
+
+    a, b = socket.socketpair()
+    a.sendall(b"\0" * unread)
+    inn = rd.DataIn(b, None, sealed=False)
+    inn.received, inn.waiting_since = received, time.monotonic() - 10.0
+    return inn, (a, b)
+
+
+def test_a_starved_receiver_with_bytes_in_its_socket_is_not_a_cut_link():
+    """The predecessor wrote 6000 bytes, this rank read 1000 and its driver thread has not
+    run since (CPU-starved): the other 5000 are in its socket, so the path delivers and
+    nothing is stalled; once they are read and more never come, the link is cut."""
+    import time
+
+    from burn_remote.server import _groups
+
+    now = time.monotonic()
+    m = member(1, 3, {"succ": now, "pred": now}, {"succ": 0.0, "pred": 0.0})
+    m.tcp_in, socks = _starved_receiver(unread=5000, received=1000)
+    m.id, m._peer_data["pred"] = 7, 6000
+    try:
+        assert m._stalled("pred", now) == "" and m._stall["pred"] == 0.0
+        assert m._beat("pred").waiting == 0  # the predecessor is told: not waiting
+        socks[1].recv(5000)  # the thread ran and read them; the rest never comes
+        assert m._stalled("pred", now) == "" and m._stall["pred"] == now
+        later = now + _groups.LINK_TIMEOUT + 0.1
+        assert "TCP path is cut" in m._stalled("pred", later)
+        assert m._beat("pred").waiting == 1
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_starved_rank_on_a_cut_link_names_its_successor(monkeypatch):
+    """Rank 0's TCP data link to rank 1 is cut; rank 0's driver thread is starved, so what
+    rank 2 sent it waits unread in its socket (an earlier watchdog tick saw the predecessor
+    side as stalled). Rank 1's abort names rank 0: rank 0 names rank 1, not rank 2."""
+    import time
+
+    from burn_remote.server import _groups
+
+    monkeypatch.setattr(_groups.rd, "DataOut", _Out)
+    now = time.monotonic()
+    m = member(0, 3, {"succ": now - 0.1, "pred": now - 0.3}, {"succ": 0.0, "pred": 0.0})
+    m.tcp_in, socks = _starved_receiver(unread=4096, received=1000)
+    m._peer_data["pred"] = 5096
+    m._stall["pred"] = now - 2.0
+    m.data_out = _Out(sent=9000)
+    m._peer_data["succ"], m._peer_waiting = 4000, True
+    try:
+        assert m._blamed(0) == 1
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_an_abort_that_outruns_this_rank_s_watchdog_names_the_stalled_side(monkeypatch):
+    """Both QUIC links beat (the predecessor was heard a little earlier, by chance); the
+    successor says it waits for bytes this rank wrote, seen only now: it is named."""
+    import time
+
+    from burn_remote.server import _groups
+
+    monkeypatch.setattr(_groups.rd, "DataOut", _Out)
+    now = time.monotonic()
+    m = member(0, 3, {"succ": now - 0.1, "pred": now - 0.3}, {"succ": 0.0, "pred": 0.0})
+    m.data_out = _Out(sent=9000)
+    m._peer_data["succ"], m._peer_waiting = 4000, True
+    assert m._blamed(0) == 1
+    # this rank's loop was starved of CPU for 1.5 s: the predecessor's beats are queued,
+    # not yet read, while the abort from the successor was read just now
+    m._heard = {"succ": time.monotonic(), "pred": time.monotonic() - 1.5}
+    assert m._blamed(0) == 1
+    m._peer_waiting = False  # nothing stalled: the quieter link decides
+    assert m._blamed(0) == 2

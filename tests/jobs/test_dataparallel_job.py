@@ -28,30 +28,50 @@ def _spec(base, **extra):
     return spec
 
 
-def test_a_job_naming_two_servers_trains_like_one_server(base, tmp_path, client_home):
+def _coordinator_and_replicas(tmp_path, n: int):
+    """A coordinator server and ``n`` replica servers that know each other's addresses (the
+    coordinator knows the replicas): (coordinator, replicas)."""
     coordinator = start_daemon("serve", tmp_path / "c", "--device", "cpu", "--allow-any")
     replicas = [
         start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
-        for k in range(2)
+        for k in range(n)
     ]
+    for r in replicas:
+        r.know(*[o for o in replicas if o is not r])
+    coordinator.know(*replicas)
+    return coordinator, replicas
+
+
+def _one_server_oracle(jobs, base, steps: int | None, tmp_path) -> dict:
+    """The adapter of the spec run on the coordinator alone, on the whole batch: what
+    data-parallel must equal."""
+    alone = jobs.submit(_spec(base) if steps is None else _spec(base, steps=steps))
+    assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
+    return load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
+
+
+def _assert_same_adapter(want: dict, job, tmp_path) -> None:
+    """The job's adapter equals the one-server oracle's, within float tolerance of another
+    summation order."""
+    got = load_arrays(job.fetch(tmp_path / f"job-{job.id}")[ADAPTER])
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_job_naming_two_servers_trains_like_one_server(base, tmp_path, client_home):
+    # the spec names peer ids: the coordinator finds them itself (its address book)
+    coordinator, replicas = _coordinator_and_replicas(tmp_path, 2)
     try:
-        for r in replicas:
-            r.know(*[o for o in replicas if o is not r])
-        coordinator.know(*replicas)  # the spec names peer ids: the server finds them itself
         jobs = RemoteDevice(coordinator.target).jobs
-        alone = jobs.submit(_spec(base))
-        assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
+        a = _one_server_oracle(jobs, base, None, tmp_path)
         parallel = jobs.submit(_spec(base, devices=[r.peer_id for r in replicas]))
         done = parallel.wait(timeout=180)
         assert done["state"] == "succeeded", done
         notes = [e.get("message", "") for e in parallel.events(0)]
         assert any("data-parallel on 2 servers" in n for n in notes), notes
         assert any(e.get("checkpoint") == 4 for e in parallel.events(0))  # one copy, here
-        a = load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
-        b = load_arrays(parallel.fetch(tmp_path / "parallel")[ADAPTER])
-        assert a.keys() == b.keys()
-        for name in a:
-            np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        _assert_same_adapter(a, parallel, tmp_path)
         assert any(np.abs(a[n]).max() > 0 for n in a if "lora_B" in n)  # it trained
     finally:
         for d in [coordinator, *replicas]:
@@ -129,19 +149,11 @@ def test_a_server_killed_mid_job_is_dropped_and_the_job_ends_as_one_server(
     naming the server."""
     from tests.jobs.conftest import wait_for
 
-    coordinator = start_daemon("serve", tmp_path / "c", "--device", "cpu", "--allow-any")
-    replicas = [
-        start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
-        for k in range(3)
-    ]
+    coordinator, replicas = _coordinator_and_replicas(tmp_path, 3)
     steps = 40
     try:
-        for r in replicas:
-            r.know(*[o for o in replicas if o is not r])
-        coordinator.know(*replicas)
         jobs = RemoteDevice(coordinator.target).jobs
-        alone = jobs.submit(_spec(base, steps=steps))
-        assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
+        a = _one_server_oracle(jobs, base, steps, tmp_path)
         parallel = jobs.submit(_spec(base, steps=steps, devices=[r.peer_id for r in replicas]))
         wait_for(lambda: parallel.status()["step"] >= 6, timeout=120)
         replicas[0].proc.kill()  # SIGKILL mid-job
@@ -155,11 +167,7 @@ def test_a_server_killed_mid_job_is_dropped_and_the_job_ends_as_one_server(
         assert replicas[0].peer_id[:16] in dropped[0]
         assert any(n.startswith("continuing on 2 server(s) from step ") for n in notes), notes
         assert done["step"] == steps
-        a = load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
-        b = load_arrays(parallel.fetch(tmp_path / "parallel")[ADAPTER])
-        assert a.keys() == b.keys()
-        for name in a:
-            np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        _assert_same_adapter(a, parallel, tmp_path)
 
         strict = jobs.submit(
             _spec(
@@ -187,21 +195,12 @@ def test_a_job_resumed_after_a_restart_goes_on_with_the_servers_it_can_still_rea
     cannot reach) and ends as one server training on the whole batch."""
     from tests.jobs.conftest import wait_for
 
-    replicas = [
-        start_daemon("serve", tmp_path / f"r{k}", "--device", "cpu", "--allow-any")
-        for k in range(2)
-    ]
     data_dir = tmp_path / "c"
-    coordinator = start_daemon("serve", data_dir, "--device", "cpu", "--allow-any")
+    coordinator, replicas = _coordinator_and_replicas(tmp_path, 2)
     steps = 30
     try:
-        for r in replicas:
-            r.know(*[o for o in replicas if o is not r])
-        coordinator.know(*replicas)
         jobs = RemoteDevice(coordinator.target).jobs
-        alone = jobs.submit(_spec(base, steps=steps))
-        assert alone.wait(timeout=120)["state"] == "succeeded", alone.status()
-        a = load_arrays(alone.fetch(tmp_path / "alone")[ADAPTER])
+        a = _one_server_oracle(jobs, base, steps, tmp_path)
         job = jobs.submit(_spec(base, steps=steps, devices=[r.peer_id for r in replicas]))
         wait_for(lambda: job.status()["checkpoint_step"] >= 8, timeout=120)
         for d in (coordinator, replicas[1]):
@@ -218,9 +217,7 @@ def test_a_job_resumed_after_a_restart_goes_on_with_the_servers_it_can_still_rea
             for n in notes
         ), notes
         assert "data-parallel on 1 servers" in notes, notes
-        b = load_arrays(resumed.fetch(tmp_path / "resumed")[ADAPTER])
-        for name in a:
-            np.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        _assert_same_adapter(a, resumed, tmp_path)
     finally:
         for d in [coordinator, *replicas]:
             d.stop()
