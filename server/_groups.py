@@ -351,9 +351,7 @@ class GroupMember:
         self._heard[side] = seen[0]
 
         async def beat() -> None:
-            while True:
-                await ctl.send_frame(m.encode(self._beat(side)))
-                await trio.sleep(LINK_BEAT)
+            await self._send_beats(ctl, side)
 
         async def watch() -> None:
             while True:
@@ -395,6 +393,15 @@ class GroupMember:
                 nursery.cancel_scope.cancel()
         except (TransportError, m.DecodeError) as exc:
             self.fail(rank, f"link lost: {exc}")
+
+    async def _send_beats(self, ctl: FrameStream, side: str) -> None:
+        """Heartbeats every LINK_BEAT until the group fails. None after: once this rank's
+        receiver has stopped, a beat would tell the neighbour that nothing waits any more,
+        and it could overtake the GroupAbort, so the neighbour would judge the abort
+        without the evidence of the stalled link (it then named the wrong rank)."""
+        while self.failure is None:
+            await ctl.send_frame(m.encode(self._beat(side)))
+            await trio.sleep(LINK_BEAT)
 
     def _beat(self, side: str) -> m.GroupBeat:
         """A heartbeat; on a TCP data link, with how far the data got (module docstring of

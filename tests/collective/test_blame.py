@@ -148,3 +148,31 @@ def test_an_abort_that_outruns_this_rank_s_watchdog_names_the_stalled_side(monke
     assert m._blamed(0) == 1
     m._peer_waiting = False  # nothing stalled: the quieter link decides
     assert m._blamed(0) == 2
+
+
+def test_a_failed_rank_sends_no_more_heartbeats():
+    """After the group failed, a beat would say the (stopped) receiver no longer waits and
+    could overtake the GroupAbort: the neighbour would then blame without that evidence."""
+    import trio
+    import trio.testing
+    from burn_remote.engine.collective import GroupFailure
+    from burn_remote.protocol import messages as msgs
+
+    m = member(1, 3, {"succ": 0.0, "pred": 0.0}, {"succ": 0.0, "pred": 0.0})
+    m.id, m.failure = 7, None
+    sent: list[bytes] = []
+
+    class Ctl:
+        async def send_frame(self, frame: bytes) -> None:
+            sent.append(frame)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(m._send_beats, Ctl(), "pred")
+            await trio.sleep(2.2)  # beats at 0, 0.5, 1.0, 1.5, 2.0
+            m.failure = GroupFailure(7, 0, "", "the TCP path is cut")
+            await trio.sleep(5.0)  # the loop ends at its next beat: none is sent
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(sent) == 5
+    assert all(isinstance(msgs.decode(f)[0], msgs.GroupBeat) for f in sent)
