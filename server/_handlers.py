@@ -115,39 +115,55 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
                     f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
                     f"{dt}{list(shape)}",
                 )
-    # Inputs the client drops with this very message (an optimizer's old weights), and
-    # inputs whose id is also an output id (state written in place: the new value replaces
-    # the old under the same id), are donated: they leave the store now and the graph frees
-    # them at their last use. If the graph fails they are gone, never half-updated.
+    # Inputs the client drops with this very message (an optimizer's old weights) are
+    # donated: they leave the store now and the graph frees them at their last use. Inputs
+    # whose id is also an output id (state written in place) are donated too but stay in
+    # the store until the new value replaces them under the same id (no refund and charge
+    # again per step); if the graph fails they are dropped: gone, never half-updated.
     donated: list[int] = []
-    gone = set(msg.drops).union(msg.output_ids) if msg.drops else set(msg.output_ids)
+    in_place: list[int] = []
+    owner_bytes = s.nbytes + s.bulk_reserved
+    written = set(msg.output_ids)
+    gone = written.union(msg.drops) if msg.drops else written
     if not gone.isdisjoint(ids):
         donated = [k for k, tid in enumerate(ids) if tid in gone]
         if s.bulk_out:  # a transfer to the client still reads it: not donated
             donated = [k for k in donated if not s.being_sent(inputs[k])]
-        if donated:
-            s.drop([ids[k] for k in donated])
+        in_place = [ids[k] for k in donated if ids[k] in written]
+        if len(in_place) < len(donated):
+            s.drop([ids[k] for k in donated if ids[k] not in written])
+        if in_place:  # their bytes are the graph's now (as if dropped) until replaced
+            owner_bytes -= sum([int(inputs[k].nbytes) for k in donated if ids[k] in written])
+    try:
+        outs = _execute(s, plan, msg, inputs, donated, owner_bytes)
+    except BaseException:
+        if in_place:
+            s.drop(in_place)
+        raise
+    try:
+        s.put_many(zip(msg.output_ids, outs))
+    except LimitExceeded:
+        s.drop(msg.output_ids)  # no stale tensor under an id the client now expects
+        raise
+
+
+def _execute(
+    s: Any, plan: Any, msg: m.ExecuteGraph, inputs: list, donated: list[int], owner_bytes: int
+) -> list[Any]:
+    """Run the plan; an engine failure becomes the Failure that names the node."""
     try:
         if s.groups or plan.collective:  # the groups its collectives may name
             with scope(s.groups, s.state.backend):
-                outs = s.state.run(
-                    plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
+                return s.state.run(
+                    plan, inputs, msg.values, donated, owner_bytes, f"session {s.id}"
                 )
-        else:
-            outs = s.state.run(
-                plan, inputs, msg.values, donated, s.nbytes + s.bulk_reserved, f"session {s.id}"
-            )
+        return s.state.run(plan, inputs, msg.values, donated, owner_bytes, f"session {s.id}")
     except ExecutionError as exc:
         if isinstance(exc.__cause__, GroupFailure):  # names the group and the culprit rank
             raise Failure(m.GROUP, str(exc.__cause__), exc.node) from None
         raise Failure(m.EXECUTION, str(exc), exc.node) from None
     except (TypeError, ValueError, OverflowError) as exc:
         raise Failure(m.MALFORMED, f"bad bindings: {exc}") from None
-    try:
-        s.put_many(zip(msg.output_ids, outs))
-    except LimitExceeded:
-        s.drop(msg.output_ids)  # no stale tensor under an id the client now expects
-        raise
 
 
 def read(s: Any, msg: m.Read, now: float) -> Reply:

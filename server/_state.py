@@ -210,8 +210,10 @@ class ServerState:
 
     def check_peer_memory(self, peer: str, nbytes: int) -> None:
         """Raise LimitExceeded when ``peer``'s sessions would hold more than its cap."""
+        if nbytes <= 0 or not peer:  # first: the cap may reread the authorized-peers file
+            return
         cap = self.peer_memory_cap()
-        if not cap or nbytes <= 0 or not peer:
+        if not cap:
             return
         with self.lock:
             held = sum(
