@@ -226,9 +226,14 @@ class Device:
     # --- tensors --------------------------------------------------------------------------
     def tensor(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
         """Upload array-like data. Python floats default to float32, ints to int64."""
-        if isinstance(data, Tensor):
-            data = data.numpy()
-        arr = _as_array(data, dtype)
+        if type(data) is np.ndarray and dtype is None:  # the common case: a host batch
+            arr = data
+            name = dtypes.from_numpy(arr.dtype)  # refuses unsupported dtypes (object too)
+        else:
+            if isinstance(data, Tensor):
+                data = data.numpy()
+            arr = _as_array(data, dtype)
+            name = dtypes.from_numpy(arr.dtype)
         rec = self._rec
         if not arr.flags.c_contiguous or (
             not getattr(rec.runtime, "copies_uploads", False)
@@ -238,7 +243,6 @@ class Device:
             # change this tensor (np.array keeps 0-d data 0-d). Runtimes that copy on upload
             # anyway (the wire, device memory) are spared a second copy of a large array.
             arr = np.array(arr, order="C", copy=True)
-        name = dtypes.from_numpy(arr.dtype)
         tid = rec.new_id()
         rec.upload(tid, arr, (arr.shape, name))
         t = make_tensor(self, tid, arr.shape, name)
