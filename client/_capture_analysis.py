@@ -110,7 +110,14 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
     sinks: list[list[tuple[int, Any]]] = [[] for _ in capture.output_ids]
     result_leaves: list[tuple[str, Any]] = []
     result_objs = set()
+    arg_leaves = {id(leaf) for leaf in flat if type(leaf) is Tensor}
+    state_objs = {id(o) for refs in start.values() for r in refs if (o := r()) is not None}
     for n, leaf in enumerate(res_leaves):
+        if id(leaf) in state_objs and id(leaf) not in arg_leaves:
+            # a state tensor itself (`return loss, net.weight`): the call returns that very
+            # object, which a replay updates like any other state (as the plain step does)
+            result_leaves.append(("fixed", leaf))
+            continue
         result_objs.add(id(leaf))
         if leaf._id in out_pos:
             sinks[out_pos[leaf._id]].append((_SINK_RET, n))

@@ -307,6 +307,27 @@ def test_ops_recorded_before_a_replay_read_the_state_as_it_was():
     assert np.array_equal(doubled.numpy(), kept * 2.0)
 
 
+def test_a_step_returning_a_parameter_it_updates_returns_that_parameter():
+    """`return loss, net.weight`: the call returns the parameter object itself, updated by
+    every replay as the plain step updates it (replays used to return a fresh tensor and
+    leave the parameter behind: training silently diverged from the plain step)."""
+    runs = {}
+    for compiled_step in (False, True):
+        net, opt, step = _mlp()
+
+        def step_and_weight(x, y, step=step, net=net):
+            return step(x, y).detach(), net[0].weight
+
+        fn = br.compile(step_and_weight) if compiled_step else step_and_weight
+        for i in range(8):
+            loss, w = fn(*_batch(8, i))
+            assert w is net[0].weight
+        runs[compiled_step] = [t.numpy() for t in _state(net, opt)] + [loss.numpy()]
+    assert fn.stats()["replays"] >= 4
+    for a, b in zip(runs[False], runs[True]):
+        assert np.array_equal(a, b)
+
+
 def _loopback():
     from burn_remote.server._loopback import loopback_device
 
