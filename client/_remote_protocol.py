@@ -125,7 +125,6 @@ class ClientProtocol:
         self._resend = False
         self._packer = m.packer()
         """Encodes messages as ``messages.encode`` does, one at a time, reusing its buffer."""
-        self._pack = self._packer.pack
 
     # --- queueing (user thread) -------------------------------------------------------------
     def _next_rid(self) -> int:
@@ -169,7 +168,7 @@ class ClientProtocol:
             self._bulk += 1
             self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
         else:  # encoded now, straight from the array's memory (the one copy)
-            raw = self._pack((m.Upload.TAG, tensor_id, name, a.shape, a.data, 0))
+            raw = m.encode_inline_upload(self._packer, tensor_id, name, a.shape, a.data)
             self.pending.append(_Entry(None, None, raw, m.Upload))
             self.pending_bytes += n
 
@@ -198,10 +197,9 @@ class ClientProtocol:
         if capture.donated:
             drops.extend([ids[k] for k in capture.donated])
         self._drops = []
-        # encoded now, as messages.encode would encode ExecuteGraph(rid, digest, ...): a
-        # step's message is a few lists of ids and values filled into the same layout
-        raw = self._pack(
-            (m.ExecuteGraph.TAG, rid, digest, ids, capture.values, capture.output_ids, drops)
+        # encoded now: a step's message is a few lists of ids and values
+        raw = m.encode_execute_graph(
+            self._packer, rid, digest, ids, capture.values, capture.output_ids, drops
         )
         self.pending.append(_Entry(None, None, raw, m.ExecuteGraph, rid))
 

@@ -982,6 +982,29 @@ def encode_one(msg: Message, packer: msgpack.Packer) -> bytes:
     return packer.pack(_pack_one(msg))
 
 
+def encode_inline_upload(
+    packer: msgpack.Packer, tensor_id: int, dtype: str, shape: Any, data: Any
+) -> bytes:
+    """``encode_one(Upload(tensor_id, dtype, shape, data, 0))`` without building the message:
+    ``data`` may be any buffer (an array's memory), packed as bin without a copy first. The
+    field order is Upload's, kept here beside its class (the step's hot path)."""
+    return packer.pack((Upload.TAG, tensor_id, dtype, shape, data, 0))
+
+
+def encode_execute_graph(
+    packer: msgpack.Packer,
+    request_id: int,
+    digest: bytes,
+    input_ids: Any,
+    values: Any,
+    output_ids: Any,
+    drops: Any,
+) -> bytes:
+    """``encode_one(ExecuteGraph(...))`` from the lists a replay already holds (no tuples
+    or message object per step); ExecuteGraph's field order, kept beside its class."""
+    return packer.pack((ExecuteGraph.TAG, request_id, digest, input_ids, values, output_ids, drops))
+
+
 def frame_of(encoded: list[bytes]) -> bytes:
     """A control frame from messages encoded one by one (``packer``): the bytes ``encode``
     gives for the same messages (a msgpack array header, then its elements in order)."""
@@ -1169,6 +1192,8 @@ __all__ = [
     "read_group_link",
     "decode_message",
     "encode",
+    "encode_execute_graph",
+    "encode_inline_upload",
     "encode_one",
     "frame_of",
     "packer",

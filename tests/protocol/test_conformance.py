@@ -606,14 +606,24 @@ def _ring_hello(
     return aead.decrypt((1).to_bytes(4, "big") + bytes(8), answer, aad)
 
 
+def _group_with_a_neighbour(
+    raw: Raw, server: Daemon, tmp_path: Path, gid: int
+) -> tuple[Path, str, bytes]:
+    """GroupSetup of the server as rank 0 and a neighbour (rank 1) the test plays: the
+    neighbour's key file, its peer id and the group's capability."""
+    neighbour_key = tmp_path / "neighbour"
+    neighbour = str(Identity.load_or_create(neighbour_key).peer_id)
+    cap = os.urandom(32)
+    raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
+    raw.replies("GroupReady")
+    return neighbour_key, neighbour, cap
+
+
 def test_a_group_link_needs_the_capability_and_the_right_rank(
     raw: Raw, server: Daemon, tmp_path: Path
 ) -> None:
-    neighbour_key = tmp_path / "neighbour"
-    neighbour = str(Identity.load_or_create(neighbour_key).peer_id)
-    gid, cap = 0x77, os.urandom(32)
-    raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
-    raw.replies("GroupReady")
+    gid = 0x77
+    neighbour_key, neighbour, cap = _group_with_a_neighbour(raw, server, tmp_path, gid)
     wrong = Raw(server, neighbour_key)
     wrong.send(msg("GroupLink", VERSION, gid, 1, os.urandom(32), "", b""))
     (err,) = wrong.replies("Error")
@@ -643,11 +653,8 @@ def test_a_group_link_of_another_version_is_version_and_fails_the_group_naming_b
 ) -> None:
     """§4.1: version 2's GroupLink (no version field) and a later version's (its version
     first) are both answered VERSION naming the two versions; the group fails at once."""
-    neighbour_key = tmp_path / "neighbour"
-    neighbour = str(Identity.load_or_create(neighbour_key).peer_id)
-    gid, cap = 0x78, os.urandom(32)
-    raw.send(msg("GroupSetup", 1, gid, 0, [server.peer_id, neighbour], cap, 5000))
-    raw.replies("GroupReady")
+    gid = 0x78
+    neighbour_key, neighbour, cap = _group_with_a_neighbour(raw, server, tmp_path, gid)
     later = Raw(server, neighbour_key)
     later.send([MSG["GroupLink"].tag, VERSION + 1, gid, 1, cap, "", b"", "a field of v4"])
     (err,) = later.replies("Error")
