@@ -508,7 +508,6 @@ def test_waiting_for_the_replicas_touches_each_recorder_from_the_calling_thread_
 def test_a_replica_whose_step_fails_is_named_at_once_with_its_own_error():
     """Rank 1's step fails before its all-reduce (memory runs out): rank 0 does not wait
     the group's 60 s for it; the error names rank 1 and carries rank 1's own failure."""
-    import time
 
     model, opt, step, batches = mlp(12, 3)
     devices = collective.local_devices(2)
@@ -522,11 +521,10 @@ def test_a_replica_whose_step_fails_is_named_at_once_with_its_own_error():
         raise MemoryError("Unable to allocate 3.00 GiB for an array")
 
     runtime.execute = lambda capture: runtime._put(out_of_memory)
-    started = time.monotonic()
     run(*batches[1])
     with pytest.raises(collective.GroupError) as info:
         dp.sync()
-    assert time.monotonic() - started < 30
+    assert "no progress" not in str(info.value)  # it did not wait out the group timeout
     assert info.value.rank == 1 and dp.last_failure.dead == {1}
     notes = "".join(getattr(info.value, "__notes__", []))
     assert "rank 1 (ReplicaDevice('cpu', 1)) itself failed with MemoryError: Unable" in notes

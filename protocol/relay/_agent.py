@@ -128,7 +128,9 @@ class RelayAgent:
         self._token: trio.lowlevel.TrioToken | None = None
         self._client: RelayClient | None = None
         self._error: BaseException | None = None
-        threading.Thread(target=self._run, name="burn-remote-relay", daemon=True).start()
+        self._cancel: trio.CancelScope | None = None
+        self._thread = threading.Thread(target=self._run, name="burn-remote-relay", daemon=True)
+        self._thread.start()
         self._ready.wait(30)
         if self._client is None:
             raise RelayError(f"cannot use relay {relay}: {self._error}")
@@ -144,13 +146,36 @@ class RelayAgent:
                 agent = cls._agents[k] = cls(identity, relay)
             return agent
 
+    @classmethod
+    def close_all(cls) -> None:
+        """End every agent of the process (their RemoteDevices then fail with a clear
+        "stopped" error). An agent otherwise lives as long as the process and keeps
+        re-registering with a relay that went away, which is right for a client that
+        outlives a relay restart, wrong for one that is done with the relay."""
+        with cls._lock:
+            agents, cls._agents = list(cls._agents.values()), {}
+        for agent in agents:
+            agent.close()
+
+    def close(self) -> None:
+        """Leave the relay and stop the agent's thread."""
+        token, scope = self._token, self._cancel
+        if token is not None and scope is not None and self._thread.is_alive():
+            try:
+                token.run_sync_soon(scope.cancel)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(10)
+
     def _run(self) -> None:
         async def main() -> None:
             self._token = trio.lowlevel.current_trio_token()
-            async with RelayClient.open(self.identity, parse_host_port(self.relay)) as client:
-                self._client = client
-                self._ready.set()
-                await trio.sleep_forever()
+            with trio.CancelScope() as self._cancel:
+                async with RelayClient.open(self.identity, parse_host_port(self.relay)) as client:
+                    self._client = client
+                    self._ready.set()
+                    await trio.sleep_forever()
+            self._error = RuntimeError("closed")
 
         try:
             trio.run(main)

@@ -64,10 +64,8 @@ def test_gradient_of_all_reduce_is_the_all_reduce_of_gradients(devs):
 def test_a_late_rank_fails_every_waiting_rank_with_its_name(devs):
     g = C.Group(devs[:2], timeout=0.5)
     a = C.all_reduce(devs[0].tensor(np.ones(2, np.float32)), g)
-    start = time.monotonic()
     with pytest.raises(C.GroupError, match="rank 1 .local:1.") as info:
         a.numpy()
-    assert time.monotonic() - start < 10
     assert info.value.rank == 1 and info.value.peer == "local:1" and info.value.group == g.id
     b = C.all_reduce(devs[1].tensor(np.ones(2, np.float32)), g)  # the group stays failed
     with pytest.raises(C.GroupError, match="rank 1"):

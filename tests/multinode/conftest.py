@@ -153,6 +153,9 @@ def _wait_for_records(lab: Lab) -> None:
 
 
 def _teardown(lab: Lab) -> None:
+    agent = sys.modules.get("burn_remote.protocol.relay._agent")
+    if agent is not None:
+        agent.RelayAgent.close_all()  # or it keeps re-registering with the dead relay
     for node in [lab.relay, *lab.servers.values()]:
         if isinstance(node, Server) and node.proc.poll() is None:
             stop_process(node)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from burn_remote.protocol.relay import RelayAgent
 from burn_remote.server.testing import start_daemon
 from remote.conftest import Server, client_home, spawn  # noqa: F401  (fixtures)
 
@@ -26,6 +27,14 @@ def _relay_carries_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests are about the relay itself: no hole punching (test_holepunch turns it
     back on), so what they send does cross the relay."""
     monkeypatch.setenv("BURN_REMOTE_DIRECT", "0")
+
+
+@pytest.fixture(autouse=True)
+def _close_relay_agents() -> Iterator[None]:
+    """A test's clients are done with its relay when it ends: an agent left behind would
+    re-register with the dead relay, logging a warning each round, for the rest of the run."""
+    yield
+    RelayAgent.close_all()
 
 
 @pytest.fixture

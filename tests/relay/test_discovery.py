@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import trio
 from burn_remote import RemoteDevice
-from burn_remote.protocol.relay import RelayAgent, observe_address
+from burn_remote.protocol.relay import RelayAgent, RelayError, observe_address
 from burn_remote.protocol.relay import _wire as w
 from burn_remote.protocol.relay._wire import parse_hostport
 from burn_remote.protocol.transport import Endpoint, Identity, PeerId
@@ -75,6 +75,17 @@ def test_wildcard_server_publishes_the_address_the_relay_saw_and_is_dialled_dire
     assert dev.address == ("127.0.0.1", port)  # direct, not the relay tunnel
     assert dev.tensor(np.arange(5, dtype=np.float32)).sum().item() == 10.0
     dev.close()
+
+
+def test_a_closed_relay_agent_stops_its_thread_and_says_so(relay: Server) -> None:
+    """Without close an agent re-registers with its relay for the life of the process."""
+    agent = RelayAgent.get(relay.address)
+    assert agent.lookup(PeerId(bytes(32))) is None
+    RelayAgent.close_all()
+    assert not agent._thread.is_alive()
+    with pytest.raises(RelayError, match="stopped"):
+        agent.lookup(PeerId(bytes(32)))
+    assert RelayAgent.get(relay.address) is not agent  # a later use starts a fresh one
 
 
 def test_record_addresses_are_probed_at_once_and_the_first_that_answers_wins(
