@@ -15,6 +15,7 @@ naming it (the servers' link heartbeats; a local group's rendezvous timeout).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -67,15 +68,20 @@ class _Waits:
         self.completed: set[int] = set()
         self.probed = False
 
-    def start(self, ranks: list[int]) -> None:
+    def start(self, ranks: list[int], waits: dict[int, Callable[[], None]] | None = None) -> None:
+        """A thread per rank; it calls ``waits[rank]`` (the wait `collective.submit_all`
+        gave), else waits for everything submitted to the device (`_wait_only`)."""
         for r in ranks:
             self.done.discard(r)
             self.busy.add(r)
-            threading.Thread(target=self._wait, args=(r,), name=f"dp-wait-{r}", daemon=True).start()
+            wait = (waits or {}).get(r) or functools.partial(_wait_only, self.devices[r])
+            threading.Thread(
+                target=self._wait, args=(r, wait), name=f"dp-wait-{r}", daemon=True
+            ).start()
 
-    def _wait(self, rank: int) -> None:
+    def _wait(self, rank: int, wait: Callable[[], None]) -> None:
         try:
-            _wait_only(self.devices[rank])
+            wait()
             with self.lock:
                 if not self.probed:
                     self.completed.add(rank)
@@ -106,12 +112,6 @@ class _Waits:
         return []
 
 
-def _flush(device: Any) -> None:
-    """Submit what the caller recorded on `device` (on the caller's thread: a recorder is
-    not for several threads at once)."""
-    device.flush()
-
-
 def _wait_only(device: Any) -> None:
     """Wait until `device` ran everything submitted to it; raises its failures. Submits
     nothing: the waiting threads never touch a recorder (two of them flushing one rank --
@@ -124,16 +124,14 @@ def _wait_only(device: Any) -> None:
 
 def wait_all(devices: list[Any], probe: Callable[[], None] | None = None) -> Outcome:
     """Wait for each device (concurrently) to run what it was given: everything recorded is
-    submitted first, from this thread, then one thread per device waits."""
+    submitted first, from this thread (on the caller's thread: a recorder is not for several
+    threads at once), all ranks' messages sent back to back with their Syncs
+    (`collective.submit_all`), then one thread per device waits."""
+    from .collective import submit_all
+
     out = Outcome()
     waits = _Waits(devices)
-    for r, dev in enumerate(devices):
-        try:
-            _flush(dev)
-        except BaseException as exc:  # a rank's own failure (its connection, an op error)
-            waits.errors[r] = exc
-            waits.done.add(r)
-    waits.start([r for r in range(len(devices)) if r not in waits.done])
+    waits.start(list(range(len(devices))), dict(enumerate(submit_all(devices))))
     probed = probe is None or len(devices) == 1
     lagging_since: float | None = None
     with waits.lock:

@@ -154,13 +154,16 @@ class RemoteRuntime:
                 return
             yield self._wait(waiting.popleft())
 
-    def _ask(self, kind: type, *fields: Any) -> int:
-        """Queue a request and send everything pending; its request id."""
+    def _ask(self, kind: type, *fields: Any, send: bool = True) -> int:
+        """Queue a request and send everything pending (``send=False``: leave it for the
+        next ``send``, so a caller can queue every rank's request before sending any);
+        its request id."""
         with self.cond:
             self._check()
             rid = self.proto.request(kind, *fields)
             self._asked[rid] = self._sent = self._steps
-        self.link.kick()
+        if send:
+            self.link.kick()
         return rid
 
     def _wait(self, rid: int) -> Any:

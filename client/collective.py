@@ -19,11 +19,13 @@ dies, is cut off, is late or disagrees fails the step on every surviving rank wi
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from burn_remote.protocol import messages as m
 from burn_remote.protocol.messages import LINK_TIMEOUT  # a dead rank goes unnoticed this long
 
 from ._device import Device
@@ -147,18 +149,54 @@ def all_reduce(x: Tensor, group: Group, op: str = "mean") -> Tensor:
 
 
 def sync(devices: Sequence[Device]) -> None:
-    """Flush every device first (so all ranks reach their collectives), then wait for each;
-    raises the first failure after all have been waited for."""
-    for d in devices:
-        d.flush()
+    """Submit every device's work first (so all ranks reach their collectives together),
+    then wait for each; raises the first failure after all have been waited for."""
     first: BaseException | None = None
-    for d in devices:
+    for wait in submit_all(devices):
         try:
-            d.sync()
+            wait()
         except Exception as exc:
             first = first or exc
     if first is not None:
         raise first
+
+
+def submit_all(devices: Sequence[Device]) -> list[Callable[[], None]]:
+    """Submit what is recorded on every device and return one wait per device (in order;
+    each raises that device's failure).
+
+    A RemoteDevice's work and its Sync are queued together and leave as one message, and
+    the devices are sent back to back only once every one is queued: no rank's message waits
+    for another rank's encoding, and each server answers the Sync as soon as the work is
+    done, without a second message (and its wake-up) while its collective runs. A device
+    whose submission fails gets a wait that raises that failure (the others still go)."""
+    from ._remote import RemoteDevice
+
+    waits: list[Callable[[], None]] = []
+    queued = []
+    for d in devices:
+        try:
+            if isinstance(d, RemoteDevice):
+                d._rec.flush()
+                rid = d._rt._ask(m.Sync, send=False)
+                queued.append(d._rt)
+                waits.append(functools.partial(d._rt._wait, rid))
+            else:  # a local replica runs its graphs on a worker: its wait touches no recorder
+                d.flush()
+                waits.append(getattr(d._rec.runtime, "wait", None) or _ran)
+        except Exception as exc:
+            waits.append(functools.partial(_raise, exc))
+    for rt in queued:
+        rt.send()
+    return waits
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def _ran() -> None:
+    """The wait of a plain local device: its flush ran the graph."""
 
 
 __all__ = [
@@ -168,5 +206,6 @@ __all__ = [
     "GroupError",
     "all_reduce",
     "local_devices",
+    "submit_all",
     "sync",
 ]
