@@ -1005,6 +1005,13 @@ def encode_execute_graph(
     return packer.pack((ExecuteGraph.TAG, request_id, digest, input_ids, values, output_ids, drops))
 
 
+def encode_data_frame(request_id: int, dtype: str, shape: Any, data: Any) -> bytes:
+    """``encode(Data(request_id, dtype, shape, data, 0))`` without building the message: the
+    reply frame to a lone Read of a small tensor (the server answers ``item()`` with it on
+    its receive loop); Data's field order, kept beside its class."""
+    return msgpack.packb(((Data.TAG, request_id, dtype, shape, data, 0),), use_bin_type=True)
+
+
 def frame_of(encoded: list[bytes]) -> bytes:
     """A control frame from messages encoded one by one (``packer``): the bytes ``encode``
     gives for the same messages (a msgpack array header, then its elements in order)."""
@@ -1192,6 +1199,7 @@ __all__ = [
     "read_group_link",
     "decode_message",
     "encode",
+    "encode_data_frame",
     "encode_execute_graph",
     "encode_inline_upload",
     "encode_one",

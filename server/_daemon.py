@@ -322,19 +322,27 @@ class _SessionPump:
         session, control = self.session, self.control
         if session.closed or session.queue or not session.ready():
             return False  # not while idle; the pump sorts it out
-        sequenced = isinstance(control, SequencedControl)
+        sequenced = type(control) is SequencedControl
         try:
             if sequenced:
                 h = unwrap(frame)
-                if h is not None and h[0] == 0:  # control-only (goodbye): the pump's to end
+                if h is None:
+                    inner = frame
+                elif h[0] == 0:  # control-only (goodbye): the pump's to end
                     return False
-                inner = control.accept(frame)
-                if inner is None:  # a frame applied before (resent after a reconnect)
-                    return True
+                else:
+                    inner = control.accept_parts(*h)
+                    if inner is None:  # a frame applied before (resent after a reconnect)
+                        return True
             else:
                 inner = frame
-            session.feed_control(inner)
-            outs = session.step(trio.current_time(), Place.LOOP)
+            now = self.ep.batch_time
+            reply = session.answer_alone(inner, now)  # item()'s lone Read, answered at once
+            if reply is not None:
+                outs: list[Any] = [reply]
+            else:
+                session.feed_control(inner)
+                outs = session.step(now, Place.LOOP)
             send = control.send_nowait if sequenced else control.send_frame_nowait
             for i, out in enumerate(outs):
                 if isinstance(out, bytes):

@@ -39,7 +39,7 @@ def upload(s: Any, msg: m.Upload, now: float) -> Reply:
             return Wait("bulk", msg.bulk_id)
         data = s.take_bulk(msg.bulk_id)
     s.put(msg.tensor_id, s.array(msg.dtype, msg.shape, data))
-    s.state.count(received=int(getattr(data, "nbytes", None) or len(data)))
+    s.traffic[1] += int(getattr(data, "nbytes", None) or len(data))
     return None
 
 
@@ -71,21 +71,27 @@ def _refuse(s: Any, digest: str, code: int, message: str, node: int | None = Non
 
 
 def execute(s: Any, msg: m.ExecuteGraph, now: float) -> Reply:
-    digest = msg.digest.hex()
-    refused = s.refused.get(digest) if s.refused else None
+    refused = s.refused.get(msg.digest.hex()) if s.refused else None
     if refused is not None:  # not evicted but refused: re-registering would not help
         s.drop(msg.drops)
         raise Failure(*refused)
-    plan = s.state.plan(digest)
+    planned, s.planned = s.planned, None
+    plan = planned[1] if planned is not None and planned[0] is msg else _plan_of(s, msg)
     if plan is None:  # the client resends this message (drops included) after Resync
         s.stalled = True
-        raise Failure(m.UNKNOWN_GRAPH, f"unknown graph {digest}")
+        raise Failure(m.UNKNOWN_GRAPH, f"unknown graph {msg.digest.hex()}")
     try:
         _run(s, plan, msg)
     finally:
-        s.drop(msg.drops)
-    s.state.count(steps=1)
+        if msg.drops:
+            s.drop(msg.drops)
+    s.traffic[0] += 1
     return None
+
+
+def _plan_of(s: Any, msg: m.ExecuteGraph) -> Any:
+    """The cached plan an ExecuteGraph names (None: unknown or evicted)."""
+    return s.state.plan(msg.digest.hex())
 
 
 def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
@@ -140,8 +146,8 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
         if in_place:
             s.drop(in_place)
         raise
-    try:
-        s.put_many(zip(msg.output_ids, outs))
+    try:  # one ledger update: the outputs' charge and the run's arena returned
+        s.put_many(zip(msg.output_ids, outs), release=getattr(plan, "peak_bytes", 0))
     except LimitExceeded:
         s.drop(msg.output_ids)  # no stale tensor under an id the client now expects
         raise
@@ -152,12 +158,11 @@ def _execute(
 ) -> list[Any]:
     """Run the plan; an engine failure becomes the Failure that names the node."""
     try:
+        owner = f"session {s.id}"
         if s.groups or plan.collective:  # the groups its collectives may name
             with scope(s.groups, s.state.backend):
-                return s.state.run(
-                    plan, inputs, msg.values, donated, owner_bytes, f"session {s.id}"
-                )
-        return s.state.run(plan, inputs, msg.values, donated, owner_bytes, f"session {s.id}")
+                return s.state.run(plan, inputs, msg.values, donated, owner_bytes, owner, False)
+        return s.state.run(plan, inputs, msg.values, donated, owner_bytes, owner, False)
     except ExecutionError as exc:
         if isinstance(exc.__cause__, GroupFailure):  # names the group and the culprit rank
             raise Failure(m.GROUP, str(exc.__cause__), exc.node) from None
@@ -172,11 +177,25 @@ def read(s: Any, msg: m.Read, now: float) -> Reply:
     host = np.ascontiguousarray(s.state.backend.to_numpy(s.get(msg.tensor_id)))
     name = dtypes.from_numpy(host.dtype)
     limits = s.state.limits
-    s.state.count(sent=host.nbytes)
+    s.traffic[2] += host.nbytes
     if host.nbytes > limits.bulk_threshold:
         send = s.send_bulk(byte_view(host), limits.bulk_chunk)
         return [m.Data(msg.request_id, name, host.shape, b"", send.bulk_id), SendBulk(send)]
     return [m.Data(msg.request_id, name, host.shape, host.tobytes(), 0)]
+
+
+def read_alone(s: Any, request_id: int, tensor_id: int) -> bytes | None:
+    """``read`` for a control frame that is one Read (``Session.answer_alone``): the reply
+    frame, encoded without message objects; None for a missing or large tensor (the frame
+    then takes ``read``'s way, which answers the Error or starts the transfer)."""
+    a = s.store.get(tensor_id)
+    if a is None or int(getattr(a, "nbytes", 0)) > s.state.limits.bulk_threshold:
+        return None
+    host = np.ascontiguousarray(s.state.backend.to_numpy(a))
+    s.traffic[2] += host.nbytes
+    return m.encode_data_frame(
+        request_id, dtypes.from_numpy(host.dtype), host.shape, host.tobytes()
+    )
 
 
 def drop(s: Any, msg: m.Drop, now: float) -> Reply:
@@ -293,8 +312,10 @@ def _inline_upload(s: Any, msg: m.Upload) -> float | None:
 
 
 def _inline_execute(s: Any, msg: m.ExecuteGraph) -> float | None:
-    """The plan's last run time (plans are shared, so any session's run counts)."""
-    plan = s.state.plan(msg.digest.hex())
+    """The plan's last run time (plans are shared, so any session's run counts); the plan
+    is kept for ``execute`` (``Session.planned``): one cache lookup per message."""
+    plan = _plan_of(s, msg)
+    s.planned = (msg, plan)
     return None if plan is None or plan.collective else plan.seconds
 
 

@@ -59,8 +59,13 @@ class SequencedControl:
         h = unwrap(frame)
         if h is None:
             return frame
-        seq, ack, inner = h
-        self.acknowledge(ack)
+        return self.accept_parts(*h)
+
+    def accept_parts(self, seq: int, ack: int, inner: bytes) -> bytes | None:
+        """``accept`` of a frame already unwrapped (the receive loop's fast path reads the
+        header once)."""
+        if self.replay:
+            self.acknowledge(ack)
         if seq == 0 and not inner:
             self.goodbye = True
         if seq == 0 or seq <= self.applied:

@@ -17,15 +17,16 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkReceive, BulkSend
-from ._handlers import HANDLERS
+from ._handlers import HANDLERS, read_alone
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._resume import new_resume_token
-from ._state import LimitExceeded, ServerState, pop_all, replacement_cost
+from ._state import LimitExceeded, ServerState, nbytes_of, pop_all, replacement_cost
 
 log = logging.getLogger("burn_remote.server")
 
@@ -43,6 +44,12 @@ MAX_BULK_DONE = 4096
 """Consumed bulk ids a session remembers, so a transfer resent after a lost final BulkAck is
 acknowledged instead of stored again."""
 
+LONE_READ = bytes((0x91, 0x93, m.Read.TAG))
+"""How a control frame holding one Read (``[[Read.TAG, request_id, tensor_id]]``, what
+``item()`` sends) begins: ``Session.answer_alone`` answers it without the message machinery."""
+LONE_READ_MAX = len(LONE_READ) + 2 * 9
+"""Its longest encoding (two u64 fields)."""
+
 ERROR_NAMES = {
     getattr(m, name): name.lower()
     for name in (
@@ -54,12 +61,14 @@ ERROR_NAMES = {
 """Error code -> the kind metrics and logs name it by."""
 
 _RUNS_AT = {
-    None: frozenset(Place),
-    Place.LOOP: frozenset({Place.LOOP}),
-    Place.ENGINE: frozenset({Place.LOOP, Place.ENGINE}),
-    Place.JOBS: frozenset({Place.LOOP, Place.JOBS}),
+    None: tuple(Place),
+    Place.LOOP: (Place.LOOP,),
+    Place.ENGINE: (Place.LOOP, Place.ENGINE),
+    Place.JOBS: (Place.LOOP, Place.JOBS),
 }
-"""Which handlers a step running at a place may run (None: in-process callers, anything)."""
+"""Which handlers a step running at a place may run (None: in-process callers, anything).
+Tuples: membership compares identity first, where a set would hash an Enum in Python."""
+_LOOP_ONLY = _RUNS_AT[Place.LOOP]
 
 
 class Session:
@@ -110,11 +119,45 @@ class Session:
         """``now`` of the latest step (the status command shows idle sessions)."""
         self.messages = 0
         """Messages handled (for the status command and metrics)."""
+        self.traffic = [0, 0, 0]
+        """Steps run, tensor bytes received and sent (metrics: ``ServerState.traffic``); the
+        session's own, so a message bumps them without the ledger's lock."""
+        self.planned: tuple[Any, Any] | None = None
+        """(ExecuteGraph, its plan) as the handler table's ``inline`` found it deciding
+        where the message runs, so its handler does not look the plan up again."""
         self._replies: list[m.Message] = []
         self._out: list[Output] = []
         self._bulk_ids = 0
 
     # --- inputs -----------------------------------------------------------------------------
+    def answer_alone(self, frame: bytes, now: float) -> bytes | None:
+        """The reply frame to a control frame that is one Read of a small tensor, for an
+        idle, greeted session (``item()``'s round trip, answered on the receive loop); the
+        same bytes, counters and state as ``feed_control`` then ``step``, without decoding
+        into message objects. None: any other frame or case (a missing or large tensor, a
+        stalled session, a malformed frame), which the caller feeds the usual way."""
+        if (
+            len(frame) > LONE_READ_MAX
+            or frame[:3] != LONE_READ
+            or self.queue
+            or self.waiting is not None
+            or self.stalled
+            or self.closed
+            or not self.greeted
+        ):
+            return None
+        try:
+            ((_, rid, tid),) = msgpack.unpackb(frame)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            return None
+        if type(rid) is not int or type(tid) is not int or rid < 0 or tid < 0:
+            return None
+        reply = read_alone(self, rid, tid)
+        if reply is not None:
+            self.messages += 1
+            self.last_active = now
+        return reply
+
     def feed_control(self, frame: bytes) -> None:
         """Queue a control frame's messages; a malformed frame is answered and skipped."""
         try:
@@ -223,14 +266,20 @@ class Session:
     def place_of(self, msg: m.Message, budget: float | None = None) -> Place:
         """Where ``msg`` runs: its handler's place, or the loop for engine work whose known
         cost fits ``budget``. Hello and unknown messages are answered on the loop."""
-        handler = HANDLERS.get(type(msg))
-        if handler is None or not self.greeted:
-            return Place.LOOP
-        if handler.place is Place.ENGINE and handler.inline is not None:
+        handler = HANDLERS.get(type(msg)) if self.greeted else None
+        return self._where(handler, msg, INLINE_BUDGET if budget is None else budget)[0]
+
+    def _where(self, handler: Any, msg: m.Message, budget: float) -> tuple[Place, float]:
+        """(where ``msg`` runs, the loop time it takes there): ``handler.inline`` is asked
+        once per message and place (an ExecuteGraph's answer also keeps its plan for the
+        handler: ``_handlers.execute``)."""
+        if handler is None:
+            return Place.LOOP, 0.0
+        if handler.inline is not None and handler.place is Place.ENGINE:
             cost = handler.inline(self, msg)
-            if cost is not None and cost <= (INLINE_BUDGET if budget is None else budget):
-                return Place.LOOP
-        return handler.place
+            if cost is not None and cost <= budget:
+                return Place.LOOP, cost
+        return handler.place, 0.0
 
     def next_place(self) -> Place:
         """Where the next ``step`` should run: the place of the message at the head."""
@@ -245,25 +294,35 @@ class Session:
 
     def step(self, now: float, place: Place | None = None) -> list[Output]:
         """Run queued messages until done, blocked on a bulk payload or a fetch, or (with
-        ``place``) at a message that must run elsewhere; ``now`` is the caller's clock."""
+        ``place``) at a message that must run elsewhere; ``now`` is the caller's clock.
+
+        Per message: one handler lookup, one ``inline`` question (only with ``place``), the
+        handler; a message answered with nothing (Upload, ExecuteGraph, Drop) costs no
+        more. Hello, undecodable messages and a stalled session go through ``_dispatch``."""
         if self.opened is None:
             self.opened = now
         self.last_active = now
-        allowed, budget = _RUNS_AT[place], INLINE_BUDGET
-        while self.queue and not self.closed:
-            msg = self.queue[0]
-            if not self.ready():
+        allowed = _RUNS_AT[place] if place is not Place.LOOP else _LOOP_ONLY
+        budget = INLINE_BUDGET
+        queue, handlers = self.queue, HANDLERS
+        while queue and not self.closed:
+            msg = queue[0]
+            if self.waiting is not None and not self.ready():
                 break
+            handler = handlers.get(type(msg)) if self.greeted else None
             if place is not None:
-                where = self.place_of(msg, budget)
+                where, cost = self._where(handler, msg, budget)
                 if where not in allowed:
                     break
-                if place is Place.LOOP and type(msg) is m.ExecuteGraph:
-                    budget -= self.place_cost(msg)
-            self.queue.popleft()
+                if place is Place.LOOP:
+                    budget -= cost
+            queue.popleft()
             self.messages += 1
             try:
-                reply = self._dispatch(msg, now)
+                if handler is None or self.stalled:
+                    reply = self._dispatch(msg, now)
+                else:
+                    reply = handler.run(self, msg, now)
             except Failure as f:
                 reply = [m.Error(f.code, str(f), f.node, _request_id(msg))]
             except LimitExceeded as exc:
@@ -275,8 +334,11 @@ class Session:
                     extra={"event": "internal_error", "session": self.id, "peer": self.peer_id},
                 )
                 reply = [m.Error(m.INTERNAL, f"{type(exc).__name__}: {exc}", -1, _request_id(msg))]
-            if isinstance(reply, Wait):
-                self.queue.appendleft(msg)
+            if reply is None:
+                self.waiting = None
+                continue
+            if type(reply) is Wait:
+                queue.appendleft(msg)
                 if self.waiting != (reply.kind, reply.key) and reply.action is not None:
                     self._out.append(reply.action)
                 self.waiting = (reply.kind, reply.key)
@@ -284,8 +346,8 @@ class Session:
                     break
                 continue
             self.waiting = None
-            for out in reply or ():
-                if isinstance(out, SendBulk):
+            for out in reply:
+                if type(out) is SendBulk:
                     self._out.append(out)
                 else:
                     if type(out) is m.Error:
@@ -303,11 +365,6 @@ class Session:
             err.message,
             extra={"event": "error_reply", "session": self.id, "error": kind},
         )
-
-    def place_cost(self, msg: m.Message) -> float:
-        handler = HANDLERS.get(type(msg))
-        cost = handler.inline(self, msg) if handler and handler.inline else None
-        return cost or 0.0
 
     def _flush(self) -> list[Output]:
         out = self._out
@@ -360,32 +417,49 @@ class Session:
 
     # --- tensor store -----------------------------------------------------------------------
     def put(self, tensor_id: int, array: Any) -> None:
-        self.put_many(((tensor_id, array),))
+        """Store one tensor (an Upload): ``put_many`` without the batch around it."""
+        old = self.store.get(tensor_id)
+        delta = int(getattr(array, "nbytes", 0)) - (0 if old is None else nbytes_of(old))
+        self._charge(0 if old is not None else 1, delta, 0)
+        self.store[tensor_id] = array
+        self.nbytes += delta
+        if self.nbytes > self.peak:
+            self.peak = self.nbytes
 
-    def put_many(self, items: Iterable[tuple[int, Any]]) -> None:
+    def put_many(self, items: Iterable[tuple[int, Any]], release: int = 0) -> None:
         """Store tensors (replacing any with the same id), charging the quotas once: all are
-        stored or, past a limit, none."""
+        stored or, past a limit, none. ``release``: bytes held for the run that made them
+        (``ServerState.run(release=False)``), returned in the same ledger update, stored or
+        not."""
         new_items = dict(items)
         store = self.store
         added, delta = replacement_cost(store, new_items.items())
-        limit = self.state.limits.max_tensors
+        self._charge(added, delta, release)
+        store.update(new_items)
+        self.nbytes += delta
+        if self.nbytes > self.peak:
+            self.peak = self.nbytes
+
+    def _charge(self, added: int, delta: int, release: int) -> None:
+        """One ledger update for tensors about to be stored: the session's tensor count, its
+        peer's cap, its quota and the server's limit (``ServerState.account``)."""
+        store, state = self.store, self.state
+        limit = state.limits.max_tensors
         if added and len(store) + added > limit:
+            if release:
+                state.hold(-release)
             raise LimitExceeded(
                 f"session holds {len(store)} tensors and {added} more would exceed "
                 f"max_tensors {limit}"
             )
         try:
-            self.state.check_peer_memory(self.peer_id, delta)
-            self.state.account(added, delta, self.nbytes + self.group_bytes)
+            owner_bytes = self.nbytes + self.group_bytes
+            state.account(added, delta, owner_bytes, peer=self.peer_id, release=release)
         except LimitExceeded:
             if not self.group_bytes:
                 raise
             self.shed_group_buffers()  # tensors first: kept buffers only save page zeroing
-            self.state.check_peer_memory(self.peer_id, delta)
-            self.state.account(added, delta, self.nbytes + self.group_bytes)
-        store.update(new_items)
-        self.nbytes += delta
-        self.peak = max(self.peak, self.nbytes)
+            state.account(added, delta, self.nbytes + self.group_bytes, peer=self.peer_id)
 
     def shed_group_buffers(self) -> None:
         """Free the buffers this session's groups keep for reuse (and their charge)."""

@@ -4,6 +4,7 @@ engine work in worker threads."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import os
@@ -59,13 +60,13 @@ class Limits:
     """Bytes the whole data directory may hold before uploads and new jobs are refused (0:
     only the filesystem's reserve, ``jobs/_disk.py``)."""
 
-    @property
+    @functools.cached_property
     def bulk_threshold(self) -> int:
         """Tensor bytes above which data moves on bulk streams: BULK_THRESHOLD, less when a
         small frame limit could not carry that much inline."""
         return min(m.BULK_THRESHOLD, self.max_frame // 4)
 
-    @property
+    @functools.cached_property
     def bulk_chunk(self) -> int:
         """Largest raw-bytes frame of a bulk stream towards this server."""
         return min(m.BULK_CHUNK, self.max_frame)
@@ -92,6 +93,16 @@ CAPABILITY_TTL = 600.0
 """Seconds an unredeemed capability (and the tensor it pins) lives."""
 MAX_CAPABILITIES = 64
 """Unredeemed capabilities one session may hold."""
+PEER_CAP_RECHECK = 1.0
+"""Seconds the per-peer memory cap (``ServerState.peer_memory_cap``) is reused before the
+authorized-peers file is looked at again: the cap is asked on every message that grows a
+session's memory, and each look is a ``stat`` of the file. Admission (a handshake, a role)
+still looks every time, so a peer removed from the file is refused at once; only the share
+of memory a peer may hold follows an edit up to this late."""
+
+
+_monotonic = time.monotonic
+"""The clock of ``peer_memory_cap``'s reuse (tests move it)."""
 
 
 class LimitExceeded(Exception):
@@ -125,12 +136,15 @@ class ServerState:
         self.heartbeat = self.started
         """When the network loop last ticked (``/healthz`` reports a stalled loop)."""
         self.steps = 0
-        """ExecuteGraph messages run for sessions (metrics)."""
+        """ExecuteGraph messages run by sessions that have ended (live ones count their own:
+        ``Session.traffic``; ``traffic()`` adds them up for metrics)."""
         self.bytes_received = 0
         self.bytes_sent = 0
-        """Tensor bytes uploaded by clients and read back by them (metrics)."""
+        """Tensor bytes uploaded by clients and read back by them, of ended sessions."""
         self.messages_closed = 0
         """Messages handled by sessions that have ended (live ones count their own)."""
+        self._cap: tuple[float, int] = (-1.0, 0)
+        """(until when, bytes): the per-peer cap last computed (``peer_memory_cap``)."""
         self.errors: dict[str, int] = {}
         """Errors by kind since start (``count_error``)."""
         self.resume_grace = 0.0
@@ -197,16 +211,25 @@ class ServerState:
     def peer_memory_cap(self) -> int:
         """Bytes one peer's sessions may hold (0: no cap of its own): ``--peer-memory`` when
         given, else PEER_MEMORY_SHARE of the memory limit when more than one peer may connect
-        (a server with no admission policy is one process's own, in-process: no cap)."""
+        (a server with no admission policy is one process's own, in-process: no cap). The
+        admitted peers are counted again at most every PEER_CAP_RECHECK seconds."""
         if self.limits.peer_memory is not None:
             return self.limits.peer_memory
         policy = self.authorized
         if policy is None:
             return 0
+        now = _monotonic()
+        until, cap = self._cap
+        if now < until:
+            return cap
         admitted = policy.admitted()
-        if admitted is not None and admitted <= 1:
-            return 0
-        return int(self.limits.memory_limit * PEER_MEMORY_SHARE)
+        cap = (
+            0
+            if admitted is not None and admitted <= 1
+            else int(self.limits.memory_limit * PEER_MEMORY_SHARE)
+        )
+        self._cap = (now + PEER_CAP_RECHECK, cap)
+        return cap
 
     def check_peer_memory(self, peer: str, nbytes: int) -> None:
         """Raise LimitExceeded when ``peer``'s sessions would hold more than its cap."""
@@ -216,11 +239,16 @@ class ServerState:
         if not cap:
             return
         with self.lock:
-            held = sum(
-                s.nbytes + getattr(s, "bulk_reserved", 0) + getattr(s, "group_bytes", 0)
-                for s in self.sessions.values()
-                if s.peer_id == peer
-            )
+            self._admit_peer(peer, nbytes, cap)
+
+    def _admit_peer(self, peer: str, nbytes: int, cap: int) -> None:
+        """The per-peer quota check (held lock): LimitExceeded when ``peer``'s sessions would
+        hold more than ``cap``."""
+        held = sum(
+            s.nbytes + getattr(s, "bulk_reserved", 0) + getattr(s, "group_bytes", 0)
+            for s in self.sessions.values()
+            if s.peer_id == peer
+        )
         if held + nbytes > cap:
             raise LimitExceeded(
                 f"peer {peer[:12]}... memory quota exceeded: {held} + {nbytes} bytes > {cap} "
@@ -234,6 +262,10 @@ class ServerState:
             session = self.sessions.pop(sid, None)
             if session is not None:
                 self.messages_closed += session.messages
+                steps, received, sent = getattr(session, "traffic", (0, 0, 0))
+                self.steps += steps
+                self.bytes_received += received
+                self.bytes_sent += sent
             peer = getattr(session, "peer_id", "")
             last = session is not None and not any(
                 other.peer_id == peer for other in self.sessions.values()
@@ -241,21 +273,41 @@ class ServerState:
         if last and self.jobs is not None:  # its half uploads cannot resume: remove them
             self.jobs.store.drop_uploads(peer)
 
-    def count(self, steps: int = 0, received: int = 0, sent: int = 0) -> None:
-        """Add to the traffic counters (metrics)."""
-        with self.lock:
-            self.steps += steps
-            self.bytes_received += received
-            self.bytes_sent += sent
+    def traffic(self) -> dict[str, int]:
+        """Steps run, tensor bytes received and sent, messages handled: ended sessions'
+        totals plus the live sessions' own counters (held lock)."""
+        live = [(getattr(s, "traffic", (0, 0, 0)), s.messages) for s in self.sessions.values()]
+        return {
+            "steps": self.steps + sum(t[0] for t, _ in live),
+            "bytes_received": self.bytes_received + sum(t[1] for t, _ in live),
+            "bytes_sent": self.bytes_sent + sum(t[2] for t, _ in live),
+            "messages": self.messages_closed + sum(n for _, n in live),
+        }
 
-    def account(self, tensors: int, nbytes: int, owner_bytes: int, owner: str = "session") -> None:
+    def account(
+        self,
+        tensors: int,
+        nbytes: int,
+        owner_bytes: int,
+        owner: str = "session",
+        peer: str = "",
+        release: int = 0,
+    ) -> None:
         """Charge (or, negative, refund) memory of one owner (a session, or ``job <id>``)
-        that holds ``owner_bytes`` now; raises LimitExceeded past a quota."""
+        that holds ``owner_bytes`` now; raises LimitExceeded past a quota. One lock for the
+        whole update of a message: ``peer``'s own cap is checked here too (as
+        ``check_peer_memory`` would), and ``release`` bytes held for the message's run (its
+        arena, ``run(release=False)``) are returned first, whether the charge fits or not."""
+        cap = self.peer_memory_cap() if peer and nbytes > 0 else 0
         with self.lock:
+            self.held -= release
+            if cap:
+                self._admit_peer(peer, nbytes, cap)
             self._admit(nbytes, owner_bytes, owner)
             self.tensors += tensors
             self.bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.bytes)
+            if self.bytes > self.peak_bytes:
+                self.peak_bytes = self.bytes
 
     def hold(self, nbytes: int, owner_bytes: int = 0, owner: str = "session") -> None:
         """Charge (or, negative, refund) bytes that are not a session's tensors but that a
@@ -371,17 +423,24 @@ class ServerState:
         donated: list[int],
         owner_bytes: int = 0,
         owner: str = "session",
+        release: bool = True,
     ) -> list[Any]:
         """Run a plan on the server's engine, timing it (``Plan.seconds``: whether its next
         replay fits on the network loop). Its arena (``Plan.peak_bytes``) is reserved in
-        the ledger for the run: a run that does not fit is refused before it allocates."""
+        the ledger for the run: a run that does not fit is refused before it allocates.
+        With ``release`` False a run that succeeds leaves the arena's bytes held for the
+        caller to return with the outputs' charge (``account(release=plan.peak_bytes)``:
+        one ledger update); a failed run always returns them."""
         peak = getattr(plan, "peak_bytes", 0)
         self.hold(peak, owner_bytes, owner)
         try:
             start = time.perf_counter()
             outs = self.executor.run(plan, inputs, values, donated)
             plan.seconds = time.perf_counter() - start
-        finally:
+        except BaseException:
+            self.hold(-peak)
+            raise
+        if release:
             self.hold(-peak)
         return outs
 

@@ -73,12 +73,7 @@ def snapshot(state: Any, now: float) -> dict[str, Any]:
     """Everything ``burn-remote status`` shows; ``now`` is the sessions' clock."""
     with state.lock:
         sessions = list(state.sessions.values())
-        counters = {
-            "steps": state.steps,
-            "bytes_received": state.bytes_received,
-            "bytes_sent": state.bytes_sent,
-            "messages": state.messages_closed + sum(s.messages for s in sessions),
-        }
+        counters = state.traffic()
         errors = dict(state.errors)
     executor = state.executor
     return {

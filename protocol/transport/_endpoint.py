@@ -108,6 +108,10 @@ class Endpoint:
         bit set, RFC 9000 17.2-17.3): the relay's address-discovery answers share the QUIC
         socket, as STUN shares it in ICE, so that they observe this socket's NAT mapping."""
         self._admission = _Admission()
+        self.batch_time = 0.0
+        """trio's clock when the receive loop read the batch of datagrams it is working on
+        (what a ``FrameStream.on_frame`` fast path may take for "now" instead of reading
+        the clock again)."""
         self.router: Router | None = None
         """A path layer under QUIC (hole punching, ``relay._direct``): maps the address a
         connection knows a peer by to where its datagrams really go, and back. QUIC never
@@ -349,7 +353,7 @@ class Endpoint:
         while True:
             await trio.lowlevel.wait_readable(sock)
             touched: dict[Connection, None] = {}
-            now = trio.current_time()
+            now = self.batch_time = trio.current_time()
             for data, addr in self._read_batch():
                 if not data:
                     continue
