@@ -1005,11 +1005,14 @@ def encode_execute_graph(
     return packer.pack((ExecuteGraph.TAG, request_id, digest, input_ids, values, output_ids, drops))
 
 
-def encode_data_frame(request_id: int, dtype: str, shape: Any, data: Any) -> bytes:
-    """``encode(Data(request_id, dtype, shape, data, 0))`` without building the message: the
-    reply frame to a lone Read of a small tensor (the server answers ``item()`` with it on
-    its receive loop); Data's field order, kept beside its class."""
-    return msgpack.packb(((Data.TAG, request_id, dtype, shape, data, 0),), use_bin_type=True)
+def encode_data_frame(
+    packer: msgpack.Packer, request_id: int, dtype: str, shape: Any, data: Any
+) -> bytes:
+    """``encode(Data(request_id, dtype, shape, data, 0))`` without building the message, with
+    a kept ``packer``: the reply frame to a lone Read of a small tensor (the server answers
+    ``item()`` with it on its receive loop); ``data`` may be any buffer (an array's memory).
+    Data's field order, kept beside its class."""
+    return packer.pack(((Data.TAG, request_id, dtype, shape, data, 0),))
 
 
 def frame_of(encoded: list[bytes]) -> bytes:

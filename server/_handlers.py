@@ -193,9 +193,8 @@ def read_alone(s: Any, request_id: int, tensor_id: int) -> bytes | None:
         return None
     host = np.ascontiguousarray(s.state.backend.to_numpy(a))
     s.traffic[2] += host.nbytes
-    return m.encode_data_frame(
-        request_id, dtypes.from_numpy(host.dtype), host.shape, host.tobytes()
-    )
+    name = dtypes.from_numpy(host.dtype)
+    return m.encode_data_frame(s.packer, request_id, name, host.shape, host.data)
 
 
 def drop(s: Any, msg: m.Drop, now: float) -> Reply:

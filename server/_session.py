@@ -122,6 +122,9 @@ class Session:
         self.traffic = [0, 0, 0]
         """Steps run, tensor bytes received and sent (metrics: ``ServerState.traffic``); the
         session's own, so a message bumps them without the ledger's lock."""
+        self.packer = m.packer()
+        """Encodes the replies built without message objects (one session steps in one
+        thread at a time; the Packer's buffer is reused)."""
         self.planned: tuple[Any, Any] | None = None
         """(ExecuteGraph, its plan) as the handler table's ``inline`` found it deciding
         where the message runs, so its handler does not look the plan up again."""

@@ -228,5 +228,8 @@ def test_metrics_count_live_sessions_and_keep_ended_ones() -> None:
 def test_a_data_frame_encoded_directly_is_the_message_encoding(value: np.ndarray) -> None:
     """``encode_data_frame`` (the lone Read's reply) writes Data's wire form, field for field."""
     args = (2**64 - 1, str(value.dtype), value.shape, value.tobytes())
-    assert m.encode_data_frame(*args) == m.encode(m.Data(*args, 0))
-    assert m.decode(m.encode_data_frame(*args)) == [m.Data(*args, 0)]
+    packer = m.packer()
+    for data in (args[3], value.data, np.ascontiguousarray(value).data):
+        frame = m.encode_data_frame(packer, *args[:3], data)
+        assert frame == m.encode(m.Data(*args, 0))
+        assert m.decode(frame) == [m.Data(*args, 0)]
