@@ -221,6 +221,9 @@ def _plan_in_place(replay: _Replay, inputs: list) -> None:
     replay.fresh_out = [j for j in range(len(replay.outputs)) if j not in written]
     replay.obj_sinks_rest = [(j, x) for j, x in replay.obj_sinks if j not in written]
     replay.obj_holders = [x for _, x, _ in replay.obj_inputs]
+    replay.same_holders = len(replay.holders) == len(replay.obj_holders) and all(
+        a is b for a, b in zip(replay.holders, replay.obj_holders)
+    )  # (the usual step: each state object read is the one written, in the same order)
     replay.seen_obj_ids = None
     replay.seen_hold_ids = None
 

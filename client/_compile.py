@@ -247,6 +247,7 @@ class _Replay:
         "fresh_out",
         "obj_sinks_rest",
         "obj_holders",
+        "same_holders",
         "seen_obj_ids",
         "seen_ids",
         "seen_hold_ids",
@@ -320,7 +321,7 @@ class _Replay:
         holders = self.holders
         in_place = False
         if holders:
-            hold_ids = list(map(_ID, holders))
+            hold_ids = obj_ids if self.same_holders else list(map(_ID, holders))
             if hold_ids != self.seen_hold_ids:
                 self.seen_hold_ids, self.hold_set = hold_ids, set(hold_ids)
                 out = [0] * len(self.outputs)
@@ -347,6 +348,7 @@ class _Replay:
             tmpl.key, tmpl.digest, tmpl.nodes, ids, values, out_ids, tmpl.output_specs, tmpl._graph
         )
         cap.prov = tmpl.prov
+        cap.step = True  # a runtime that paces compiled steps counts it (``step_done``)
         if in_place:
             cap.inplace = self.inplace_in
         dead, failed = rec.dead, rec.failed
@@ -419,6 +421,8 @@ class Compiled:
         self.name = f"{getattr(fn, '__qualname__', repr(fn))}{where}"
         self._entries: OrderedDict[Any, _Entry] = OrderedDict()
         self._last: tuple[Any, Any] = (None, None)
+        self._fast: tuple | None = None
+        """The last call's key, when it was tensors only, as ``_fast_guard`` lays it out."""
         self.recordings = 0
         """Calls that ran the body (recorded); the rest replayed."""
         self.replays = 0
@@ -449,12 +453,37 @@ class Compiled:
             e.clear()
         self._entries.clear()
         self._last = (None, None)
+        self._fast = None
 
     # --- calls --------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._invoke(_UNBOUND, *args, **kwargs)
 
     def _invoke(self, bound: Any, *args: Any, **kwargs: Any) -> Any:
+        fast = self._fast
+        if fast is not None and not kwargs and fast[0] is bound and len(args) == len(fast[2]):
+            # The common call: the same tensors-only signature as the last call, checked
+            # leaf by leaf against it (the key the general path below would build and find
+            # equal to the last one): shape, dtype, device, no two arguments the same tensor.
+            dev = fast[1]
+            for a, sd in zip(args, fast[2]):
+                if type(a) is not Tensor or a._dev is not dev or (a.shape, a.dtype) != sd:
+                    break
+            else:
+                if (
+                    len({a._id for a in args}) == len(args)
+                    and _autograd.enabled() == fast[3]
+                    and (replay := fast[4].replay) is not None
+                    and fast[4].epoch == epoch()
+                ):
+                    try:
+                        out = replay.run(list(args))
+                    except _Miss as miss:
+                        self._retrace(str(miss))
+                        fast[4].clear()
+                        return self._record(fast[4], dev, list(args), fast[5], False, bound)
+                    self.replays += 1
+                    return out
         flat: list[Any] = []
         try:
             spec = _flatten((args, kwargs) if kwargs else args, flat, "argument")
@@ -489,6 +518,7 @@ class Compiled:
             else:
                 self._entries.move_to_end(key)
             self._last = (key, entry)
+            self._fast = _fast_guard(bound, dev, spec, key, entry)
         if entry.replay is not None:
             if entry.epoch == epoch():
                 try:
@@ -498,7 +528,6 @@ class Compiled:
                     entry.clear()
                 else:
                     self.replays += 1
-                    _step_done(dev)
                     return out
             else:
                 self._retrace(
@@ -557,6 +586,19 @@ class Compiled:
                 _difference(last, replay),
             )
         return result
+
+
+def _fast_guard(bound: Any, dev: Any, spec: Any, key: tuple, entry: _Entry) -> tuple | None:
+    """(bound, device, ((shape, dtype) per argument), grad mode, entry, spec) for a key made
+    of positional tensor arguments only, all different tensors (what ``_invoke`` checks
+    first); None for any other signature."""
+    leaves = key[1]
+    if type(spec) is not tuple or spec[0] is not tuple or spec[1] != (_LEAF,) * len(leaves):
+        return None
+    for pos, leaf in enumerate(leaves):
+        if type(leaf) is not tuple or leaf[2] != pos:  # a number, or a repeated tensor
+            return None
+    return (bound, dev, tuple([leaf[:2] for leaf in leaves]), key[2], entry, spec)
 
 
 class _Entry:

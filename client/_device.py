@@ -227,8 +227,18 @@ class Device:
     def tensor(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
         """Upload array-like data. Python floats default to float32, ints to int64."""
         if type(data) is np.ndarray and dtype is None:  # the common case: a host batch
+            name = dtypes.from_numpy(data.dtype)  # refuses unsupported dtypes (object too)
+            rec = self._rec
+            if data.flags.c_contiguous and getattr(rec.runtime, "copies_uploads", False):
+                # (the runtime serialises it at once: the caller may change it afterwards)
+                tid = rec.new_id()
+                shape = data.shape
+                rec.upload(tid, data, (shape, name))
+                t = make_tensor(self, tid, shape, name)
+                if requires_grad:
+                    t.requires_grad_(True)
+                return t
             arr = data
-            name = dtypes.from_numpy(arr.dtype)  # refuses unsupported dtypes (object too)
         else:
             if isinstance(data, Tensor):
                 data = data.numpy()

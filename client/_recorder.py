@@ -96,6 +96,7 @@ class Capture:
     __slots__ = (
         "donated",
         "inplace",
+        "step",
         "prov",
         "key",
         "digest",
@@ -124,6 +125,9 @@ class Capture:
         written in place under the id it keeps): the runtime hands their memory to the graph
         and stores the new value under the same id. If the graph fails they are gone (their
         ids then fail to read), never half-updated."""
+        self.step = False
+        """A compiled function's replay (one step): a runtime that paces steps (remote:
+        ``RemoteRuntime.step_done``) counts it as it queues it."""
         self.prov: tuple | None = None
         """(ops, wheres) per node, built once: a compiled function's replays share it."""
 

@@ -53,7 +53,10 @@ class RemoteRuntime:
     copy it: a 1 GiB read costs 1 GiB, not 2)."""
 
     def __init__(self, link_factory: Any) -> None:
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()
+        """``cond``'s lock: the hot paths take it directly (a Condition's ``with`` is a
+        Python-level call)."""
+        self.cond = threading.Condition(self.lock)
         self.proto = ClientProtocol()
         self.link = link_factory(self.proto, self.cond)
         self._syncs: deque[tuple[int, int]] = deque()
@@ -69,64 +72,86 @@ class RemoteRuntime:
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
-        with self.cond:
-            self._check()
-            self.proto.upload(tensor_id, array)
-            send = self.proto.should_send()
+        with self.lock:
+            proto = self.proto
+            if proto.fatal is not None:
+                raise RemoteError(proto.fatal)
+            proto.upload(tensor_id, array)
+            send = proto.should_send()
         if send:
             self.link.kick()
 
     def execute(self, capture: Any) -> None:
-        with self.cond:
-            self._check()
-            self.proto.execute(capture)
-            send = self.proto.should_send()
+        """Queue a graph; a compiled step's replay (``capture.step``) is also counted as
+        ``step_done`` counts one, under the same lock."""
+        wait_for = None
+        with self.lock:
+            proto = self.proto
+            if proto.fatal is not None:
+                raise RemoteError(proto.fatal)
+            proto.execute(capture)
+            send = proto.should_send()
+            if capture.step:
+                more, wait_for = self._count_step()
+                send = send or more
         if send:
             self.link.kick()
+        if wait_for is not None:
+            self._wait_ahead(wait_for)
 
     def step_done(self) -> None:
         """A compiled step was queued: steps leave every STEPS_PER_PACKET with a Sync, or
         with the next read (whichever is first); a step waits while more than MAX_STEPS_AHEAD
         are unacknowledged. A failed step is not raised here: its error comes with the next
-        read or sync, as in an uncompiled loop.
+        read or sync, as in an uncompiled loop. (A replay's capture is counted by
+        ``execute`` itself: this is for a step that was recorded.)
 
         Sending the first step at once whenever the server was idle (after each read) was
         measured too: it cost ~30 us of this process's CPU per step (a packet out and its
         acknowledgement in, per read) for no wall-clock gain on loopback."""
-        wait_for = None
-        with self.cond:
+        with self.lock:
             self._check()
-            proto, syncs = self.proto, self._syncs
-            self._steps += 1
-            while syncs and syncs[0][0] in proto.results:
-                rid, steps = syncs.popleft()
-                proto.results.pop(rid)
-                self._acked = max(self._acked, steps)
-            send = self._steps - self._sent >= STEPS_PER_PACKET
-            if send:
-                syncs.append((proto.request(m.Sync), self._steps))
-                self._sent = self._steps
-            if self._steps - self._acked > MAX_STEPS_AHEAD:
-                if not syncs:
-                    syncs.append((proto.request(m.Sync), self._steps))
-                    send, self._sent = True, self._steps
-                wait_for = syncs[0][0]
+            send, wait_for = self._count_step()
         if send:
             self.link.kick()
         if wait_for is not None:
-            proto = self.proto
+            self._wait_ahead(wait_for)
 
-            def answered() -> bool:
-                return wait_for in proto.results or proto.fatal is not None
+    def _count_step(self) -> tuple[bool, int | None]:
+        """One more step queued (``cond`` held): whether to send now (a Sync every
+        STEPS_PER_PACKET steps), and the Sync to wait for when too far ahead."""
+        proto, syncs = self.proto, self._syncs
+        self._steps += 1
+        while syncs and syncs[0][0] in proto.results:
+            rid, steps = syncs.popleft()
+            proto.results.pop(rid)
+            self._acked = max(self._acked, steps)
+        send = self._steps - self._sent >= STEPS_PER_PACKET
+        if send:
+            syncs.append((proto.request(m.Sync), self._steps))
+            self._sent = self._steps
+        if self._steps - self._acked > MAX_STEPS_AHEAD:
+            if not syncs:
+                syncs.append((proto.request(m.Sync), self._steps))
+                send, self._sent = True, self._steps
+            return send, syncs[0][0]
+        return send, None
 
-            left = self.link.wait(answered, WAIT_TIMEOUT, linger=False)  # more will follow
-            with self.cond:
-                if not self.cond.wait_for(answered, left):
-                    raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
-                self._check()
+    def _wait_ahead(self, wait_for: int) -> None:
+        """Back-pressure: wait for the Sync ``wait_for`` (the server ran the steps before it)."""
+        proto = self.proto
+
+        def answered() -> bool:
+            return wait_for in proto.results or proto.fatal is not None
+
+        left = self.link.wait(answered, WAIT_TIMEOUT, linger=False)  # more will follow
+        with self.cond:
+            if not self.cond.wait_for(answered, left):
+                raise RemoteError(f"no reply from the server within {WAIT_TIMEOUT:.0f} s")
+            self._check()
 
     def drop(self, ids: Sequence[int]) -> None:
-        with self.cond:
+        with self.lock:
             self.proto.drop(ids)
 
     def read(self, tensor_id: int) -> np.ndarray:
@@ -158,7 +183,7 @@ class RemoteRuntime:
         """Queue a request and send everything pending (``send=False``: leave it for the
         next ``send``, so a caller can queue every rank's request before sending any);
         its request id."""
-        with self.cond:
+        with self.lock:
             self._check()
             rid = self.proto.request(kind, *fields)
             self._asked[rid] = self._sent = self._steps
@@ -176,8 +201,8 @@ class RemoteRuntime:
         # Reads the reply in this thread. A device running compiled steps has replies
         # coming while nobody waits (each packet's Sync): its reader keeps the socket.
         left = self.link.wait(answered, WAIT_TIMEOUT, linger=not self._steps)
-        with self.cond:
-            done = self.cond.wait_for(answered, left)
+        with self.lock:
+            done = answered() or self.cond.wait_for(answered, left)
             result = proto.results.pop(rid, None)
             error = proto.take_errors()
             steps = self._asked.pop(rid, 0)

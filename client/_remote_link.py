@@ -40,7 +40,13 @@ from burn_remote.protocol.transport import (  # imported with the first RemoteDe
 )
 
 from ._remote_protocol import ClientProtocol
-from ._remote_resume import ATTEMPT_TIMEOUT, RESUME_TIMEOUT, ClientSequencer, SessionExpired
+from ._remote_resume import (
+    ATTEMPT_TIMEOUT,
+    RESUME_TIMEOUT,
+    STAMP_ROOM,
+    ClientSequencer,
+    SessionExpired,
+)
 
 CLOSE_TIMEOUT = 10.0
 """Seconds ``close`` waits for the connection (and queued uploads) before giving up."""
@@ -65,6 +71,11 @@ DIRECT_WAIT = os.environ.get("BURN_REMOTE_DIRECT_WAIT", "1") != "0"
 every read to the connection's reader thread (for A/B measurements)."""
 MAX_DONE = 4096
 """Finished incoming transfer ids remembered (to re-acknowledge one resent after a loss)."""
+
+_PID = [os.getpid()]
+"""This process's id, updated in a forked child (``os.register_at_fork``)."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 _IDLE, _CONNECTING, _RESUMING, _UP, _CLOSED = "idle", "connecting", "resuming", "up", "closed"
 
@@ -102,7 +113,7 @@ class Link:
         self._rx_done: set[int] = set()
         self._bulk: queue.SimpleQueue[tuple[Any, BulkSend] | None] = queue.SimpleQueue()
         self._bulk_thread: threading.Thread | None = None
-        self._pid = os.getpid()
+        self._pid = _PID[0]
         self._lost: str | None = None
         """How the last connection ended (for the message if resuming fails)."""
 
@@ -111,22 +122,31 @@ class Link:
         """Send everything pending (or queue it while dialling); never waits for the server."""
         if self._forked():
             return
+        proto = self.protocol
         with self._lock:
             if self._state == _IDLE:
                 self._state = _CONNECTING
                 self._spawn(self._dial, False)
             while True:
                 with self.cond:
-                    if self.protocol.fatal is not None:
+                    if proto.fatal is not None:
                         return
-                    batch = self.protocol.take()
+                    batch = proto.take(STAMP_ROOM)
                 if batch is None:
                     return
-                frame = self._seq.wrap(batch.frame)
-                sends = [BulkSend(bid, payload) for bid, payload in batch.bulk]
-                self._out.update((send.bulk_id, send) for send in sends)
+                # prefix and sequencing header written into the frame's buffer: the frame
+                # is copied once (into QUIC's send buffer) after it was joined
+                buffer = batch.frame
+                self._seq.stamp(buffer)
+                sends = (
+                    [BulkSend(bid, payload) for bid, payload in batch.bulk] if batch.bulk else ()
+                )
+                if sends:
+                    self._out.update((send.bulk_id, send) for send in sends)
                 if self._state == _UP:
-                    self._send(frame, sends)
+                    self._send(buffer, sends, prefixed=True)
+                if not proto.pending:  # (what another thread queued meanwhile goes too)
+                    return
 
     def wait(self, done: Any, timeout: float, linger: bool = True) -> float:
         """Wait for ``done()`` reading the server's frames in this thread, when the link is
@@ -177,7 +197,7 @@ class Link:
         """In a forked child the connection is its parent's (same keys, same packet numbers)
         and its threads did not come along: the device fails there instead of corrupting the
         parent's session. No lock is taken: a thread may have held one at the fork."""
-        if os.getpid() == self._pid:
+        if _PID[0] == self._pid:  # (kept by a fork hook: no getpid() per send and wait)
             return False
         if self.protocol.fatal is None:
             self.protocol.fatal = (
@@ -187,9 +207,10 @@ class Link:
         return True
 
     # --- sending (with self._lock held) -------------------------------------------------------
-    def _send(self, frame: bytes, sends: list[BulkSend]) -> None:
-        """A lost connection is reported by its reader; what failed here is resent on resume."""
-        if _control_frame(self._conn, self._control, frame):
+    def _send(self, frame: Any, sends: Any, prefixed: bool = False) -> None:
+        """A lost connection is reported by its reader; what failed here is resent on resume.
+        ``prefixed``: ``frame`` starts with its transport length prefix (``stamp``)."""
+        if _control_frame(self._conn, self._control, frame, prefixed):
             for send in sends:
                 self._bulk_put((self._conn, send))
 
@@ -471,11 +492,13 @@ def _welcome_token(frame: bytes) -> bytes | None:
     return next((w.resume_token for w in msgs if isinstance(w, m.Welcome)), None)
 
 
-def _control_frame(conn: BlockingConnection, control: int, frame: bytes) -> bool:
+def _control_frame(
+    conn: BlockingConnection, control: int, frame: Any, prefixed: bool = False
+) -> bool:
     """Send on the control stream without waiting; False if the connection is gone (its
     reader reports the loss, and resume sends the frame again)."""
     try:
-        conn.send_frame(control, frame, wait=False)
+        conn.send_frame(control, frame, wait=False, prefixed=prefixed)
     except TransportError:
         return False
     return True

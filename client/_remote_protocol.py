@@ -94,7 +94,7 @@ class _InFlight:
 class Batch:
     """What the link sends next: one control frame, then bulk transfers."""
 
-    frame: bytes
+    frame: bytes | bytearray
     bulk: list[tuple[int, bytes]] = field(default_factory=list)
 
 
@@ -123,6 +123,8 @@ class ClientProtocol:
         self._data_waiting: dict[int, m.Data] = {}
         self._bulk_early: dict[int, bytes] = {}
         self._resend = False
+        self._flight: _InFlight | None = None
+        """The last execution's record (the next one of the same replay reuses it)."""
         self._packer = m.packer()
         """Encodes messages as ``messages.encode`` does, one at a time, reusing its buffer."""
 
@@ -187,9 +189,17 @@ class ClientProtocol:
             self.counters.graphs_registered += 1
         else:
             self.counters.replays += 1
-        rid = self._next_rid()
+        self._rid = rid = self._rid + 1
         ops, wheres = capture.provenance()
-        self.in_flight[rid] = _InFlight(capture.digest, capture.graph, ops, wheres)
+        flight = self._flight  # a compiled step's replays share one (same graph, same lines)
+        if (
+            flight is None
+            or flight.ops is not ops
+            or flight.wheres is not wheres
+            or flight.digest != capture.digest
+        ):
+            flight = self._flight = _InFlight(capture.digest, capture.graph, ops, wheres)
+        self.in_flight[rid] = flight
         # Donated inputs (no Tensor holds them) go in this message's drops: the server frees
         # them inside the graph instead of one step later.
         ids = capture.input_ids
@@ -222,8 +232,10 @@ class ClientProtocol:
         return len(self.pending) >= BATCH_MAX_MESSAGES or self.pending_bytes >= self._batch_bytes
 
     # --- sending (link) -----------------------------------------------------------------------
-    def take(self) -> Batch | None:
-        """The next batch to send, journaled; None when nothing is pending."""
+    def take(self, reserve: int = 0) -> Batch | None:
+        """The next batch to send, journaled; None when nothing is pending. ``reserve`` > 0:
+        the frame is a bytearray with that many bytes free in front for the link's headers
+        (``messages.frame_of``)."""
         if self._drops:
             self._queue(m.Drop(tuple(self._drops)))
             self._drops = []
@@ -237,7 +249,7 @@ class ClientProtocol:
             if e.raw is None:
                 e.raw = m.encode_one(e.msg, packer)
             encoded.append(e.raw)
-        frame = m.frame_of(encoded)
+        frame = m.frame_of(encoded, reserve)
         batch = Batch(frame)
         journal = self.journal
         for e in entries:
@@ -248,7 +260,7 @@ class ClientProtocol:
                 journal.append(e)
         c = self.counters
         c.messages_sent += 1 + len(batch.bulk)
-        c.bytes_sent += len(frame) + sum(len(p) for _, p in batch.bulk)
+        c.bytes_sent += len(frame) - reserve + sum(len(p) for _, p in batch.bulk)
         return batch
 
     # --- receiving (link) ---------------------------------------------------------------------
@@ -282,11 +294,17 @@ class ClientProtocol:
     def _answered(self, rid: int) -> None:
         """Every message up to request ``rid`` was processed: trim journal and in_flight."""
         j = self.journal
-        while j:
-            if j.popleft().rid == rid:
-                break
-        for k in [k for k in self.in_flight if k < rid]:
-            del self.in_flight[k]
+        if rid and j and j[-1].rid == rid:  # the usual reply: to the last request sent (a read)
+            j.clear()
+        else:
+            while j:
+                if j.popleft().rid == rid:
+                    break
+        if rid == self._rid and rid not in self.in_flight:  # nothing was queued after it
+            self.in_flight.clear()
+        else:
+            for k in [k for k in self.in_flight if k < rid]:
+                del self.in_flight[k]
 
     def _on_message(self, msg: m.Message) -> None:
         if isinstance(msg, m.Data):

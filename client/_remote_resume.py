@@ -8,10 +8,16 @@ reconnect is applied once. See ``burn_remote.protocol.sequencing`` for the frame
 from __future__ import annotations
 
 import os
+import struct
 from collections import deque
 
 from burn_remote.protocol import messages as m
-from burn_remote.protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
+from burn_remote.protocol.sequencing import HEADER, MAGIC, SESSION_EXPIRED, unwrap, wrap
+
+_PREFIXED = struct.Struct(">I" + HEADER.format.lstrip(">"))
+"""A transport frame's 4-byte length prefix followed by the sequencing header."""
+STAMP_ROOM = _PREFIXED.size
+"""Bytes ``ClientSequencer.stamp`` writes in front of a frame."""
 
 RESUME_TIMEOUT = float(os.environ.get("BURN_REMOTE_RESUME_TIMEOUT", "30"))
 """Seconds the link keeps trying to reconnect after losing the server (the server's default
@@ -31,11 +37,22 @@ class ClientSequencer:
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
-        self.unacked: deque[tuple[int, bytes]] = deque()
+        self.unacked: deque[tuple[int, bytes | memoryview]] = deque()
 
     def wrap(self, frame: bytes) -> bytes:
         self.sent += 1
         out = wrap(self.sent, self.received, frame)
+        self.unacked.append((self.sent, out))
+        return out
+
+    def stamp(self, buffer: bytearray) -> memoryview:
+        """Number a frame built with ``STAMP_ROOM`` bytes free in front of it: writes the
+        transport's length prefix and the sequencing header there, so ``buffer`` goes to the
+        transport as it is (``send_frame(..., prefixed=True)``), with no copy of the frame.
+        Returns the sequenced frame (a view of ``buffer`` past the prefix), kept for resume."""
+        self.sent += 1
+        _PREFIXED.pack_into(buffer, 0, len(buffer) - 4, MAGIC, self.sent, self.received)
+        out = memoryview(buffer)[4:]
         self.unacked.append((self.sent, out))
         return out
 
@@ -64,7 +81,7 @@ class ClientSequencer:
     def resume_frame(self, token: bytes) -> bytes:
         return wrap(0, self.received, m.encode(m.Hello(m.PROTOCOL_VERSION, token)))
 
-    def resumed(self, reply: bytes | None) -> list[bytes]:
+    def resumed(self, reply: bytes | None) -> list[bytes | memoryview]:
         """Apply the server's answer to ``resume_frame``; the frames to send again, in order.
 
         Raises:

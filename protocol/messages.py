@@ -1015,9 +1015,13 @@ def encode_data_frame(
     return packer.pack(((Data.TAG, request_id, dtype, shape, data, 0),))
 
 
-def frame_of(encoded: list[bytes]) -> bytes:
+def frame_of(encoded: list[bytes], reserve: int = 0) -> bytes | bytearray:
     """A control frame from messages encoded one by one (``packer``): the bytes ``encode``
-    gives for the same messages (a msgpack array header, then its elements in order)."""
+    gives for the same messages (a msgpack array header, then its elements in order).
+
+    ``reserve`` > 0 gives a bytearray with that many zero bytes before the frame, for a
+    sender to write its own headers into (a length prefix, a sequencing header): the
+    frame's bytes are then copied once on their way to the transport, not once per header."""
     n = len(encoded)
     if n < 16:
         head = bytes((0x90 | n,))
@@ -1025,9 +1029,11 @@ def frame_of(encoded: list[bytes]) -> bytes:
         head = b"\xdc" + n.to_bytes(2, "big")
     else:
         head = b"\xdd" + n.to_bytes(4, "big")
+    if reserve:
+        head = bytes(reserve) + head
     encoded.insert(0, head)
     try:
-        return b"".join(encoded)
+        return bytearray().join(encoded) if reserve else b"".join(encoded)
     finally:
         del encoded[0]
 

@@ -139,6 +139,42 @@ def test_guard_miss_on_a_new_batch_shape_recaptures_and_stays_correct(caplog):
         assert np.array_equal(a.numpy(), b.numpy())
 
 
+def test_a_repeated_call_is_checked_leaf_by_leaf_before_it_replays():
+    """A call with the last call's signature takes a shorter guard (``_invoke``): each
+    argument's shape, dtype and device, no tensor passed twice, the grad mode. Any change
+    still captures again, and going back replays the first capture with the new values."""
+
+    @br.compile
+    def f(a, b):
+        return a * 2 + b
+
+    x = DEV.tensor(np.arange(4, dtype=np.float32))
+    y = DEV.tensor(np.ones(4, np.float32))
+    for _ in range(4):
+        np.testing.assert_array_equal(f(x, y).numpy(), np.arange(4) * 2 + 1)
+    assert f.stats() == {"recordings": 2, "replays": 2, "captures": 1}
+    calls = [
+        ((x, x), np.arange(4) * 3, "same tensor as another"),
+        ((x, DEV.tensor(np.ones(4, np.float64))), np.arange(4) * 2 + 1, "dtype float64"),
+        ((DEV.tensor(np.ones(4, np.int64)), y), np.full(4, 3.0), "dtype int64"),
+        ((x[:3], y[:3]), np.arange(3) * 2 + 1, "shape (3,)"),
+    ]
+    for args, want, why in calls:
+        before = f.stats()["recordings"]
+        np.testing.assert_array_equal(f(*args).numpy(), want)
+        assert f.stats()["recordings"] == before + 1, why
+        assert why in f.retraces[-1], (why, f.retraces[-1])
+    with br.no_grad():
+        before = f.stats()["recordings"]
+        f(x, y)
+        assert f.stats()["recordings"] == before + 1
+    replays = f.stats()["replays"]
+    z = DEV.tensor(np.full(4, 5, np.float32))
+    for k in (1, 2):  # the first capture again, then the same signature as the last call
+        np.testing.assert_array_equal(f(z, y).numpy(), np.full(4, 11.0))
+        assert f.stats()["replays"] == replays + k
+
+
 def test_python_numbers_are_bindings_not_retraces():
     w = DEV.tensor(np.ones(4, np.float32))
 

@@ -135,6 +135,8 @@ class BlockingConnection:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         """Notified after each batch of received datagrams: ACKs free send space."""
+        self._waiting = 0
+        """Threads waiting on ``_changed`` (a sender for room, ``close`` for ACKs)."""
         self._readers: dict[int, _FrameReader] = {}
         self._ready = threading.Event()
         self._error: TransportError | None = None
@@ -245,22 +247,40 @@ class BlockingConnection:
             self._readers[sid] = _FrameReader(self._config.max_frame_size)
             return sid
 
-    def send_frame(self, stream_id: int, data: bytes | memoryview, *, wait: bool = True) -> None:
+    def send_frame(
+        self,
+        stream_id: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        wait: bool = True,
+        prefixed: bool = False,
+    ) -> None:
         """Send one frame now.
 
         With ``wait``, waits while the stream holds ``send_buffer`` unacknowledged bytes;
         without, leaves in aioquic's buffer whatever the peer cannot take yet (for small
-        frames from a thread that must never block on the network).
+        frames from a thread that must never block on the network). With ``prefixed``,
+        ``data`` already starts with the frame's 4-byte length prefix (written by a sender
+        that built the frame with room for it): it goes to QUIC without another copy.
 
         Raises:
             FrameTooLarge: the frame exceeds ``max_frame_size``.
             TransportError: the connection is closed.
         """
-        size = len(data)
+        if prefixed:
+            size = len(data) - 4
+            if size < 0 or _PREFIX.unpack_from(data)[0] != size:
+                raise ValueError("a prefixed frame must start with its own length")
+        else:
+            size = len(data)
         if size > self._config.max_frame_size:
             raise FrameTooLarge(f"frame of {size} bytes exceeds {self._config.max_frame_size}")
-        prefix = _PREFIX.pack(size)
-        parts = (prefix + data,) if size <= _INLINE_FRAME else (prefix, memoryview(data))
+        if prefixed:
+            parts: tuple = (data if type(data) is bytes else memoryview(data),)
+        elif size <= _INLINE_FRAME:
+            parts = (_PREFIX.pack(size) + data,)
+        else:
+            parts = (_PREFIX.pack(size), memoryview(data))
         quic = self._quic
         cap = self._config.send_buffer
         with self._lock:
@@ -274,7 +294,11 @@ class BlockingConnection:
                         if room <= 0:
                             if self._owner is None:
                                 self._call_reader()  # ACKs free room: someone must read
-                            self._changed.wait()
+                            self._waiting += 1
+                            try:
+                                self._changed.wait()
+                            finally:
+                                self._waiting -= 1
                             continue
                     try:
                         quic.send_stream_data(stream_id, part[written : written + room])
@@ -304,7 +328,11 @@ class BlockingConnection:
                     break
                 if self._owner is None:
                     self._call_reader()
-                self._changed.wait(left)
+                self._waiting += 1
+                try:
+                    self._changed.wait(left)
+                finally:
+                    self._waiting -= 1
         self._shut(reason or "closed by peer")
 
     def drive_until(
@@ -482,7 +510,8 @@ class BlockingConnection:
         ):
             self.peer_id = quic.peer_id
             self._ready.set()
-        self._changed.notify_all()
+        if self._waiting:  # (a Condition's notify is Python-level work even for nobody)
+            self._changed.notify_all()
         return out, window_due
 
     def _run(self) -> None:

@@ -4,13 +4,18 @@ lists): the frames carry exactly the bytes ``messages.encode`` gives for the sam
 
 from __future__ import annotations
 
+import threading
+
 import burn_remote as br
 import numpy as np
 import pytest
 from burn_remote import functional as F
 from burn_remote import nn, optim
+from burn_remote._remote_link import _UP, Link
 from burn_remote._remote_protocol import ClientProtocol
+from burn_remote._remote_resume import STAMP_ROOM, ClientSequencer
 from burn_remote.protocol import messages as m
+from burn_remote.protocol.sequencing import unwrap, wrap
 from burn_remote.server._loopback import loopback_device
 
 
@@ -89,3 +94,66 @@ def test_a_compiled_steps_frames_equal_the_encoder_with_the_ids_and_values_it_bi
     assert held <= set(last.input_ids) and held <= set(last.output_ids)  # written in place
     assert x._id in last.input_ids and y._id in last.input_ids
     assert 6.0 in last.values  # the scale bound on the last call
+
+
+def test_a_frame_built_with_room_in_front_holds_the_same_frame_after_it() -> None:
+    msgs = _some_messages(20)
+    packer = m.packer()
+    buf = m.frame_of([m.encode_one(x, packer) for x in msgs], reserve=21)
+    assert type(buf) is bytearray and buf[:21] == bytes(21)
+    assert bytes(buf[21:]) == m.encode(msgs)
+
+
+def test_the_sequencer_stamps_a_frame_in_its_own_buffer() -> None:
+    """The link's frame is joined once with room for the transport's length prefix and the
+    sequencing header; ``stamp`` writes both there and keeps a view (no copy) for resume."""
+    proto, seq = ClientProtocol(), ClientSequencer()
+    seq.received = 7
+    proto.request(m.Sync)
+    buf = proto.take(STAMP_ROOM).frame
+    inner = bytes(buf[STAMP_ROOM:])
+    assert proto.counters.bytes_sent == len(inner)
+    view = seq.stamp(buf)
+    assert bytes(buf) == (len(buf) - 4).to_bytes(4, "big") + wrap(1, 7, inner)
+    assert view.obj is buf and bytes(view) == wrap(1, 7, inner)
+    assert seq.unacked[-1][0] == 1 and seq.unacked[-1][1] is view
+    assert [type(x) for x in m.decode(unwrap(bytes(view))[2])] == [m.Hello, m.Sync]
+    assert seq.accept(wrap(8, 1, b"")) == b"" and not seq.unacked  # acknowledged
+
+
+def test_a_kick_hands_the_transport_the_stamped_buffer_itself() -> None:
+    class Conn:
+        sent: list = []
+
+        def send_frame(self, sid, data, *, wait=True, prefixed=False):  # type: ignore[no-untyped-def]
+            self.sent.append((sid, data, wait, prefixed))
+
+    proto = ClientProtocol()
+    link = Link("peer", ("127.0.0.1", 1), proto, threading.Condition())
+    link._state, link._conn, link._control = _UP, Conn(), 0
+    rid = proto.request(m.Read, 5)
+    link.kick()
+    link.kick()  # nothing pending: nothing sent
+    ((sid, data, wait, prefixed),) = Conn.sent
+    assert (sid, wait, prefixed) == (0, False, True) and type(data) is bytearray
+    assert link._seq.unacked[-1][1].obj is data  # resume resends this very buffer
+    seq, ack, inner = unwrap(bytes(data[4:]))
+    assert int.from_bytes(data[:4], "big") == len(data) - 4 and (seq, ack) == (1, 0)
+    assert [getattr(x, "request_id", None) for x in m.decode(inner)] == [None, rid]
+
+
+def test_a_reply_trims_what_was_sent_up_to_its_request_only() -> None:
+    """The journal (kept for a resend after UNKNOWN_GRAPH) and the executions awaiting an
+    outcome are trimmed up to the answered request, in one go when it was the last one."""
+    proto = ClientProtocol()
+    first = proto.request(m.Sync)
+    proto.upload(1, np.ones(3, np.float32))
+    second = proto.request(m.Read, 1)
+    third = proto.request(m.Sync)
+    proto.take()
+    proto.in_flight = {first - 1: "a", second - 1: "b", third - 1: "c"}  # (executions' ids)
+    proto.receive_control(m.encode([m.Ack(second)]))
+    assert [e.rid for e in proto.journal] == [third] and list(proto.in_flight) == [third - 1]
+    proto.receive_control(m.encode([m.Ack(third)]))
+    assert not proto.journal and not proto.in_flight
+    assert {first, second, third} - set(proto.results) == {first}

@@ -149,6 +149,22 @@ def test_frames_of_many_sizes_round_trip_in_order(client: Identity) -> None:
         assert conn.peer_id is not None
 
 
+def test_a_frame_written_with_its_length_prefix_goes_as_it_is(client: Identity) -> None:
+    """A sender that built its frame with the 4-byte length prefix in front (the remote
+    link joins its frames once, headers included) sends that buffer as it is; a prefix
+    that is not the frame's length is refused before anything is sent."""
+    with served(client) as (_, conn, got):
+        sid = conn.open_stream()
+        for n, wait in ((0, False), (5, False), (65536, True), (300_000, False), (9 << 20, True)):
+            frame = np.random.default_rng(n).bytes(n)
+            conn.send_frame(sid, bytearray(n.to_bytes(4, "big") + frame), wait=wait, prefixed=True)
+            assert got.next() == (sid, frame)
+        with pytest.raises(ValueError, match="its own length"):
+            conn.send_frame(sid, bytearray(b"\x00\x00\x00\x09abc"), prefixed=True)
+        conn.send_frame(sid, b"after")
+        assert got.next() == (sid, b"after")
+
+
 def test_quick_round_trips_need_no_datagram_for_an_ack(
     client: Identity, monkeypatch: pytest.MonkeyPatch
 ) -> None:
