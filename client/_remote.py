@@ -199,8 +199,10 @@ class RemoteRuntime:
             return rid in proto.results or proto.fatal is not None
 
         # Reads the reply in this thread. A device running compiled steps has replies
-        # coming while nobody waits (each packet's Sync): its reader keeps the socket.
-        left = self.link.wait(answered, WAIT_TIMEOUT, linger=not self._steps)
+        # coming while nobody waits (each packet's Sync): its reader keeps the socket,
+        # except while this thread waits for the last request it sent (a read after the
+        # steps): every reply before it comes first, and nothing is owed after it.
+        left = self.link.wait(answered, WAIT_TIMEOUT, linger=not self._steps or rid == proto._rid)
         with self.lock:
             done = answered() or self.cond.wait_for(answered, left)
             result = proto.results.pop(rid, None)

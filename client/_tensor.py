@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, NamedTuple
 
@@ -142,7 +143,7 @@ class Tensor:
         return np.array(value, copy=True)
 
     def item(self) -> float | int | bool:
-        if self.size != 1:
+        if self.shape and math.prod(self.shape) != 1:  # (not .size: an object per call)
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
         return self._dev._rec.read(self._id).reshape(()).item()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import burn_remote as br
 import numpy as np
@@ -60,6 +61,44 @@ def test_replays_share_packets_run_ahead_boundedly_and_report_errors_late(server
     with pytest.raises(br.OpFailed, match=r"recorded at .*test_compile_remote.py:\d+"):
         out.item()
     assert pick(good).item() == 12.0  # the session goes on
+    dev.close()
+
+
+def test_a_read_after_compiled_steps_is_read_by_the_thread_that_waits(server) -> None:
+    """The read after a few queued steps is the last request sent: every reply before it
+    comes first and none is owed after it, so the waiting thread reads it off the socket
+    itself (no hand-off from the connection's reader thread)."""
+    from burn_remote import _remote_link
+
+    dev = RemoteDevice(server.target)
+    table = dev.tensor(np.arange(10, dtype=np.float32))
+
+    @br.compile
+    def pick(idx):
+        return (table[idx] * 2).sum()
+
+    good = dev.tensor(np.array([1, 2, 3]))
+    assert pick(good).item() == 12.0
+    handled: list[bool] = []
+    on_control = _remote_link.Link._on_control
+    me = threading.get_ident()
+
+    def spy(self, frame):  # type: ignore[no-untyped-def]
+        handled.append(threading.get_ident() == me)
+        return on_control(self, frame)
+
+    _remote_link.Link._on_control = spy
+    try:
+        in_thread = 0
+        for _ in range(8):
+            for _ in range(3):
+                out = pick(good)
+            handled.clear()
+            assert out.item() == 12.0
+            in_thread += handled[-1]
+    finally:
+        _remote_link.Link._on_control = on_control
+    assert dev._rt._steps > 20 and in_thread >= 6, in_thread
     dev.close()
 
 
