@@ -150,9 +150,21 @@ def all_reduce(x: Tensor, group: Group, op: str = "mean") -> Tensor:
 
 def sync(devices: Sequence[Device]) -> None:
     """Submit every device's work first (so all ranks reach their collectives together),
-    then wait for each; raises the first failure after all have been waited for."""
+    and what the other ranks of their groups recorded, then wait for each of ``devices``;
+    raises the first failure after all have been waited for."""
     first: BaseException | None = None
-    for wait in submit_all(devices):
+    waits = submit_all(devices)
+    listed = {id(d) for d in devices}
+    for d in devices:  # ranks of their groups outside ``devices``: their collectives too
+        for partners in list(d._rec.partners.values()):
+            for p in partners:
+                if id(p) not in listed and not p._rec._held:
+                    listed.add(id(p))
+                    try:
+                        p.flush()
+                    except Exception as exc:
+                        first = first or exc
+    for wait in waits:
         try:
             wait()
         except Exception as exc:

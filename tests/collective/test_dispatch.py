@@ -102,3 +102,18 @@ def test_a_rank_whose_submission_fails_is_raised_after_the_others_were_sent_and_
     assert [name for name, _, _ in frames] == ["s0", "s2"], frames
     assert all(kinds[-1] == "Sync" for _, kinds, _ in frames), frames
     assert len(ys) == 3
+
+
+def test_sync_of_some_ranks_also_sends_what_their_group_partners_recorded():
+    """`sync([rank 0])` must not leave rank 0's collective waiting for a partner whose step
+    is still recorded on the client: the partner's work is sent too (not waited for)."""
+    frames: list = []
+    devs = _devices(2, frames)
+    ys = _record_on(devs)
+    devs[0]._rec.partners[7] = [devs[1]]  # what a Group of both sets up
+    devs[1]._rec.partners[7] = [devs[0]]
+    C.sync(devs[:1])
+    sent = {name: kinds for name, kinds, _ in frames}
+    assert sent["s0"][-2:] == ["ExecuteGraph", "Sync"], frames
+    assert "ExecuteGraph" in sent["s1"] and "Sync" not in sent["s1"], frames
+    assert len(ys) == 2
