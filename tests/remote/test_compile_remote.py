@@ -4,14 +4,12 @@ the server surfacing at the next read with the user's line."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import threading
 
 import burn_remote as br
 import numpy as np
 import pytest
+import replay_memory
 from burn_remote import RemoteDevice
 from burn_remote._remote import MAX_STEPS_AHEAD, STEPS_PER_PACKET
 from capture_models import MODELS, train
@@ -102,62 +100,11 @@ def test_a_read_after_compiled_steps_is_read_by_the_thread_that_waits(server) ->
     dev.close()
 
 
-_FLAT_MEMORY_SCRIPT = """
-import gc, json, sys, tracemalloc
-import burn_remote as br
-import numpy as np
-from burn_remote import RemoteDevice, functional as F, nn, optim
-
-dev = RemoteDevice(sys.argv[1])
-nn.seed(0)
-net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(dev)
-opt = optim.AdamW(net.parameters(), lr=1e-3)
-x = dev.tensor(np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32))
-y = dev.tensor(np.arange(8) % 3)
-
-@br.compile
-def step(x, y):
-    loss = F.cross_entropy(net(x), y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return loss
-
-def run(n):
-    for i in range(n):
-        loss = step(x, y)
-        if i % 100 == 99:
-            assert np.isfinite(loss.item())
-
-run(500)
-gc.collect()
-tracemalloc.start()
-run(500)
-gc.collect()
-base, _ = tracemalloc.get_traced_memory()
-run(10_000)
-gc.collect()
-now, _ = tracemalloc.get_traced_memory()
-tracemalloc.stop()
-proto = dev._rt.proto
-print(json.dumps({"grew": now - base, "journal": len(proto.journal),
-                  "in_flight": len(proto.in_flight), "results": len(proto.results),
-                  "replays": step.stats()["replays"]}))
-dev.close()
-"""
-
-
 @pytest.mark.slow
 def test_ten_thousand_remote_replays_keep_client_memory_flat(server) -> None:
-    """In a client process of its own: tracemalloc counts every thread of the process."""
-    out = subprocess.run(
-        [sys.executable, "-c", _FLAT_MEMORY_SCRIPT, server.target],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    """The client's memory, its journal and requests in flight stay flat (measured in a
+    client process of its own)."""
+    seen = replay_memory.measure(server.target)
     assert seen["grew"] < 256 * 1024, seen
     assert seen["journal"] < 1000 and seen["in_flight"] < 200 and seen["results"] < 10, seen
     assert seen["replays"] >= 10_990, seen
