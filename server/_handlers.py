@@ -12,8 +12,6 @@ import json
 import operator
 from typing import Any
 
-import numpy as np
-
 from ..engine.collective import GroupFailure, scope
 from ..engine.executor import ExecutionError, input_check
 from ..protocol import dtypes
@@ -22,7 +20,7 @@ from ..protocol.bulk import byte_view
 from ..protocol.graph import GraphError
 from ..protocol.transport import PeerId
 from ._replies import Failure, Handler, Place, Reply, SendBulk, StartFetch, Wait
-from ._state import LimitExceeded
+from ._state import LimitExceeded, host_array
 from .jobs._wire import JOB_HANDLERS
 
 MAX_REFUSED_GRAPHS = 64
@@ -174,7 +172,7 @@ def _execute(
 def read(s: Any, msg: m.Read, now: float) -> Reply:
     """Small values inline; larger ones as a transfer that reads the tensor's memory (no
     copy on the CPU backend; the tensor is not donated to a graph while it is sent)."""
-    host = np.ascontiguousarray(s.state.backend.to_numpy(s.get(msg.tensor_id)))
+    host = host_array(s.state.backend, s.get(msg.tensor_id))
     name = dtypes.from_numpy(host.dtype)
     limits = s.state.limits
     s.traffic[2] += host.nbytes
@@ -191,7 +189,7 @@ def read_alone(s: Any, request_id: int, tensor_id: int) -> bytes | None:
     a = s.store.get(tensor_id)
     if a is None or int(getattr(a, "nbytes", 0)) > s.state.limits.bulk_threshold:
         return None
-    host = np.ascontiguousarray(s.state.backend.to_numpy(a))
+    host = host_array(s.state.backend, a)
     s.traffic[2] += host.nbytes
     name = dtypes.from_numpy(host.dtype)
     return m.encode_data_frame(s.packer, request_id, name, host.shape, host.data)

@@ -527,10 +527,18 @@ class ServerState:
             array = self.redeem(msg.token, peer_id)
         except (m.DecodeError, ValueError, LookupError) as exc:
             return m.encode(m.Error(m.CAPABILITY, str(exc), -1, 0)), None
-        host = np.ascontiguousarray(self.backend.to_numpy(array))
+        host = host_array(self.backend, array)
         name = dtypes.from_numpy(host.dtype)
         send = BulkSend(1, byte_view(host), self.limits.bulk_chunk)
         return m.encode(m.Data(0, name, host.shape, b"", 1)), send
+
+
+def host_array(backend: Backend, array: Any) -> np.ndarray:
+    """A tensor's value as a C-contiguous host array of its own shape, for a Data reply (no
+    copy on the CPU backend when it is contiguous). Not ``np.ascontiguousarray`` alone: it
+    makes a 0-d array 1-d, and a scalar then read back as shape (1,)."""
+    host = backend.to_numpy(array)
+    return host if host.flags.c_contiguous else np.ascontiguousarray(host)
 
 
 def nbytes_of(array: Any) -> int:

@@ -197,6 +197,19 @@ def test_upload_read_sync_drop_and_memory_stats(raw: Raw) -> None:
     assert (err["code"], err["request_id"]) == (ERR["MISSING_TENSOR"], 4)
 
 
+def test_a_scalar_is_read_with_shape_empty_alone_or_with_other_messages(raw: Raw) -> None:
+    """Data carries the tensor's own dimensions: [] for a 0-d tensor, whether the Read comes
+    alone in its frame (the server's fast path) or with other messages."""
+    x = np.array(2.5, dtype=np.float32)
+    raw.send(msg("Upload", 7, F32, [], x.tobytes(), 0))
+    raw.send(msg("Read", 8, 7))
+    (alone,) = raw.replies("Data")
+    raw.send(msg("Read", 9, 7), msg("Sync", 10))
+    together, _ = raw.replies("Ack")
+    for data in (alone, together):
+        assert (data["dtype"], data["shape"], data["data"]) == (F32, [], x.tobytes())
+
+
 def test_an_upload_of_the_wrong_size_is_malformed(raw: Raw) -> None:
     raw.send(msg("Upload", 1, F32, [4], b"\0" * 12, 0), msg("Sync", 1))
     err, _ = raw.replies("Ack")

@@ -233,3 +233,23 @@ def test_a_data_frame_encoded_directly_is_the_message_encoding(value: np.ndarray
         frame = m.encode_data_frame(packer, *args[:3], data)
         assert frame == m.encode(m.Data(*args, 0))
         assert m.decode(frame) == [m.Data(*args, 0)]
+
+
+def test_a_scalar_reads_back_as_a_scalar() -> None:
+    """A 0-d tensor's Data says shape () on both read paths and on a server-to-server move,
+    so ``numpy()`` of a remote scalar is 0-d as on the CPU device (it came back as (1,))."""
+    dev, session = loopback_device()
+    t = dev.tensor(np.ones(4, np.float32)).sum()
+    assert t.numpy().shape == () and t.numpy() == 4.0
+    assert dev.tensor(np.float32(2.5)).numpy().shape == ()
+    state = session.state
+    s = _greeted(state)
+    s.put(3, np.float32(7.0).reshape(()))
+    frame = m.encode(m.Read(1, 3))
+    fast = s.answer_alone(frame, 1.0)
+    assert fast is not None and m.decode(fast)[0].shape == ()
+    assert m.decode(_by_messages(s, frame, 1.0))[0].shape == ()
+    token = state.grant("other", s.store[3], s.id)
+    reply, _ = state.serve_fetch(m.encode(m.Fetch(0, "x", "", token)), "other")
+    (data,) = m.decode(reply)
+    assert data.shape == () and data.bulk_id == 1
