@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -116,7 +115,7 @@ def test_loop_handlers_never_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_job_polling_does_not_stall_other_sessions(spawn, tmp_path: Path) -> None:
     """One session long-polls a finished job over and over (each poll waits the full
     WATCH_WAIT, 2 s, for an event that never comes); another session's item() round trips
-    stay fast. Before the handler table, every poll froze the loop for 2 s."""
+    go on inside each poll's wait. Before the handler table, every poll froze the loop for 2 s."""
     server = spawn("--data-dir", str(tmp_path / "d"))
     polls = RemoteDevice(server.target)
     garbage = tmp_path / "garbage.safetensors"
@@ -126,11 +125,14 @@ def test_job_polling_does_not_stall_other_sessions(spawn, tmp_path: Path) -> Non
     assert info["state"] == "failed"  # terminal: no event will ever come
     last = job.events(0)[-1]["seq"]
     stop = threading.Event()
-    count = [0]
+    count = [0]  # polls answered
+    waiting = [False]
 
     def poll() -> None:
         while not stop.is_set():
+            waiting[0] = True
             assert job.events(last) == []
+            waiting[0] = False
             count[0] += 1
 
     poller = threading.Thread(target=poll, daemon=True)
@@ -138,18 +140,16 @@ def test_job_polling_does_not_stall_other_sessions(spawn, tmp_path: Path) -> Non
     reader = RemoteDevice(server.target, key=tmp_path / "reader-key")
     x = reader.tensor(np.ones(8, np.float32))
     assert (x * 2).sum().item() == 16.0
-    times = []
-    t_end = time.monotonic() + 5.0
-    while time.monotonic() < t_end:
-        t0 = time.perf_counter()
+    during = reads = 0  # reads that began and ended inside one poll's 2 s wait
+    while count[0] < 3:
+        before = (waiting[0], count[0])
         assert (x * 3).sum().item() == 24.0
-        times.append(time.perf_counter() - t0)
+        reads += 1
+        during += before[0] and waiting[0] and count[0] == before[1]
     stop.set()
     poller.join(10)
-    assert count[0] >= 2, "the poller must have been waiting during the reads"
-    times.sort()
-    p99 = times[int(0.99 * (len(times) - 1))]
-    print(f"item() p99 {p99 * 1e3:.1f} ms over {len(times)} reads, {count[0]} polls")
-    assert p99 < 0.05, f"item() p99 {p99 * 1e3:.0f} ms while another session polls jobs"
+    print(f"{reads} reads, {during} of them inside a poll's wait, {count[0]} polls")
+    # a loop frozen by the poll would finish no read inside it (each waits for the poll)
+    assert during >= 20, (during, reads, count[0])
     reader.close()
     polls.close()
