@@ -36,7 +36,7 @@ class MemberHandle:
         member = self.member
         if member.engine == "nccl" and member.nccl is not None:
             return member.nccl.all_reduce(x, op, backend, member)
-        host = np.ascontiguousarray(backend.to_numpy(x))  # no copy on the CPU backend
+        host = np.asarray(backend.to_numpy(x), order="C")  # no copy on the CPU backend
         return backend.from_numpy(member.all_reduce(host, op))
 
 

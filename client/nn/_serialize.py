@@ -15,10 +15,11 @@ from safetensors.numpy import load_file, save_file
 def save_arrays(
     arrays: dict[str, np.ndarray], path: str | Path, metadata: dict[str, str] | None = None
 ) -> None:
-    """Write contiguous copies (safetensors refuses views) with string-only metadata."""
+    """Write contiguous copies (safetensors refuses views) with string-only metadata. Not
+    ``np.ascontiguousarray``: it makes a 0-d array 1-d (a scalar would load back as (1,))."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    data = {k: np.asarray(v, order="C") for k, v in arrays.items()}
     save_file(data, str(path), metadata={k: str(v) for k, v in (metadata or {}).items()})
 
 

@@ -652,6 +652,12 @@ def _cross_entropy_backward(g, logits, target, ignore_index, label_smoothing):
 def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled):
     """Written with one scratch buffer and in-place updates, scalars folded on the host: this
     runs once per parameter per step, so its per-call cost is most of an optimizer step."""
+    if p.ndim == 0:  # a scalar parameter: NumPy's 0-d arithmetic gives scalars, not buffers
+        one = _adam_update(
+            p.reshape(1), g.reshape(1), m.reshape(1), v.reshape(1),
+            lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled,
+        )  # fmt: skip
+        return tuple(a.reshape(()) for a in one)
     xp = _mod(p)
     if xp is np:  # Python floats: NumPy keeps the arrays' dtype (weak scalars) and is fastest
         lr, bc1, bc2 = float(lr), float(bc1), float(bc2)

@@ -109,9 +109,9 @@ def save_checkpoint(path: Path, opt: Any, step: int, rng: np.random.Generator) -
     """Write atomically (temp file, fsync, rename): a crash leaves the previous checkpoint."""
     arrays: dict[str, np.ndarray] = {}
     for name, p in _named(opt):
-        arrays[f"param/{name}"] = np.ascontiguousarray(p.numpy())
+        arrays[f"param/{name}"] = np.asarray(p.numpy(), order="C")
         for slot, t in opt.state.get(id(p), {}).items():
-            arrays[f"opt/{name}/{slot}"] = np.ascontiguousarray(t.numpy())
+            arrays[f"opt/{name}/{slot}"] = np.asarray(t.numpy(), order="C")
     meta = {
         "format": FORMAT,
         "step": str(step),

@@ -40,7 +40,7 @@ class JobRuntime:
         self.peak = max(self.peak, self.nbytes)
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
-        self._keep([(tensor_id, self.backend.from_numpy(np.ascontiguousarray(array)))])
+        self._keep([(tensor_id, self.backend.from_numpy(np.asarray(array, order="C")))])
 
     def execute(self, capture: Any) -> None:
         from burn_remote._recorder import op_failure

@@ -85,6 +85,9 @@ def test_ring_matches_numpy(servers, n, plane):
         means = [C.all_reduce(d.tensor(np.full((2, 3), float(k))), g, "mean")
                  for k, d in enumerate(devs)]  # fmt: skip
         np.testing.assert_allclose(means[-1].numpy(), np.full((2, 3), (n - 1) / 2))
+        scalars = [C.all_reduce(d.tensor(np.float32(k + 1)), g, "sum") for k, d in enumerate(devs)]
+        assert scalars[0].numpy().shape == ()  # a loss or a count stays a scalar
+        assert scalars[0].numpy() == n * (n + 1) / 2
     for d in daemons:  # every link took the plane asked for, and said so
         assert PLANES[plane][1] in d.output(), d.output()
 
