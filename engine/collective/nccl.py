@@ -102,7 +102,7 @@ class Communicator:
             raise member.failure
         if op == "mean":
             out /= self.size
-        return out
+        return out.reshape(x.shape)  # ascontiguousarray made a 0-d array 1-d
 
     def abort(self) -> None:
         if not self._aborted:

@@ -59,6 +59,10 @@ def test_gpu_servers_all_reduce_through_nccl(servers):
             got = [o.numpy() for o in outs]
             np.testing.assert_allclose(got[0], xs[0] + xs[1], rtol=1e-5, atol=1e-5)
             assert got[0].tobytes() == got[1].tobytes()
+            scalars = [
+                C.all_reduce(d.tensor(np.float32(k + 1)), g, "sum") for k, d in enumerate(devs)
+            ]
+            assert scalars[0].numpy().shape == () and scalars[0].numpy() == 3.0
     finally:
         for d in gpu:
             d.stop()
