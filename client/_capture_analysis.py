@@ -13,7 +13,8 @@ from ._recorder import Capture, fmt_location
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
-    from ._compile import Compiled, _Log, _Replay
+    from ._compile import Compiled, _Log
+    from ._replay import _Replay
 
 _ARG, _OBJ, _GRAD, _CONST = 0, 1, 2, 3
 """Where a graph input comes from: an argument, a state tensor, a `.grad` slot, a constant."""
