@@ -125,7 +125,7 @@ def errors(replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def upload(tid: int, a: np.ndarray) -> list[Any]:
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d)
     return msg("Upload", tid, str(a.dtype), list(a.shape), a.tobytes(), 0)
 
 
