@@ -7,11 +7,13 @@ Prints, in one run (separate server and client processes, as on two machines):
   `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate,
   for each client QUIC engine installed (aioquic; qh3 with the `qh3` extra; the server runs
   aioquic either way);
-- the `item()` round trip per client engine (medians of interleaved runs) beside a 64-byte
-  echo over the transport and over a plain asyncio TCP socket, and beside the same round
-  trip without the two round-trip fast paths (a server with ``BURN_REMOTE_INLINE_FRAMES=0``,
-  a client waiting through its reader thread: ``_remote_link.DIRECT_WAIT`` off), with the
-  CPU both processes spend per trip;
+- the `item()` round trip per client engine (medians of interleaved runs), on a fresh
+  connection (one that has carried only a few small round trips: a congestion window and
+  pacer at their initial state) and on a warm one (after the bulk transfers above), beside
+  a 64-byte echo over the transport and over a plain asyncio TCP socket, and beside the same
+  round trip without the two round-trip fast paths (a server with
+  ``BURN_REMOTE_INLINE_FRAMES=0``, a client waiting through its reader thread:
+  ``_remote_link.DIRECT_WAIT`` off; warm), with the CPU both processes spend per trip;
 - a 64-byte echo over each stock QUIC engine's own asyncio API, side by side (the same
   engine at both ends: what a server on qh3 could give, which its TLS server cannot do for
   us: it never asks for a client certificate).
@@ -238,6 +240,7 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
     ups: dict[str, list[float]] = {e: [] for e in names}
     downs: dict[str, list[float]] = {e: [] for e in names}
     items: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
+    items_fresh: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     items_slow: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     echoes, tcp = [], []
     try:
@@ -256,8 +259,13 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
                 ups[engine].append(x.nbytes / (t1 - t0) / 1e6)
                 downs[engine].append(x.nbytes / (t2 - t1) / 1e6)
                 del t, back
+        for dev in slow_devs.values():  # warm like the others: compare like with like
+            dev.tensor(x).sum().item()
         for _ in range(5):  # interleaved, medians: a shared machine is noisy
             for engine in names:
+                fresh = remote_device(server.target, engine)  # a new connection each run
+                items_fresh[engine].append(item_trips(fresh, trips, server.proc.pid))
+                fresh.close()
                 items[engine].append(item_trips(devs[engine], trips, server.proc.pid))
                 _remote_link.DIRECT_WAIT = False
                 try:
@@ -277,6 +285,10 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
         "read_mb_s": {e: med(v) for e, v in downs.items()},
         "item_us": {e: med(w for w, _ in v) * 1e6 for e, v in items.items()},
         "item_cpu_us": {e: med(c for _, c in v) / trips * 1e6 for e, v in items.items()},
+        "item_fresh_us": {e: med(w for w, _ in v) * 1e6 for e, v in items_fresh.items()},
+        "item_fresh_cpu_us": {
+            e: med(c for _, c in v) / trips * 1e6 for e, v in items_fresh.items()
+        },
         "item_slow_us": {e: med(w for w, _ in v) * 1e6 for e, v in items_slow.items()},
         "item_slow_cpu_us": {e: med(c for _, c in v) / trips * 1e6 for e, v in items_slow.items()},
         "echo_us": med(echoes) * 1e6,
@@ -464,16 +476,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"round trips (medians of 5 interleaved runs of {args.trips}): "
-        + "; ".join(f"item() on {e} {v:.0f} us" for e, v in r["item_us"].items())
+        + "; ".join(
+            f"item() on {e} {r['item_fresh_us'][e]:.0f} us fresh, {v:.0f} us warm"
+            for e, v in r["item_us"].items()
+        )
         + f"; 64-byte echo over the transport {r['echo_us']:.0f} us; over plain asyncio TCP "
         f"{r['tcp_us']:.0f} us"
     )
     for e in r["item_us"]:
         fast, slow = r["item_us"][e], r["item_slow_us"][e]
         cpu, slow_cpu = r["item_cpu_us"][e], r["item_slow_cpu_us"][e]
+        fresh, fresh_cpu = r["item_fresh_us"][e], r["item_fresh_cpu_us"][e]
         print(
-            f"  item() on {e}: {fast:.0f} us, client+server CPU {cpu:.0f} us per trip; "
-            f"without the fast paths {slow:.0f} us, CPU {slow_cpu:.0f} us "
+            f"  item() on {e}: fresh connection {fresh:.0f} us, client+server CPU "
+            f"{fresh_cpu:.0f} us per trip; warm {fast:.0f} us, CPU {cpu:.0f} us; warm without "
+            f"the fast paths {slow:.0f} us, CPU {slow_cpu:.0f} us "
             f"(ratio {fast / slow:.2f}x wall, {cpu / slow_cpu:.2f}x CPU)"
         )
     runs: dict[str, list[float]] = {e: [] for e in engines()}

@@ -13,8 +13,13 @@ translated to qh3's public API:
   proves it holds the key) and before ``connect`` returns, so not one application byte is
   sent to an impostor; a mismatch closes the connection with a ``bad_certificate`` alert
   code, which the caller reports as ``PeerRejected``;
-* flow-control windows, ACK timing and datagram sizes are qh3's own (its core grants
-  credit as data is delivered; the reader thread consumes everything at once anyway);
+* flow-control windows and datagram sizes are qh3's own (its core grants credit as data is
+  delivered; the reader thread consumes everything at once anyway); ACKs wait as in
+  ``_quic`` (``get_timer``);
+* an idle pacing timer waits like an ACK: on a fresh loopback connection qh3's pacer
+  spaces packets ~0.5 ms apart whatever their size (its congestion window starts at two
+  64 KB datagrams and its RTT estimate never drops below 1 ms), so the ACK-only datagram
+  qh3 sends after every second reply made the next request wait for the pacer;
 * send back-pressure counts what qh3 has queued for a stream plus what is in flight.
 """
 
@@ -33,7 +38,7 @@ from qh3.tls import SignatureAlgorithm
 from ._config import ALPN, EndpointConfig
 from ._errors import TransportError
 from ._identity import Identity, PeerId, peer_id_of_certificate
-from ._quic import ACK_DELAY
+from ._quic import ACK_DELAY, ACK_EVERY_BYTES
 
 _BAD_CERTIFICATE = 0x100 + 42
 """CONNECTION_CLOSE code for the TLS alert bad_certificate (RFC 9001 4.8)."""
@@ -74,6 +79,7 @@ class Qh3ClientConnection:
         self._failed: events.ConnectionTerminated | None = None
         self._now = 0.0  # when the last datagram arrived
         self._ack_since: float | None = None  # when qh3's ACK timer was first seen armed
+        self._unacked_bytes = 0  # received since we last sent a datagram
         self.app_consumed: dict[int, int] = {}  # kept by the driver; qh3 grants by itself
         self.peer_id: PeerId | None = None
 
@@ -84,24 +90,41 @@ class Qh3ClientConnection:
 
     def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
         self._now = now
+        self._unacked_bytes += len(data)
         self._quic.receive_datagram(data, addr, now)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
-        return self._quic.datagrams_to_send(now)
+        out = self._quic.datagrams_to_send(now)
+        if out:
+            self._unacked_bytes = 0  # what we owed left with them
+        return out
 
     def get_timer(self) -> float | None:
         """qh3's timer, except that an ACK may wait ``ACK_DELAY`` from when it became
-        pending (qh3 sends one within about a millisecond: in request/reply traffic that is
-        a datagram of its own, which costs the server a receive in Python, instead of a ride
-        on the next request)."""
-        core = self._quic._core
+        pending, or until ``ACK_EVERY_BYTES`` arrived (qh3 sends one within about a
+        millisecond, or at once for every second packet: in request/reply traffic that is a
+        datagram of its own, which costs the server a receive in Python, instead of a ride
+        on the next request).
+
+        A pacing timer while no stream data waits (qh3 paces ACKs and window updates
+        too) is such an ACK timer: the ACK-only datagram it would send costs a paced slot,
+        and on a fresh connection the pacer's slot (the largest datagram over the window
+        over at least 1 ms, ~0.5 ms on loopback) is longer than a round trip, so the next
+        request waited for it: ~1.2 datagrams and twice the time per ``item()``. Paced
+        stream data, and everything before the handshake is confirmed, keep qh3's timer."""
+        quic = self._quic
+        core = quic._core
         timer = None if core is None else core.get_timer()
         if timer is None:
             self._ack_since = None
             return None
         kind, at = timer
-        if kind != "ack_application":
+        if kind != "ack_application" and (
+            kind != "pacing" or not quic._handshake_confirmed or core.get_send_buffer_size() > 0
+        ):
             self._ack_since = None
+            return at
+        if self._unacked_bytes >= ACK_EVERY_BYTES:
             return at
         if self._ack_since is None:
             self._ack_since = self._now

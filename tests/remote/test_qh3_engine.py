@@ -55,3 +55,74 @@ def test_an_unknown_engine_fails_the_device_with_its_name(
     dev = RemoteDevice(server.target)
     with pytest.raises(RemoteError, match="quic_engine 'quiche': expected one of aioquic, qh3"):
         dev.sync()
+
+
+class _Core:
+    """The two questions ``Qh3ClientConnection.get_timer`` asks qh3's compiled core."""
+
+    def __init__(self, timer: tuple[str, float], queued: int = 0) -> None:
+        self.timer, self.queued = timer, queued
+
+    def get_timer(self) -> tuple[str, float]:
+        return self.timer
+
+    def get_send_buffer_size(self) -> int:
+        return self.queued
+
+
+def _policy(timer: tuple[str, float], *, queued: int = 0, confirmed: bool = True, got: int = 1):
+    """A qh3 client connection over a stand-in core, after ``got`` bytes arrived at t=10."""
+    from types import SimpleNamespace
+
+    from burn_remote.protocol.transport._qh3 import Qh3ClientConnection
+
+    conn = Qh3ClientConnection.__new__(Qh3ClientConnection)
+    conn._quic = SimpleNamespace(
+        _core=_Core(timer, queued),
+        _handshake_confirmed=confirmed,
+        receive_datagram=lambda data, addr, now: None,
+    )
+    conn._ack_since, conn._unacked_bytes = None, 0
+    conn.receive_datagram(bytes(got), ("127.0.0.1", 1), 10.0)
+    return conn
+
+
+def test_an_idle_pacing_timer_waits_like_an_ack_and_paced_data_does_not() -> None:
+    """qh3 paces ACK-only datagrams too: on a fresh loopback connection its pacer's slot
+    (~0.5 ms) is longer than a round trip, so the ACK qh3 sends after every second reply
+    made the next request wait. With nothing queued, its pacing timer waits ``ACK_DELAY``
+    like an ACK (the ACK rides on the next request); stream data, the handshake and
+    ``ACK_EVERY_BYTES`` unacknowledged keep qh3's time."""
+    from burn_remote.protocol.transport._quic import ACK_DELAY, ACK_EVERY_BYTES
+
+    assert _policy(("pacing", 10.0004)).get_timer() == 10.0 + ACK_DELAY
+    assert _policy(("ack_application", 10.001)).get_timer() == 10.0 + ACK_DELAY
+    assert _policy(("pacing", 10.0004), queued=59).get_timer() == 10.0004
+    assert _policy(("pacing", 10.0004), confirmed=False).get_timer() == 10.0004
+    assert _policy(("pacing", 10.0004), got=ACK_EVERY_BYTES).get_timer() == 10.0004
+    assert _policy(("ack_application", 10.001), got=ACK_EVERY_BYTES).get_timer() == 10.001
+    assert _policy(("loss_detection", 10.03)).get_timer() == 10.03
+
+
+def test_a_fresh_connection_sends_one_datagram_per_item(server: Server) -> None:
+    """No ACK-only datagram in a request/reply loop on a fresh connection: each ACK rides
+    on the next request (qh3 alone sent one after every second reply, ~1.2 per trip)."""
+    dev = RemoteDevice(server.target)
+    assert engine_of(dev) == "Qh3ClientConnection"
+    quic = dev._rec.runtime.link._conn._quic
+    sent = [0]
+    inner = quic.datagrams_to_send
+
+    def counted(now: float) -> list:
+        out = inner(now)
+        sent[0] += len(out)
+        return out
+
+    quic.datagrams_to_send = counted
+    t = dev.tensor(np.ones(4, np.float32)).sum()
+    assert t.item() == 4.0
+    sent[0] = 0
+    for _ in range(200):
+        assert t.item() == 4.0
+    assert sent[0] <= 210, f"{sent[0]} datagrams for 200 round trips"
+    dev.close()
