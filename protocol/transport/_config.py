@@ -38,7 +38,7 @@ JUMBO_THRESHOLD = 1500
 """Above this datagram size, the handshake runs at ``DEFAULT_DATAGRAM_SIZE`` first."""
 
 QUIC_ENGINES = ("aioquic", "qh3")
-"""QUIC implementations a client connection may run on (aioquic is the default)."""
+"""QUIC implementations a connection may run on (aioquic is the default)."""
 
 MIN_DATAGRAM_SIZE = 1200
 """QUIC's floor: every path must carry this much (RFC 9000 section 14)."""
@@ -93,9 +93,10 @@ class EndpointConfig:
     more than the extra window gains (1452-byte datagrams on loopback: ~25 -> ~50 MB/s)."""
 
     quic_engine: str = "aioquic"
-    """The QUIC implementation of client connections made with ``BlockingConnection``:
-    ``"aioquic"``, or ``"qh3"`` (compiled, faster; the optional ``qh3`` extra). Servers and
-    trio endpoints always run aioquic (see ``_qh3`` for why)."""
+    """The QUIC implementation of client connections made with ``BlockingConnection`` and
+    of the connections an ``Endpoint`` serves: ``"aioquic"``, or ``"qh3"`` (compiled,
+    faster; the optional ``qh3`` extra; ``_qh3_server`` adds the client-certificate check
+    its TLS server lacks). What an ``Endpoint`` dials runs aioquic either way."""
 
     udp_offload: bool = False
     """Use Linux UDP GSO/GRO (many datagrams per syscall). Off by default: on loopback it

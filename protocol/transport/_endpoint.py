@@ -108,6 +108,7 @@ class Endpoint:
         bit set, RFC 9000 17.2-17.3): the relay's address-discovery answers share the QUIC
         socket, as STUN shares it in ICE, so that they observe this socket's NAT mapping."""
         self._admission = _Admission()
+        self._server_quic = _server_quic_factory(config)
         self.batch_time = 0.0
         """trio's clock when the receive loop read the batch of datagrams it is working on
         (what a ``FrameStream.on_frame`` fast path may take for "now" instead of reading
@@ -144,12 +145,7 @@ class Endpoint:
                 explicitly so that a missing list never means "everyone".
         """
         config = config or EndpointConfig()
-        if config.quic_engine != "aioquic":
-            raise ValueError(
-                f"quic_engine {config.quic_engine!r} runs client connections only "
-                "(BlockingConnection); a trio Endpoint runs aioquic (it checks client "
-                "certificates, which qh3's TLS server cannot ask for)"
-            )
+        _server_quic_factory(config)  # fails here, before binding, if qh3 is absent
         if isinstance(authorized_peers, AuthorizedPeers):
             authorized = authorized_peers
         else:
@@ -199,7 +195,10 @@ class Endpoint:
             self._handler = None
 
     async def connect(self, peer: PeerId | str, addr: tuple[str, int]) -> Connection:
-        """Dial ``peer`` at ``addr`` and return once both sides accepted each other.
+        """Dial ``peer`` at ``addr`` and return once both sides accepted each other. The
+        connection runs aioquic whatever ``quic_engine`` says: that setting chooses how this
+        endpoint *serves* (and how ``BlockingConnection`` dials); what an endpoint dials
+        (server-to-server moves, group links, relays) is not on a client's round trip.
 
         Raises:
             PeerRejected: the server's key is not ``peer``, or the server refused us.
@@ -478,16 +477,8 @@ class Endpoint:
             retry_cid, header_dcid = header.destination_cid, original
         else:
             header_dcid = header.destination_cid
-        quic = PeerQuicConnection(
-            configuration=quic_configuration(
-                self.identity, is_client=False, config=self._config, datagram_size=size
-            ),
-            path_datagram_size=size,
-            original_destination_connection_id=header_dcid,
-            retry_source_connection_id=retry_cid,
-            authorize=self._authorized.check,
-            max_streams=self._config.max_streams,
-            max_packets_in_flight=self._config.max_packets_in_flight,
+        quic = self._server_quic(
+            self.identity, self._config, size, header_dcid, retry_cid, self._authorized.check
         )
         quic.receive_datagram(data, addr, now)
         if not quic.first_flight_accepted:
@@ -499,6 +490,49 @@ class Endpoint:
         self._adopt(conn, [header.destination_cid, quic.host_cid])
         self._nursery.start_soon(conn._run)
         return conn
+
+
+ServerQuic = Callable[..., PeerQuicConnection]
+
+
+def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
+    """How this endpoint answers a client's first Initial: aioquic's connection, or qh3's
+    (``config.quic_engine``; imported only when asked for). Connections this endpoint dials
+    run aioquic either way (``Endpoint.connect``)."""
+    if config.quic_engine == "qh3":
+        try:
+            from ._qh3_server import qh3_server_connection
+        except ImportError as exc:
+            raise TransportError(
+                f"quic_engine 'qh3' needs the qh3 package (pip install 'burn-remote[qh3]'): {exc}"
+            ) from None
+
+        def qh3_quic(identity, config, size, odcid, retry_cid, authorize):
+            return qh3_server_connection(
+                identity,
+                config,
+                size,
+                original_destination_connection_id=odcid,
+                retry_source_connection_id=retry_cid,
+                authorize=authorize,
+            )
+
+        return qh3_quic
+
+    def aioquic_quic(identity, config, size, odcid, retry_cid, authorize):
+        return PeerQuicConnection(
+            configuration=quic_configuration(
+                identity, is_client=False, config=config, datagram_size=size
+            ),
+            path_datagram_size=size,
+            original_destination_connection_id=odcid,
+            retry_source_connection_id=retry_cid,
+            authorize=authorize,
+            max_streams=config.max_streams,
+            max_packets_in_flight=config.max_packets_in_flight,
+        )
+
+    return aioquic_quic
 
 
 class _Admission:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -23,13 +24,40 @@ def trio_test(fn):
     return wrapper
 
 
+SERVER_ENGINES = ("aioquic", "qh3")
+"""The QUIC engines a serving endpoint runs on (qh3 is the optional ``qh3`` extra)."""
+
+SERVER_ENGINE: dict[str, str | None] = {"name": None}
+"""The engine ``serving`` gives its server while the ``server_engine`` fixture runs (None:
+the server config's own)."""
+
+
+@pytest.fixture(params=SERVER_ENGINES)
+def server_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test once per server engine: what every server-side guarantee is tested with."""
+    if request.param == "qh3":
+        pytest.importorskip("qh3")
+    SERVER_ENGINE["name"] = request.param
+    yield request.param
+    SERVER_ENGINE["name"] = None
+
+
+def with_server_engine(config: EndpointConfig | None = None) -> EndpointConfig:
+    """``config`` (or the defaults) with the engine of the running ``server_engine``."""
+    config = config or EndpointConfig()
+    engine = SERVER_ENGINE["name"]
+    return config if engine is None else dataclasses.replace(config, quic_engine=engine)
+
+
 @asynccontextmanager
 async def serving(handler, *, server_config=None, client_config=None, **server_kwargs):
-    """A serving endpoint and a client endpoint (authorised unless told otherwise)."""
+    """A serving endpoint (on ``SERVER_ENGINE``) and a client endpoint (authorised unless
+    told otherwise)."""
     server_id, client_id = Identity.generate(), Identity.generate()
     server_kwargs.setdefault("authorized_peers", {client_id.peer_id})
+    config = with_server_engine(server_config)
     async with (
-        Endpoint.open(server_id, config=server_config or EndpointConfig(), **server_kwargs) as srv,
+        Endpoint.open(server_id, config=config, **server_kwargs) as srv,
         Endpoint.open(client_id, config=client_config or EndpointConfig()) as cli,
         trio.open_nursery() as nursery,
     ):

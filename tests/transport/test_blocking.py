@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +26,10 @@ from .conftest import has_ipv6_loopback, streams_left
 pytestmark = pytest.mark.timeout(60)
 
 ENGINE = {"name": "aioquic"}
-"""The QUIC engine of the client connections a test makes (the server is always aioquic)."""
+"""The QUIC engine of the client connections a test makes."""
+
+SERVER_ENGINE = {"name": "aioquic"}
+"""The QUIC engine of ``Server`` (tests that take ``server_engine`` run with both)."""
 
 
 @pytest.fixture(autouse=True, params=["aioquic", "qh3"])
@@ -36,6 +40,16 @@ def engine(request: pytest.FixtureRequest) -> Iterator[str]:
     ENGINE["name"] = request.param
     yield request.param
     ENGINE["name"] = "aioquic"
+
+
+@pytest.fixture(params=["aioquic", "qh3"])
+def server_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Interop on the wire: each client engine against each server engine."""
+    if request.param == "qh3":
+        pytest.importorskip("qh3")
+    SERVER_ENGINE["name"] = request.param
+    yield request.param
+    SERVER_ENGINE["name"] = "aioquic"
 
 
 class Server:
@@ -52,7 +66,10 @@ class Server:
         self.address, self._token, self._scope = self._ready.get(timeout=10)
 
     async def _main(self, authorized: set) -> None:
-        async with Endpoint.open(self.identity, (self._host, 0), authorized_peers=authorized) as ep:
+        config = EndpointConfig(quic_engine=SERVER_ENGINE["name"])
+        async with Endpoint.open(
+            self.identity, (self._host, 0), config=config, authorized_peers=authorized
+        ) as ep:
             with trio.CancelScope() as scope:
                 self._ready.put((ep.local_address, trio.lowlevel.current_trio_token(), scope))
                 await ep.serve(self._handle)
@@ -136,7 +153,7 @@ def served(
         server.stop()
 
 
-def test_frames_of_many_sizes_round_trip_in_order(client: Identity) -> None:
+def test_frames_of_many_sizes_round_trip_in_order(client: Identity, server_engine: str) -> None:
     rng = np.random.default_rng(0)
     sizes = [0, 1, 65536, 65537, 3 << 20, 10 << 20]  # the last two exceed send_buffer / 2 and 1x
     with served(client) as (_, conn, got):
@@ -205,7 +222,9 @@ def test_small_frames_sent_without_waiting_arrive_in_order(client: Identity) -> 
             assert got.next() == (sid, k.to_bytes(4, "big") * 100)
 
 
-def test_a_stream_the_server_opens_is_delivered_then_ended(client: Identity) -> None:
+def test_a_stream_the_server_opens_is_delivered_then_ended(
+    client: Identity, server_engine: str
+) -> None:
     with served(client) as (_, conn, got):
         sid = conn.open_stream()
         conn.send_frame(sid, b"push")
@@ -239,7 +258,7 @@ def test_oversize_frame_is_refused_before_sending(client: Identity) -> None:
         server.stop()
 
 
-def test_wrong_peer_id_is_refused_in_the_handshake(client: Identity) -> None:
+def test_wrong_peer_id_is_refused_in_the_handshake(client: Identity, server_engine: str) -> None:
     server = Server({client.peer_id})
     try:
         impostor = Identity.generate().peer_id
@@ -249,7 +268,7 @@ def test_wrong_peer_id_is_refused_in_the_handshake(client: Identity) -> None:
         server.stop()
 
 
-def test_unauthorised_client_is_refused(client: Identity) -> None:
+def test_unauthorised_client_is_refused(client: Identity, server_engine: str) -> None:
     server = Server(set())
     try:
         with pytest.raises(PeerRejected, match="not in this server's authorized peers"):
@@ -258,7 +277,7 @@ def test_unauthorised_client_is_refused(client: Identity) -> None:
         server.stop()
 
 
-def test_server_closing_is_reported_with_its_reason(client: Identity) -> None:
+def test_server_closing_is_reported_with_its_reason(client: Identity, server_engine: str) -> None:
     with served(client) as (_, conn, got):
         sid = conn.open_stream()
         conn.send_frame(sid, b"bye")
@@ -269,7 +288,7 @@ def test_server_closing_is_reported_with_its_reason(client: Identity) -> None:
             conn.send_frame(sid, b"too late")
 
 
-def test_close_tells_the_server_why(client: Identity) -> None:
+def test_close_tells_the_server_why(client: Identity, server_engine: str) -> None:
     with served(client) as (server, conn, got):
         sid = conn.open_stream()
         conn.send_frame(sid, b"x" * 100_000)
@@ -354,12 +373,16 @@ def test_a_failing_frame_handler_does_not_end_the_connection(
         server.stop()
 
 
-def test_a_trio_endpoint_refuses_a_client_only_engine(client: Identity) -> None:
+def test_an_endpoint_without_qh3_says_which_package_to_install(
+    client: Identity, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "burn_remote.protocol.transport._qh3_server", None)
+
     async def main() -> None:
         async with Endpoint.open(client, config=EndpointConfig(quic_engine="qh3")):
             pass
 
-    with pytest.raises(ValueError, match="client connections only"):
+    with pytest.raises(TransportError, match=r"pip install 'burn-remote\[qh3\]'"):
         trio.run(main)
 
 

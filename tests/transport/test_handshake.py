@@ -22,6 +22,9 @@ from burn_remote.protocol.transport import (
 
 from .conftest import has_ipv6_loopback, serving, trio_test
 
+# Tests that take ``server_engine`` run once with an aioquic server and once with a qh3 one
+# (``_qh3_server``): the same checks, the same alerts and reasons on the wire.
+
 
 async def echo(conn):
     s = await conn.accept_stream()
@@ -31,7 +34,7 @@ async def echo(conn):
 
 
 @trio_test
-async def test_handshake_with_right_keys():
+async def test_handshake_with_right_keys(server_engine):
     seen = []
 
     async def handler(conn):
@@ -51,7 +54,7 @@ async def test_handshake_with_right_keys():
 
 
 @trio_test
-async def test_dialling_wrong_peer_id_fails_clearly():
+async def test_dialling_wrong_peer_id_fails_clearly(server_engine):
     async def handler(conn):  # pragma: no cover - must never run
         raise AssertionError("handler ran for a client that dialled someone else")
 
@@ -64,7 +67,7 @@ async def test_dialling_wrong_peer_id_fails_clearly():
 
 
 @trio_test
-async def test_unauthorised_client_refused_with_reason():
+async def test_unauthorised_client_refused_with_reason(server_engine):
     ran = []
 
     async def handler(conn):
@@ -79,14 +82,14 @@ async def test_unauthorised_client_refused_with_reason():
 
 
 @trio_test
-async def test_open_mode_admits_anyone():
+async def test_open_mode_admits_anyone(server_engine):
     async with serving(echo, authorized_peers=None, allow_any=True) as (srv, cli):
         conn = await cli.connect(srv.peer_id, srv.local_address)
         assert conn.peer_id == srv.peer_id
 
 
 @trio_test
-async def test_authorized_peers_file_is_reread(tmp_path):
+async def test_authorized_peers_file_is_reread(tmp_path, server_engine):
     path = tmp_path / "authorized_peers"
     path.write_text("# nobody yet\n")
     async with serving(echo, authorized_peers=path) as (srv, cli):
@@ -121,7 +124,7 @@ async def _raw_aioquic_client(addr, configuration):
 
 
 @trio_test
-async def test_client_without_certificate_is_refused():
+async def test_client_without_certificate_is_refused(server_engine):
     ran = []
 
     async def handler(conn):
@@ -162,7 +165,7 @@ async def test_handshake_times_out_against_silent_port():
 
 
 @trio_test
-async def test_graceful_close_reason_reaches_the_peer():
+async def test_graceful_close_reason_reaches_the_peer(server_engine):
     reasons = []
 
     async def handler(conn):
@@ -182,10 +185,13 @@ async def test_graceful_close_reason_reaches_the_peer():
 
 @pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 @trio_test
-async def test_ipv6_loopback():
+async def test_ipv6_loopback(server_engine):
     server_id, client_id = Identity.generate(), Identity.generate()
+    config = EndpointConfig(quic_engine=server_engine)
     async with (
-        Endpoint.open(server_id, ("::1", 0), authorized_peers={client_id.peer_id}) as srv,
+        Endpoint.open(
+            server_id, ("::1", 0), config=config, authorized_peers={client_id.peer_id}
+        ) as srv,
         Endpoint.open(client_id, ("::1", 0)) as cli,
         trio.open_nursery() as nursery,
     ):
@@ -195,3 +201,37 @@ async def test_ipv6_loopback():
         await s.send_frame(b"v6")
         assert await s.receive_frame() == b"v6"
         nursery.cancel_scope.cancel()
+
+
+def _stock_client_config(identity: Identity | None, key: Identity | None = None, alpn=ALPN):
+    """A stock aioquic client's settings: ``identity``'s certificate signed for with
+    ``key``'s private key (a mismatch when they differ), or no certificate at all."""
+    config = QuicConfiguration(is_client=True, alpn_protocols=[alpn], verify_mode=ssl.CERT_NONE)
+    if identity is not None:
+        config.certificate = identity.certificate()
+        config.private_key = (key or identity).private_key
+    return config
+
+
+@trio_test
+async def test_a_certificate_whose_key_did_not_sign_is_refused(server_engine):
+    """The client shows an authorised peer's certificate but cannot sign for its key: the
+    CertificateVerify check refuses it (decrypt_error) and the handler never runs."""
+    ran = []
+
+    async def handler(conn):
+        ran.append(conn)
+
+    stolen, own = Identity.generate(), Identity.generate()
+    async with serving(handler, authorized_peers={stolen.peer_id}) as (srv, _cli):
+        event = await _raw_aioquic_client(srv.local_address, _stock_client_config(stolen, own))
+    assert event.error_code == 0x100 + 51  # TLS decrypt_error
+    assert ran == []
+
+
+@trio_test
+async def test_a_wrong_alpn_is_refused_at_once(server_engine):
+    async with serving(echo, allow_any=True) as (srv, _cli):
+        config = _stock_client_config(Identity.generate(), alpn="h3")
+        event = await _raw_aioquic_client(srv.local_address, config)
+    assert event.error_code == 0x100 + 120  # TLS no_application_protocol

@@ -14,6 +14,8 @@ from burn_remote.protocol.transport import EndpointConfig, FrameTooLarge, Transp
 
 from .conftest import serving, trio_test
 
+# Tests that take ``server_engine`` run against an aioquic and a qh3 server.
+
 MiB = 1024 * 1024
 
 
@@ -49,7 +51,7 @@ async def upload(conn, payload: memoryview, frame_size: int) -> bytes:
 
 
 @trio_test
-async def test_frames_of_many_sizes_round_trip():
+async def test_frames_of_many_sizes_round_trip(server_engine):
     async def echo(conn):
         s = await conn.accept_stream()
         while (frame := await s.receive_frame()) is not None:
@@ -69,7 +71,7 @@ async def test_frames_of_many_sizes_round_trip():
 
 
 @trio_test
-async def test_frames_larger_than_the_receive_window_arrive_whole():
+async def test_frames_larger_than_the_receive_window_arrive_whole(server_engine):
     async def echo(conn):
         s = await conn.accept_stream()
         while (frame := await s.receive_frame()) is not None:
@@ -88,7 +90,7 @@ async def test_frames_larger_than_the_receive_window_arrive_whole():
 
 
 @trio_test
-async def test_oversize_frames_are_refused_on_both_sides():
+async def test_oversize_frames_are_refused_on_both_sides(server_engine):
     got = []
 
     async def reader(conn):
@@ -113,7 +115,7 @@ async def test_oversize_frames_are_refused_on_both_sides():
 
 
 @trio_test
-async def test_256_mib_on_one_stream_and_over_8_streams():
+async def test_256_mib_on_one_stream_and_over_8_streams(server_engine):
     payload = memoryview(os.urandom(256 * MiB))
     expected = hashlib.sha256(payload).digest()
     async with serving(digest_each_stream) as (srv, cli):
@@ -140,8 +142,8 @@ async def test_256_mib_on_one_stream_and_over_8_streams():
 
 @trio_test
 async def test_writer_memory_bounded_when_reader_stalls():
-    """A reader that never reads: the writer blocks; neither side's buffers grow past the
-    configured send buffer and receive window, whatever the writer offers."""
+    """A reader that never reads (aioquic server): the writer blocks; neither side's buffers
+    grow past the configured send buffer and receive window, whatever the writer offers."""
     accepted = trio.Event()
     holder = []
 
@@ -176,7 +178,56 @@ async def test_writer_memory_bounded_when_reader_stalls():
 
 
 @trio_test
-async def test_idle_timeout_closes_a_silent_connection():
+async def test_a_qh3_server_closes_a_peer_that_floods_an_unread_stream():
+    """qh3's core grants credit as it delivers, so a reader that never reads cannot hold a
+    writer back: once more than ``UNREAD_LIMIT_FACTOR`` connection windows are delivered
+    and unread, the server closes the connection (FLOW_CONTROL_ERROR) with a reason naming
+    the figures, and what it buffered stays within that limit plus a datagram's worth."""
+    pytest.importorskip("qh3")
+    from burn_remote.protocol.transport._qh3_server import UNREAD_LIMIT_FACTOR
+
+    accepted = trio.Event()
+    holder = []
+
+    async def stall(conn):
+        holder.append(await conn.accept_stream())
+        accepted.set()
+        await trio.sleep_forever()
+
+    window = 4 * MiB
+    server = EndpointConfig(connection_window=window, stream_window=window, quic_engine="qh3")
+    async with serving(stall, server_config=server) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        s = await conn.open_stream()
+        await s.send_frame(b"first")  # whole: the handler accepts the stream, never reads
+        await accepted.wait()
+        server_conn = next(iter(srv.connections))
+        most = 0
+        with trio.fail_after(60), pytest.raises(TransportError) as info:
+            for _ in range(256):  # offers 256 MiB, far past the limit
+                await s.send_frame(bytes(MiB))
+                most = max(most, server_conn._quic.app_buffered)
+        limit = UNREAD_LIMIT_FACTOR * window
+        assert "has not read" in str(info.value) and str(limit) in str(info.value)
+        assert server_conn.is_closed and "has not read" in str(server_conn.close_reason)
+        assert most <= limit
+
+
+@trio_test
+async def test_a_qh3_server_lets_a_reading_peer_send_far_past_the_limit():
+    """Small windows (a 2 MiB unread limit) and a reader that reads: 24 MiB goes through."""
+    pytest.importorskip("qh3")
+    server = EndpointConfig(connection_window=MiB, stream_window=MiB, quic_engine="qh3")
+    payload = memoryview(os.urandom(24 * MiB))
+    async with serving(digest_each_stream, server_config=server) as (srv, cli):
+        conn = await cli.connect(srv.peer_id, srv.local_address)
+        with trio.fail_after(120):
+            reply = await upload(conn, payload, MiB)
+    assert reply == hashlib.sha256(payload).digest() + len(payload).to_bytes(8, "big")
+
+
+@trio_test
+async def test_idle_timeout_closes_a_silent_connection(server_engine):
     async def idle(conn):
         await trio.sleep_forever()
 
@@ -191,7 +242,7 @@ async def test_idle_timeout_closes_a_silent_connection():
 
 
 @trio_test
-async def test_keepalive_holds_an_idle_connection_open():
+async def test_keepalive_holds_an_idle_connection_open(server_engine):
     async def echo(conn):
         s = await conn.accept_stream()
         while (frame := await s.receive_frame()) is not None:
@@ -208,7 +259,7 @@ async def test_keepalive_holds_an_idle_connection_open():
 
 
 @trio_test
-async def test_server_keeps_serving_during_garbage_flood():
+async def test_server_keeps_serving_during_garbage_flood(server_engine):
     stop = trio.Event()
 
     async def flood(addr):
@@ -268,7 +319,7 @@ async def test_peer_cannot_open_more_than_max_streams():
 
 
 @trio_test
-async def test_connection_ids_are_tracked_and_released():
+async def test_connection_ids_are_tracked_and_released(server_engine):
     async def handler(conn):
         await trio.sleep_forever()
 
@@ -287,7 +338,7 @@ async def test_connection_ids_are_tracked_and_released():
 
 
 @trio_test
-async def test_cancelled_send_resets_the_stream_instead_of_corrupting_it():
+async def test_cancelled_send_resets_the_stream_instead_of_corrupting_it(server_engine):
     errors = []
     go = trio.Event()
 
@@ -341,7 +392,7 @@ async def test_receive_frame_is_always_a_checkpoint():
 
 
 @trio_test
-async def test_on_frame_answers_on_the_receive_loop_while_a_reader_waits():
+async def test_on_frame_answers_on_the_receive_loop_while_a_reader_waits(server_engine):
     """A frame that arrives whole while the reader is parked goes to ``on_frame`` (on the
     receive loop, no task switch); its reply leaves with the loop's transmit. A frame it
     declines, and frames that arrive while the reader is not parked, reach the reader, in
@@ -391,7 +442,7 @@ async def test_on_frame_answers_on_the_receive_loop_while_a_reader_waits():
 
 
 @trio_test
-async def test_send_frame_nowait_refuses_what_the_send_buffer_cannot_take():
+async def test_send_frame_nowait_refuses_what_the_send_buffer_cannot_take(server_engine):
     from burn_remote.protocol.transport._streams import SMALL_FRAME
 
     box: list = []
