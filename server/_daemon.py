@@ -93,6 +93,8 @@ class ServeOptions:
     """``HOST:PORT`` ring neighbours dial for the data plane instead (port mapping)."""
     ring_seal_loopback: bool = False
     """Encrypt same-host ring data links too."""
+    quic_engine: str = "aioquic"
+    """QUIC implementation of the connections served (``EndpointConfig.quic_engine``)."""
 
 
 async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None = None) -> None:
@@ -105,6 +107,7 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         max_frame_size=opts.state.limits.max_frame,
         idle_timeout=opts.idle_timeout,
         keepalive_interval=max(0.2, opts.idle_timeout / 3),
+        quic_engine=opts.quic_engine,
     )
     async with (
         Endpoint.open(
@@ -582,6 +585,7 @@ def run(opts: ServeOptions, device: str) -> int:
         print(f"peer id: {ep.peer_id}", flush=True)
         print(f"listening on: {host}:{port}", flush=True)
         print(f"auth: {_auth_mode(opts)}", flush=True)
+        print(f"quic engine: {opts.quic_engine}", flush=True)
         groups = opts.state.collectives
         if groups is not None and groups.listener is not None:
             rh, rp = groups.listener.address

@@ -9,9 +9,15 @@ imports (trio, aioquic, cryptography, engines) stay inside the ``cmd_*`` functio
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+SERVER_QUIC_ENGINES = ("aioquic", "qh3")
+"""``serve --quic-engine`` choices: ``protocol.transport._config.QUIC_ENGINES``, written
+out here so that ``--help`` imports no QUIC library (a test keeps them equal)."""
 
 
 def cmd_id(args: argparse.Namespace) -> int:
@@ -73,6 +79,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     configure(args.log_level, args.log_format)
     key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
+    if args.quic_engine not in SERVER_QUIC_ENGINES:  # from $BURN_REMOTE_QUIC_ENGINE
+        return fail(
+            f"QUIC engine {args.quic_engine!r} (from $BURN_REMOTE_QUIC_ENGINE): expected one "
+            f"of {', '.join(SERVER_QUIC_ENGINES)}"
+        )
+    if args.quic_engine == "qh3" and importlib.util.find_spec("qh3") is None:
+        return fail("--quic-engine qh3 needs the qh3 package (pip install 'burn-remote[qh3]')")
     try:
         bind = _host_port("--listen", args.listen, parse_host_port)
         http = _host_port("--http", args.http, parse_host_port) if args.http else None
@@ -129,6 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ring_port=args.ring_port,
         ring_advertise=args.ring_advertise,
         ring_seal_loopback=args.ring_seal_loopback,
+        quic_engine=args.quic_engine,
     )
     if args.ring_advertise:
         try:
@@ -204,6 +218,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="UDP address to serve QUIC on ([v6]:port for IPv6; port 0 picks one; "
         "default 127.0.0.1:0)",
+    )
+    p.add_argument(
+        "--quic-engine",
+        choices=SERVER_QUIC_ENGINES,
+        default=os.environ.get("BURN_REMOTE_QUIC_ENGINE") or "aioquic",
+        help="QUIC implementation of the connections served: aioquic (pure Python, the "
+        "default) or qh3 (compiled core, less CPU per round trip; the qh3 extra); default "
+        "$BURN_REMOTE_QUIC_ENGINE, else aioquic. Clients may use either",
     )
     p.add_argument("--key", metavar="FILE", help="key file (default: DATA_DIR/key or the node key)")
     p.add_argument(

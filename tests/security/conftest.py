@@ -80,10 +80,26 @@ def peers(tmp_path: Path) -> Peers:
     return Peers(victim, attacker, admin, file)
 
 
+SERVER_ENGINE = {"name": "aioquic"}
+"""The ``--quic-engine`` of the servers ``secure`` starts (``server_engine`` sets it)."""
+
+
+@pytest.fixture(params=["aioquic", "qh3"])
+def server_engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run an attack once against each server engine (the qh3 one adds its own TLS checks
+    and receive bounds, ``protocol/transport/_qh3_server.py``)."""
+    if request.param == "qh3":
+        pytest.importorskip("qh3")
+    SERVER_ENGINE["name"] = request.param
+    yield request.param
+    SERVER_ENGINE["name"] = "aioquic"
+
+
 @pytest.fixture
 def secure(tmp_path: Path, peers: Peers) -> Iterator[Callable[..., Daemon]]:
-    """Start a server that admits only ``peers`` (``--memory-limit MEMORY_LIMIT``); each is
-    asserted still running, then stopped cleanly, at the end of the test."""
+    """Start a server that admits only ``peers`` (``--memory-limit MEMORY_LIMIT``, the
+    ``server_engine`` if the test takes it); each is asserted still running, then stopped
+    cleanly, at the end of the test."""
     started: list[Daemon] = []
 
     def _start(*extra: str) -> Daemon:
@@ -96,6 +112,8 @@ def secure(tmp_path: Path, peers: Peers) -> Iterator[Callable[..., Daemon]]:
             str(peers.file),
             "--memory-limit",
             str(MEMORY_LIMIT),
+            "--quic-engine",
+            SERVER_ENGINE["name"],
             *extra,
         )
         started.append(d)

@@ -22,7 +22,7 @@ def _error(replies: list, code: int, *words: str) -> m.Error:
     return err
 
 
-def test_bad_inputs_get_named_errors(secure, peers, raw, guard_of):
+def test_bad_inputs_get_named_errors(server_engine, secure, peers, raw, guard_of):
     server = secure()
     guard = guard_of(server, peers.victim)
     c = raw(server, peers.attacker)

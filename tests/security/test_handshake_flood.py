@@ -98,7 +98,9 @@ def test_initial_flood_from_one_socket_does_not_delay_a_client(secure, peers, gu
     guard.check()
 
 
-def test_many_half_open_handshakes_make_new_clients_answer_a_retry(secure, peers, guard_of):
+def test_many_half_open_handshakes_make_new_clients_answer_a_retry(
+    server_engine, secure, peers, guard_of
+):
     server = secure()
     guard = guard_of(server, peers.victim)
     host, port = server.address.rsplit(":", 1)

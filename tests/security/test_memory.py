@@ -28,7 +28,9 @@ def _settle(guard, target: int, timeout: float = 20.0) -> int:  # type: ignore[n
         time.sleep(0.2)
 
 
-def test_unclaimed_bulk_streams_are_charged_and_refused(secure, peers, raw, guard_of):
+def test_unclaimed_bulk_streams_are_charged_and_refused(
+    server_engine, secure, peers, raw, guard_of
+):
     server = secure()
     guard = guard_of(server, peers.victim)
     attacker = raw(server, peers.attacker)

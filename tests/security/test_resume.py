@@ -9,7 +9,9 @@ from burn_remote.protocol import messages as m
 from burn_remote.protocol.sequencing import SESSION_EXPIRED
 
 
-def test_tokens_are_random_and_a_wrong_token_changes_nothing(secure, peers, raw, guard_of):
+def test_tokens_are_random_and_a_wrong_token_changes_nothing(
+    server_engine, secure, peers, raw, guard_of
+):
     server = secure()
     guard = guard_of(server, peers.victim)
     victim = RemoteDevice(server.target, key=peers.victim.key)
