@@ -206,13 +206,14 @@ def engines() -> list[str]:
     return ["aioquic"] + (["qh3"] if importlib.util.find_spec("qh3") is not None else [])
 
 
-def remote_device(target: str, engine: str):  # type: ignore[no-untyped-def]
+def remote_device(target: str, engine: str, key=None):  # type: ignore[no-untyped-def]
     """A RemoteDevice whose connection runs on ``engine`` (what BURN_REMOTE_QUIC_ENGINE sets
-    for a whole process), connected."""
+    for a whole process), connected; another ``key`` file (created if missing) gives a new
+    session on a new connection."""
     from burn_remote import RemoteDevice, _remote_link
 
     _remote_link.QUIC_ENGINE = engine
-    dev = RemoteDevice(target)
+    dev = RemoteDevice(target, key=key)
     dev.sync()
     return dev
 
@@ -261,9 +262,10 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
                 del t, back
         for dev in slow_devs.values():  # warm like the others: compare like with like
             dev.tensor(x).sum().item()
-        for _ in range(5):  # interleaved, medians: a shared machine is noisy
+        for run in range(5):  # interleaved, medians: a shared machine is noisy
             for engine in names:
-                fresh = remote_device(server.target, engine)  # a new connection each run
+                key = Path(home) / f"fresh-{engine}-{run}.key"  # a new connection each run
+                fresh = remote_device(server.target, engine, key)
                 items_fresh[engine].append(item_trips(fresh, trips, server.proc.pid))
                 fresh.close()
                 items[engine].append(item_trips(devs[engine], trips, server.proc.pid))
