@@ -126,10 +126,14 @@ class Connection:
     async def close(self, reason: str = "", *, flush_timeout: float = 5.0) -> None:
         """Close gracefully: wait (up to ``flush_timeout``) for sent data to be acknowledged,
         then send CONNECTION_CLOSE with ``reason``, which the peer sees in its error text."""
-        if self._error is None and self._quic.handshake_confirmed:
+        quic = self._quic
+        if self._error is None and quic.handshake_confirmed:
             with trio.move_on_after(flush_timeout):
-                while self._error is None and any(
-                    self._quic.sender_buffered(sid) for sid in self._streams
+                # Streams already released count too (``unacknowledged``): a stream whose
+                # last frame and FIN were written just before (a handler's reply) is gone
+                # from ``_streams``, and qh3's pacer may still hold its FIN.
+                while self._error is None and (
+                    any(quic.sender_buffered(sid) for sid in self._streams) or quic.unacknowledged()
                 ):
                     await self._send_space.park()
         self._close_now(0, reason or "closed by peer")

@@ -34,16 +34,18 @@ on the object qh3 just made):
 Both client engines answer the request with their Ed25519 certificate (tested).
 
 **The connection** (``Qh3ServerConnection``) offers what the trio ``Connection`` and
-``Endpoint`` use of ``PeerQuicConnection``, over qh3's connection. Two things differ:
+``Endpoint`` use of ``PeerQuicConnection``, over qh3's connection. What differs:
 
 * flow control: qh3's core grants credit as data is *delivered* to Python, which is at
   once, not as the application reads (aioquic's windows here follow ``app_consumed``). So a
   peer could make the server buffer without bound; instead the connection is closed with
   FLOW_CONTROL_ERROR and a reason naming the figures once the bytes delivered and not yet
   read pass ``unread_limit`` (see ``UNREAD_LIMIT_FACTOR``);
-* ACKs: qh3 acknowledges within about a millisecond; an ACK that has no reply to ride on is
-  held up to ``_quic.ACK_DELAY`` (as the qh3 client does), since an ACK-only datagram costs an
-  aioquic client a receive in Python.
+* the 3x anti-amplification budget before the client's address is proven is kept here,
+  over whole datagrams (``_AuthQuic._create_core`` says why);
+* ACKs and timers are qh3's own (a reply carries the ACK its request is owed; see
+  ``get_timer``); so is the limit on concurrent incoming streams (qh3's fixed 100, not
+  ``max_streams``).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from qh3.quic.connection import QuicConnection, QuicConnectionError
 from ._config import ALPN, EndpointConfig
 from ._errors import TransportError
 from ._identity import Identity, PeerId, peer_id_of_certificate
-from ._quic import ACK_DELAY, Authorize
+from ._quic import Authorize
 
 FLOW_CONTROL_ERROR = 0x3
 """QUIC transport error code for a peer that sent more than it may (RFC 9000 20.1)."""
@@ -291,11 +293,10 @@ class Qh3ServerConnection:
         self.configuration = configuration
         self.host_cid = quic.host_cid
         self._unread_limit = unread_limit
-        self._failed: events.ConnectionTerminated | None = None
+        self._terminated = False  # a ConnectionTerminated was reported
         self._close_sent = False
         self._data_queued = False
-        self._now = 0.0
-        self._ack_since: float | None = None
+        self._fin_unsent = False  # a FIN written since the last datagram left
         self._received = 0  # bytes of datagrams received before the handshake completed
         self._sent = 0  # bytes of datagrams sent meanwhile
         self._held: list[tuple[bytes, tuple]] = []  # over the 3x budget: sent when it allows
@@ -307,7 +308,6 @@ class Qh3ServerConnection:
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
-        self._now = now
         if not self._quic._handshake_complete:
             self._received += len(data)
         self._quic.receive_datagram(data, addr, now)
@@ -318,6 +318,8 @@ class Qh3ServerConnection:
         for the client's next datagram (see ``_AuthQuic._create_core``)."""
         self._data_queued = False
         out = self._quic.datagrams_to_send(now)
+        if out:
+            self._fin_unsent = False
         if self._quic._close_event is not None:
             self._close_sent = True
         if self._held:
@@ -335,20 +337,12 @@ class Qh3ServerConnection:
         return out
 
     def get_timer(self) -> float | None:
-        """qh3's timer, except that an ACK with nothing to ride on waits ``ACK_DELAY`` from
-        when it became pending (module doc)."""
+        """qh3's own timer. (Holding its ACK timer, as the qh3 client does, bought nothing
+        here: every request's ACK rides on its reply; and a qh3 client then waited up to
+        ``ACK_DELAY`` for the ACK of a packet that had no reply, ~10 % of round trips.)"""
         core = self._quic._core
         timer = None if core is None else core.get_timer()
-        if timer is None:
-            self._ack_since = None
-            return None
-        kind, at = timer
-        if kind != "ack_application":
-            self._ack_since = None
-            return at
-        if self._ack_since is None:
-            self._ack_since = self._now
-        return max(at, self._ack_since + ACK_DELAY)
+        return None if timer is None else timer[1]
 
     def handle_timer(self, now: float) -> None:
         self._quic.handle_timer(now)
@@ -359,6 +353,7 @@ class Qh3ServerConnection:
         except QuicConnectionError as exc:  # a stream the peer stopped or reset
             raise ValueError(exc.reason_phrase) from None
         self._data_queued = True
+        self._fin_unsent = self._fin_unsent or end_stream
 
     def send_ping(self, uid: int) -> None:
         self._quic.send_ping(uid)
@@ -379,16 +374,15 @@ class Qh3ServerConnection:
         self._quic.close(error_code=error_code, reason_phrase=reason_phrase)
 
     def next_event(self) -> events.QuicEvent | None:
-        """qh3's next event as aioquic's event class (the driver speaks aioquic's)."""
-        if self._failed is not None:
-            failed, self._failed = self._failed, None
-            return failed
+        """qh3's next event as aioquic's event class (the driver speaks aioquic's). A close
+        (the peer's CONNECTION_CLOSE, a TLS alert, ours) is reported as soon as qh3 knows
+        of it, as aioquic does: qh3 itself reports it only after the draining period."""
         while True:
             e = self._quic.next_event()
             kind = type(e)
             if kind is qh3_events.StreamDataReceived:
                 if self._over_limit(len(e.data)):
-                    return self.next_event()
+                    continue  # the connection is closed: the termination comes next
                 return events.StreamDataReceived(e.data, e.end_stream, e.stream_id)
             if kind is qh3_events.ConnectionIdIssued:
                 return events.ConnectionIdIssued(e.connection_id)
@@ -398,8 +392,18 @@ class Qh3ServerConnection:
                 return events.StreamReset(e.error_code, e.stream_id)
             if kind is qh3_events.StopSendingReceived:
                 return events.StopSendingReceived(e.error_code, e.stream_id)
-            if kind is qh3_events.ConnectionTerminated:
-                return events.ConnectionTerminated(e.error_code, e.frame_type, e.reason_phrase)
+            if kind is qh3_events.ConnectionTerminated or (
+                e is None and self._quic._close_event is not None
+            ):
+                if self._terminated:
+                    if e is None:
+                        return None
+                    continue
+                self._terminated = True
+                closed = self._quic._close_event if e is None else e
+                return events.ConnectionTerminated(
+                    closed.error_code, closed.frame_type, closed.reason_phrase
+                )
             if e is None:
                 return None
 
@@ -415,7 +419,6 @@ class Qh3ServerConnection:
             "a peer must wait for replies before it sends more"
         )
         self._quic.close(error_code=FLOW_CONTROL_ERROR, reason_phrase=reason)
-        self._failed = events.ConnectionTerminated(FLOW_CONTROL_ERROR, None, reason)
         while self._quic.next_event() is not None:
             pass  # nothing more is delivered from a connection we closed
         return True
@@ -457,17 +460,24 @@ class Qh3ServerConnection:
 
     def sender_buffered(self, stream_id: int) -> int:
         """Bytes of this stream qh3 has not sent yet, plus everything in flight (qh3 does not
-        say per stream what awaits an acknowledgement)."""
+        say per stream what awaits an acknowledgement), and at least 1 while a FIN written
+        since the last datagram left may still be queued: qh3 does not count a FIN it has not
+        sent (the pacer may hold it), and a graceful close that went ahead then cut the
+        stream's end off."""
         quic = self._quic
-        if quic._core is None or quic._close_event is not None:
+        core = quic._core
+        if core is None or quic._close_event is not None:
             return 0
-        return quic.get_send_buffer_size(stream_id) + quic._core.bytes_in_flight
+        pending = quic.get_send_buffer_size(stream_id) + core.bytes_in_flight
+        return max(pending, int(self._fin_unsent))
 
     def unacknowledged(self) -> bool:
+        """Whether anything written is unsent or unacknowledged (a FIN the pacer holds
+        included; see ``sender_buffered``)."""
         quic = self._quic
-        return quic._core is not None and (
-            quic.get_send_buffer_size() > 0 or quic._core.bytes_in_flight > 0
-        )
+        if quic._core is None or quic._close_event is not None:
+            return False
+        return self._fin_unsent or quic.get_send_buffer_size() > 0 or quic._core.bytes_in_flight > 0
 
     def send_due(self, now: float) -> bool:
         return self.send_due_at(now, self.get_timer())
@@ -485,7 +495,7 @@ class Qh3ServerConnection:
         return False  # qh3's core grants credit as it delivers (module doc)
 
     def ack_now(self, now: float) -> None:
-        self._ack_since = now - ACK_DELAY
+        pass  # qh3 acknowledges on its own timer (get_timer)
 
 
 def qh3_server_configuration(identity: Identity, config: EndpointConfig, size: int):

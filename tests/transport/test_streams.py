@@ -338,7 +338,9 @@ async def test_connection_ids_are_tracked_and_released(server_engine):
 
 
 @trio_test
-async def test_cancelled_send_resets_the_stream_instead_of_corrupting_it(server_engine):
+async def test_cancelled_send_resets_the_stream_instead_of_corrupting_it():
+    # aioquic server only: the send must block on a reader that does not read, and a qh3
+    # server has no such back-pressure (its bound is the unread limit, tested above).
     errors = []
     go = trio.Event()
 
