@@ -5,8 +5,8 @@ Prints, in one run (separate server and client processes, as on two machines):
   datagrams, beside asyncio TLS over TCP, and handshake latency;
 - a large tensor's upload and read-back rates through a `RemoteDevice` and a real
   `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate,
-  for each client QUIC engine installed (aioquic; qh3 with the `qh3` extra; the server runs
-  aioquic either way);
+  for each client QUIC engine installed (aioquic; qh3 with the `qh3` extra), against an
+  aioquic server;
 - the `item()` round trip per client engine (medians of interleaved runs), on a fresh
   connection (one that has carried only a few small round trips: a congestion window and
   pacer at their initial state) and on a warm one (after the bulk transfers above), beside
@@ -14,9 +14,10 @@ Prints, in one run (separate server and client processes, as on two machines):
   round trip without the two round-trip fast paths (a server with
   ``BURN_REMOTE_INLINE_FRAMES=0``, a client waiting through its reader thread:
   ``_remote_link.DIRECT_WAIT`` off; warm), with the CPU both processes spend per trip;
+- the `item()` round trip per server engine x client engine (`burn-remote serve
+  --quic-engine`), fresh and warm, with the client's and the server's CPU per trip apart;
 - a 64-byte echo over each stock QUIC engine's own asyncio API, side by side (the same
-  engine at both ends: what a server on qh3 could give, which its TLS server cannot do for
-  us: it never asks for a client certificate).
+  engine at both ends: what each QUIC library itself costs per round trip).
 
 Usage::
 
@@ -298,6 +299,65 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
     }
 
 
+def bench_item_servers(trips: int, rounds: int = 5) -> dict:
+    """``item()`` per (server engine, client engine): a ``burn-remote serve --quic-engine``
+    for each server engine installed, a warm device per client engine on each (three 4 MiB
+    uploads first: a grown congestion window) and a fresh one per run (its own key: a new
+    session on a new connection); runs interleaved, medians. Per trip: wall, this process's
+    CPU and the server's CPU (schedstat), apart."""
+    from pathlib import Path
+
+    import numpy as np
+    from burn_remote.server.testing import start_server
+
+    home = Path(tempfile.mkdtemp(prefix="burn-remote-bench-"))
+    os.chmod(home, 0o700)
+    os.environ["BURN_REMOTE_HOME"] = str(home)
+    servers = {e: start_server(home / f"server-{e}", "--quic-engine", e) for e in engines()}
+    pairs = [(s, c) for s in servers for c in engines()]
+    got: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {
+        (kind, s, c): [] for kind in ("warm", "fresh") for s, c in pairs
+    }
+    try:
+        warm = {}
+        x = np.ones(MiB, np.float32)
+        for s, c in pairs:
+            dev = remote_device(servers[s].target, c, home / f"warm-{s}-{c}.key")
+            for _ in range(3):
+                dev.tensor(x).sum().item()
+            warm[s, c] = dev
+        for run in range(rounds):
+            for s, c in pairs:
+                pid = servers[s].proc.pid
+                fresh = remote_device(servers[s].target, c, home / f"fresh-{s}-{c}-{run}.key")
+                got["fresh", s, c].append(_item_split(fresh, trips, pid))
+                fresh.close()
+                got["warm", s, c].append(_item_split(warm[s, c], trips, pid))
+        for dev in warm.values():
+            dev.close()
+    finally:
+        for server in servers.values():
+            server.stop()
+    med = statistics.median
+    return {k: tuple(med(r[i] for r in v) * 1e6 for i in range(3)) for k, v in got.items()}
+
+
+def _item_split(dev, trips: int, server_pid: int) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+    """Seconds per ``item()`` trip: wall, this process's CPU, the server's CPU."""
+    import numpy as np
+
+    t = dev.tensor(np.ones(4, np.float32)).sum()
+    for _ in range(50):
+        t.item()
+    mine, theirs = _cpu_seconds(os.getpid()), _cpu_seconds(server_pid)
+    start = time.perf_counter()
+    for _ in range(trips):
+        t.item()
+    wall = time.perf_counter() - start
+    mine, theirs = _cpu_seconds(os.getpid()) - mine, _cpu_seconds(server_pid) - theirs
+    return wall / trips, mine / trips, theirs / trips
+
+
 def _cpu_seconds(pid: int) -> float:
     """CPU time of every thread of a process so far (``schedstat``: nanoseconds, where
     ``/proc/PID/stat`` counts 10 ms ticks)."""
@@ -495,6 +555,14 @@ def main(argv: list[str] | None = None) -> int:
             f"the fast paths {slow:.0f} us, CPU {slow_cpu:.0f} us "
             f"(ratio {fast / slow:.2f}x wall, {cpu / slow_cpu:.2f}x CPU)"
         )
+    split = bench_item_servers(args.trips)
+    print(
+        f"item() per server engine x client engine (medians of 5 interleaved runs of "
+        f"{args.trips}; wall / client CPU / server CPU per trip, us; load "
+        f"{os.getloadavg()[0]:.2f}):"
+    )
+    for (kind, s, c), (wall, mine, theirs) in split.items():
+        print(f"  {kind:5} server {s:7} client {c:7}: {wall:5.0f} / {mine:4.0f} / {theirs:4.0f}")
     runs: dict[str, list[float]] = {e: [] for e in engines()}
     for _ in range(5):  # interleaved, medians
         for engine in runs:

@@ -50,6 +50,7 @@ Both client engines answer the request with their Ed25519 certificate (tested).
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +73,10 @@ from ._quic import Authorize
 
 FLOW_CONTROL_ERROR = 0x3
 """QUIC transport error code for a peer that sent more than it may (RFC 9000 20.1)."""
+INTERNAL_ERROR = 0x1
+"""QUIC transport error code for a failure of our own (RFC 9000 20.1)."""
+
+log = logging.getLogger("burn_remote.transport")
 
 UNREAD_LIMIT_FACTOR = 2
 """A qh3 server closes a connection whose peer has more than this many times
@@ -308,23 +313,40 @@ class Qh3ServerConnection:
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
-        if not self._quic._handshake_complete:
-            self._received += len(data)
-        self._quic.receive_datagram(data, addr, now)
+        """qh3's; once the handshake is complete, through its one-call path (no per-packet
+        header parsing in Python). A failure inside qh3 closes this connection only."""
+        quic = self._quic
+        try:
+            if quic._handshake_complete:
+                quic.receive_many_datagrams([data], addr, now)
+            else:
+                self._received += len(data)
+                quic.receive_datagram(data, addr, now)
+        except (QuicConnectionError, RuntimeError, ValueError) as exc:
+            self._core_failed(exc)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
-        """qh3's datagrams; until the handshake completed (the client's address is then
-        proven), at most three times the bytes received (RFC 9000 8.1): the rest waits
-        for the client's next datagram (see ``_AuthQuic._create_core``)."""
+        """qh3's datagrams (straight from its core: its Python wrapper only adds qlog
+        bookkeeping); until the handshake completed (the client's address is then proven),
+        at most three times the bytes received (RFC 9000 8.1): the rest waits for the
+        client's next datagram (see ``_AuthQuic._create_core``)."""
         self._data_queued = False
-        out = self._quic.datagrams_to_send(now)
+        quic = self._quic
+        core = quic._core
+        out: list[tuple[bytes, tuple]] = []
+        if core is not None:
+            try:
+                while (transmit := core.poll_transmit(now)) is not None:
+                    out.append((transmit[0], transmit[1]))
+            except RuntimeError as exc:
+                self._core_failed(exc)
         if out:
             self._fin_unsent = False
-        if self._quic._close_event is not None:
-            self._close_sent = True
+        if quic._close_event is not None:
+            self._close_sent = bool(out) or self._close_sent
         if self._held:
             out, self._held = self._held + out, []
-        if self._quic._handshake_complete:
+        if quic._handshake_complete:
             return out
         budget = 3 * self._received - self._sent
         for i, (data, _addr) in enumerate(out):
@@ -336,6 +358,16 @@ class Qh3ServerConnection:
             self._sent += len(data)
         return out
 
+    def _core_failed(self, exc: Exception) -> None:
+        """qh3 raised (a bug of its, or a peer that found one): this connection ends with
+        INTERNAL_ERROR and the reason; the endpoint and every other connection go on."""
+        reason = f"server QUIC error: {exc}"
+        log.warning("qh3 connection failed: %s", exc)
+        try:
+            self._quic.close(error_code=INTERNAL_ERROR, reason_phrase=reason)
+        except (QuicConnectionError, RuntimeError, AssertionError):
+            self._quic._close_event = qh3_events.ConnectionTerminated(INTERNAL_ERROR, None, reason)
+
     def get_timer(self) -> float | None:
         """qh3's own timer. (Holding its ACK timer, as the qh3 client does, bought nothing
         here: every request's ACK rides on its reply; and a qh3 client then waited up to
@@ -345,7 +377,10 @@ class Qh3ServerConnection:
         return None if timer is None else timer[1]
 
     def handle_timer(self, now: float) -> None:
-        self._quic.handle_timer(now)
+        try:
+            self._quic.handle_timer(now)
+        except (QuicConnectionError, RuntimeError) as exc:
+            self._core_failed(exc)
 
     def send_stream_data(self, stream_id: int, data: Any, end_stream: bool = False) -> None:
         try:

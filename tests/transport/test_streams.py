@@ -476,3 +476,40 @@ async def test_send_frame_nowait_refuses_what_the_send_buffer_cannot_take(server
             raise AssertionError("the send buffer never drained")
         assert await s.receive_frame() == bytes(600)
         done.set()
+
+
+@trio_test
+async def test_a_qh3_failure_ends_that_connection_and_the_server_goes_on(monkeypatch):
+    """qh3 raising inside its core (a bug of its, or one a peer found) closes only the
+    connection it happened on, with INTERNAL_ERROR and the reason; the receive loop lives."""
+    pytest.importorskip("qh3")
+    from burn_remote.protocol.transport import _qh3_server
+
+    async def echo(conn):
+        s = await conn.accept_stream()
+        while (frame := await s.receive_frame()) is not None:
+            await s.send_frame(frame)
+
+    server = EndpointConfig(quic_engine="qh3")
+    async with serving(echo, server_config=server) as (srv, cli):
+        first = await cli.connect(srv.peer_id, srv.local_address)
+        s = await first.open_stream()
+        await s.send_frame(b"before")
+        assert await s.receive_frame() == b"before"
+        original = _qh3_server._AuthQuic.receive_many_datagrams
+        victim = next(iter(srv.connections))._quic._quic
+
+        def boom(self, *args):
+            if self is victim:
+                raise RuntimeError("packet builder capacity exhausted")
+            return original(self, *args)
+
+        monkeypatch.setattr(_qh3_server._AuthQuic, "receive_many_datagrams", boom)
+        await s.send_frame(b"trigger")
+        with trio.fail_after(10):
+            reason = await first.wait_closed()
+        assert "server QUIC error: packet builder capacity exhausted" in str(reason)
+        second = await cli.connect(srv.peer_id, srv.local_address)
+        s2 = await second.open_stream()
+        await s2.send_frame(b"still serving")
+        assert await s2.receive_frame() == b"still serving"
