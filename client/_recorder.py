@@ -390,6 +390,18 @@ class Recorder:
             raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
         return self.runtime.read(tensor_id)
 
+    def read_item(self, tensor_id: int) -> Any:
+        """A one-element tensor's value as a Python number (a runtime may read it so)."""
+        read_item = getattr(self.runtime, "read_item", None)
+        if read_item is None:
+            return self.read(tensor_id).reshape(()).item()
+        self.flush()
+        if self.partners:
+            self.flush_partners()
+        if tensor_id not in self.specs:
+            raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
+        return read_item(tensor_id)
+
 
 def op_failure(where: tuple[str, int] | None, op: str, message: str) -> OpFailed:
     """The user-facing error for a failed node: op name and the line that recorded it."""

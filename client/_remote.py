@@ -157,6 +157,19 @@ class RemoteRuntime:
     def read(self, tensor_id: int) -> np.ndarray:
         return self._call(m.Read, tensor_id)
 
+    def read_item(self, tensor_id: int) -> float | int | bool:
+        """A one-element tensor's value as a Python number (``Tensor.item``): the reply is
+        unpacked straight into it, without an array on its way."""
+        with self.lock:
+            self._check()
+            rid = self.proto.request_item(tensor_id)
+            self._asked[rid] = self._sent = self._steps
+        self.link.kick()
+        try:
+            return self._wait(rid)
+        finally:
+            self.proto._item_reads.discard(rid)  # (an error came instead of its Data)
+
     # --- waits ------------------------------------------------------------------------------
     def _check(self) -> None:
         if self.proto.fatal is not None:

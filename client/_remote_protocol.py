@@ -11,6 +11,8 @@ the runtime holds one lock around every call.
 
 from __future__ import annotations
 
+import math
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,21 @@ JOURNAL_MAX = 2048
 """Past this many unanswered messages a Sync is queued so the journal can be trimmed."""
 MAX_KNOWN_GRAPHS = 4096
 """Digests remembered as registered; forgetting one only costs a re-registration."""
+_ITEM_FORMATS = {
+    name: struct.Struct("<" + code)
+    for name, code in (
+        ("bool", "?"),
+        ("int8", "b"),
+        ("uint8", "B"),
+        ("int32", "i"),
+        ("int64", "q"),
+        ("float16", "e"),
+        ("float32", "f"),
+        ("float64", "d"),
+    )
+}
+"""A one-element Data's bytes (little-endian, see protocol/README.md) -> the Python number
+``ndarray.item()`` gives; bfloat16 has no struct code and goes through NumPy."""
 
 
 @dataclass(slots=True)
@@ -127,6 +144,8 @@ class ClientProtocol:
         """The last execution's record (the next one of the same replay reuses it)."""
         self._packer = m.packer()
         """Encodes messages as ``messages.encode`` does, one at a time, reusing its buffer."""
+        self._item_reads: set[int] = set()
+        """Reads whose reply is kept as the Python number of its one element (``item()``)."""
 
     # --- queueing (user thread) -------------------------------------------------------------
     def _next_rid(self) -> int:
@@ -170,7 +189,9 @@ class ClientProtocol:
             self._bulk += 1
             self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
         else:  # encoded now, straight from the array's memory (the one copy)
-            raw = m.encode_inline_upload(self._packer, tensor_id, name, a.shape, a.data)
+            # (ml_dtypes' bfloat16 exports no buffer: its bits go as uint16, the same bytes)
+            data = a.data if name != "bfloat16" else a.view(np.uint16).data
+            raw = m.encode_inline_upload(self._packer, tensor_id, name, a.shape, data)
             self.pending.append(_Entry(None, None, raw, m.Upload))
             self.pending_bytes += n
 
@@ -221,6 +242,13 @@ class ClientProtocol:
         """Queue a message that gets a reply (Read, Sync, MemoryStats, Expose); its id."""
         rid = self._next_rid()
         self._queue(kind(rid, *fields))
+        return rid
+
+    def request_item(self, tensor_id: int) -> int:
+        """Queue a Read whose result is the tensor's one element as a Python number (what
+        ``item()`` returns), not an array: no NumPy call on the reply's path. Its id."""
+        rid = self.request(m.Read, tensor_id)
+        self._item_reads.add(rid)
         return rid
 
     def fetch(self, tensor_id: int, source_peer: str, token: bytes) -> None:
@@ -288,8 +316,18 @@ class ClientProtocol:
         """The read's array: a view of the bulk buffer the bytes were written into, or of the
         inline bytes."""
         self.counters.data_bytes_received += len(payload)
+        rid = msg.request_id
+        if rid in self._item_reads:
+            self._item_reads.discard(rid)
+            fmt = _ITEM_FORMATS.get(msg.dtype)
+            if fmt is not None and len(payload) == fmt.size and math.prod(msg.shape) == 1:
+                self.results[rid] = fmt.unpack_from(payload)[0]
+                return
+            a = np.frombuffer(payload, dtype=dtypes.to_numpy(msg.dtype)).reshape(msg.shape)
+            self.results[rid] = a.reshape(()).item()
+            return
         a = np.frombuffer(payload, dtype=dtypes.to_numpy(msg.dtype)).reshape(msg.shape)
-        self.results[msg.request_id] = a if isinstance(payload, np.ndarray) else a.copy()
+        self.results[rid] = a if isinstance(payload, np.ndarray) else a.copy()
 
     def _answered(self, rid: int) -> None:
         """Every message up to request ``rid`` was processed: trim journal and in_flight."""

@@ -145,7 +145,7 @@ class Tensor:
     def item(self) -> float | int | bool:
         if self.shape and math.prod(self.shape) != 1:  # (not .size: an object per call)
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
-        return self._dev._rec.read(self._id).reshape(()).item()
+        return self._dev._rec.read_item(self._id)
 
     def tolist(self) -> Any:
         return self.numpy().tolist()

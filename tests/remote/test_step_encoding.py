@@ -157,3 +157,66 @@ def test_a_reply_trims_what_was_sent_up_to_its_request_only() -> None:
     proto.receive_control(m.encode([m.Ack(third)]))
     assert not proto.journal and not proto.in_flight
     assert {first, second, third} - set(proto.results) == {first}
+
+
+_ITEM_CASES = [
+    ("bool", [True, False]),
+    ("int8", [-128, 127, 0]),
+    ("uint8", [0, 255]),
+    ("int32", [-(2**31), 2**31 - 1]),
+    ("int64", [-(2**63), 2**63 - 1, 7]),
+    ("float16", [1.5, -0.0, float("inf"), float("nan"), 65504.0, 6e-8]),
+    ("bfloat16", [1.5, -2.0, float("-inf")]),
+    ("float32", [0.1, -0.0, float("nan"), 3.4e38, 1e-45]),
+    ("float64", [0.1, -0.0, float("inf"), 1e-308, 5e-324]),
+]
+
+
+@pytest.mark.parametrize("dtype,values", _ITEM_CASES, ids=[c[0] for c in _ITEM_CASES])
+def test_item_is_what_numpy_gives_for_every_dtype_and_shape(dtype: str, values: list) -> None:
+    """``item()`` on a remote tensor unpacks its reply straight into a Python number: the
+    same value and type as ``ndarray.item()`` (NaN, -0.0, infinities, extremes)."""
+    from burn_remote.protocol import dtypes
+
+    dev, _ = loopback_device()
+    np_dtype = dtypes.to_numpy(dtype)
+    for v in values:
+        for shape in [(), (1,), (1, 1, 1)]:
+            a = np.full(shape, v, dtype=np_dtype)
+            got, want = dev.tensor(a).item(), a.reshape(()).item()
+            assert type(got) is type(want), (dtype, v, shape)
+            if want != want:  # NaN
+                assert got != got
+            else:
+                assert got == want and np.copysign(1, got) == np.copysign(1, want)
+    assert not dev._rt.proto._item_reads
+
+
+def test_an_item_reply_builds_no_array(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply to ``item()`` (a float32 scalar: the loss every few steps) is unpacked
+    without NumPy on its path; ``numpy()`` still gets its array."""
+    from burn_remote import _remote_protocol
+
+    dev, _ = loopback_device()
+    t = dev.tensor(np.array([2.5, 4.0], np.float32)).sum()
+    assert t.numpy() == np.float32(6.5)
+
+    def no_array(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an array was built for an item() reply")
+
+    monkeypatch.setattr(_remote_protocol.np, "frombuffer", no_array)
+    assert t.item() == 6.5
+    assert (t * 2).item() == 13.0
+
+
+def test_a_failed_item_read_raises_and_leaves_nothing_behind() -> None:
+    """An Error instead of the Data (the server lacks the tensor) raises at the read, and
+    the read is not remembered as one whose Data is unpacked."""
+    from burn_remote._recorder import OpFailed
+
+    dev, _ = loopback_device()
+    t = dev.tensor(np.float32(1.0))
+    with pytest.raises(OpFailed, match="1000000000"):
+        dev._rt.read_item(10**9)  # a tensor id the server never had
+    assert not dev._rt.proto._item_reads
+    assert t.item() == 1.0
