@@ -67,6 +67,11 @@ class Plan:
     peak_bytes: int = 0
     """Most bytes of intermediates alive at once (from declared shapes; set by the server,
     which reserves them in its memory ledger for each run)."""
+    output_bytes: int | None = None
+    """Bytes of the outputs from their declared shapes (set by the server with
+    ``peak_bytes``; None: not known, so a run of replays is not reserved ahead)."""
+    input_bytes: list[int] | None = None
+    """Bytes of each input from its declared shape (made on first use by the server)."""
     collective: bool = False
     """The graph has a collective op: a run waits for other ranks, so it never runs on a
     server's network loop (that loop moves the collective's bytes)."""

@@ -31,6 +31,14 @@ def spec_bytes(shape: tuple[int, ...], dtype: str) -> int:
     return math.prod(shape) * dtypes.to_numpy(dtype).itemsize
 
 
+def output_bytes(graph: Graph) -> int:
+    """Bytes of a graph's outputs, from their declared shapes (what a run stores)."""
+    specs = list(graph.inputs)
+    for node in graph.nodes:
+        specs.extend(node.outputs)
+    return sum(spec_bytes(*specs[k]) for k in graph.outputs)
+
+
 def footprint(graph: Graph) -> tuple[int, int]:
     """(constant bytes, peak intermediate bytes) of a validated graph. Inputs are not
     counted (they are already held); outputs are, up to the end of the run."""

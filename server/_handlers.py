@@ -92,13 +92,18 @@ def _plan_of(s: Any, msg: m.ExecuteGraph) -> Any:
     return s.state.plan(msg.digest.hex())
 
 
+def plan_matches(plan: Any, msg: m.ExecuteGraph) -> bool:
+    """Whether an ExecuteGraph binds as many inputs, values and outputs as its plan takes."""
+    return (
+        len(msg.input_ids) == plan.n_inputs
+        and len(msg.values) == len(plan.value_slots)
+        and len(msg.output_ids) == len(plan.outputs)
+    )
+
+
 def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
     graph = plan.graph
-    if (
-        len(msg.input_ids) != plan.n_inputs
-        or len(msg.values) != len(plan.value_slots)
-        or len(msg.output_ids) != len(plan.outputs)
-    ):
+    if not plan_matches(plan, msg):
         raise Failure(
             m.MALFORMED,
             f"graph takes {plan.n_inputs} inputs, {len(plan.value_slots)} values and "
@@ -119,25 +124,13 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
                     f"input {k} (tensor {tid}) is {a.dtype}{list(a.shape)}, the graph wants "
                     f"{dt}{list(shape)}",
                 )
-    # Inputs the client drops with this very message (an optimizer's old weights) are
-    # donated: they leave the store now and the graph frees them at their last use. Inputs
-    # whose id is also an output id (state written in place) are donated too but stay in
-    # the store until the new value replaces them under the same id (no refund and charge
-    # again per step); if the graph fails they are dropped: gone, never half-updated.
-    donated: list[int] = []
-    in_place: list[int] = []
     owner_bytes = s.nbytes + s.bulk_reserved
-    written = set(msg.output_ids)
-    gone = written.union(msg.drops) if msg.drops else written
-    if not gone.isdisjoint(ids):
-        donated = [k for k, tid in enumerate(ids) if tid in gone]
-        if s.bulk_out:  # a transfer to the client still reads it: not donated
-            donated = [k for k in donated if not s.being_sent(inputs[k])]
-        in_place = [ids[k] for k in donated if ids[k] in written]
-        if len(in_place) < len(donated):
-            s.drop([ids[k] for k in donated if ids[k] not in written])
-        if in_place:  # their bytes are the graph's now (as if dropped) until replaced
-            owner_bytes -= sum([int(inputs[k].nbytes) for k in donated if ids[k] in written])
+    donated, in_place, dropped = donation(s, msg, inputs)
+    if dropped:
+        s.drop(dropped)
+    if in_place:  # their bytes are the graph's now (as if dropped) until replaced
+        written = set(in_place)
+        owner_bytes -= sum([int(inputs[k].nbytes) for k in donated if ids[k] in written])
     try:
         outs = _execute(s, plan, msg, inputs, donated, owner_bytes)
     except BaseException:
@@ -151,6 +144,32 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
         raise
 
 
+def donation(
+    s: Any, msg: m.ExecuteGraph, inputs: list[Any]
+) -> tuple[list[int], list[int], list[int]]:
+    """(input positions donated to the run, ids among them written in place, ids among them
+    the message drops without writing them: they leave the store before the run).
+
+    Inputs the client drops with this very message (an optimizer's old weights) are donated:
+    they leave the store now and the graph frees them at their last use. Inputs whose id is
+    also an output id (state written in place) are donated too but stay in the store until
+    the new value replaces them under the same id (no refund and charge again per step); if
+    the graph fails they are dropped: gone, never half-updated."""
+    ids = msg.input_ids
+    written = set(msg.output_ids)
+    gone = written.union(msg.drops) if msg.drops else written
+    if gone.isdisjoint(ids):
+        return [], [], []
+    donated = [k for k, tid in enumerate(ids) if tid in gone]
+    if s.bulk_out:  # a transfer to the client still reads it: not donated
+        donated = [k for k in donated if not s.being_sent(inputs[k])]
+    in_place = [ids[k] for k in donated if ids[k] in written]
+    dropped = (
+        [ids[k] for k in donated if ids[k] not in written] if len(in_place) < len(donated) else []
+    )
+    return donated, in_place, dropped
+
+
 def _execute(
     s: Any, plan: Any, msg: m.ExecuteGraph, inputs: list, donated: list[int], owner_bytes: int
 ) -> list[Any]:
@@ -161,12 +180,21 @@ def _execute(
             with scope(s.groups, s.state.backend):
                 return s.state.run(plan, inputs, msg.values, donated, owner_bytes, owner, False)
         return s.state.run(plan, inputs, msg.values, donated, owner_bytes, owner, False)
-    except ExecutionError as exc:
-        if isinstance(exc.__cause__, GroupFailure):  # names the group and the culprit rank
-            raise Failure(m.GROUP, str(exc.__cause__), exc.node) from None
-        raise Failure(m.EXECUTION, str(exc), exc.node) from None
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise Failure(m.MALFORMED, f"bad bindings: {exc}") from None
+    except (ExecutionError, TypeError, ValueError, OverflowError) as exc:
+        raise engine_failure(exc) from None
+
+
+def engine_failure(exc: BaseException) -> BaseException:
+    """What the client is told of a run that raised ``exc``: the Failure naming the node
+    (a collective's names the group and the culprit rank), MALFORMED for bindings the
+    kernels refused; anything else as it is (an internal error)."""
+    if isinstance(exc, ExecutionError):
+        if isinstance(exc.__cause__, GroupFailure):
+            return Failure(m.GROUP, str(exc.__cause__), exc.node)
+        return Failure(m.EXECUTION, str(exc), exc.node)
+    if isinstance(exc, TypeError | ValueError | OverflowError):
+        return Failure(m.MALFORMED, f"bad bindings: {exc}")
+    return exc
 
 
 def read(s: Any, msg: m.Read, now: float) -> Reply:

@@ -23,6 +23,7 @@ import numpy as np
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkReceive, BulkSend
+from ._batch import replay_run
 from ._handlers import HANDLERS, read_alone
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._resume import new_resume_token
@@ -69,6 +70,8 @@ _RUNS_AT = {
 """Which handlers a step running at a place may run (None: in-process callers, anything).
 Tuples: membership compares identity first, where a set would hash an Enum in Python."""
 _LOOP_ONLY = _RUNS_AT[Place.LOOP]
+_RUN_STARTS = (m.Upload, m.ExecuteGraph)
+"""Messages a run of replays (``_batch.replay_run``) may start with."""
 
 
 class Session:
@@ -128,6 +131,12 @@ class Session:
         self.planned: tuple[Any, Any] | None = None
         """(ExecuteGraph, its plan) as the handler table's ``inline`` found it deciding
         where the message runs, so its handler does not look the plan up again."""
+        self.run_reserved = 0
+        """Bytes a run of replays reserved and has not used yet (``_batch.replay_run``):
+        the peer's and this session's other checks count them as held."""
+        self.run_skip = 0
+        """Queued messages that cannot start a run of replays (the last scan's finding):
+        the message path takes them without scanning the queue again."""
         self._replies: list[m.Message] = []
         self._out: list[Output] = []
         self._bulk_ids = 0
@@ -194,7 +203,7 @@ class Session:
         """
         limits = self.state.limits
         with self._bulk_lock:
-            held = self.nbytes + self.bulk_reserved
+            held = self.nbytes + self.bulk_reserved + self.run_reserved
             if held + size > limits.session_memory:
                 raise LimitExceeded(
                     f"a {size}-byte transfer exceeds the session memory quota: {held} bytes "
@@ -301,17 +310,30 @@ class Session:
 
         Per message: one handler lookup, one ``inline`` question (only with ``place``), the
         handler; a message answered with nothing (Upload, ExecuteGraph, Drop) costs no
-        more. Hello, undecodable messages and a stalled session go through ``_dispatch``."""
+        more. A run of replays of one cached graph at the head (a captured loop's steps)
+        goes through ``_batch.replay_run`` in one go. Hello, undecodable messages and a
+        stalled session go through ``_dispatch``."""
         if self.opened is None:
             self.opened = now
         self.last_active = now
         allowed = _RUNS_AT[place] if place is not Place.LOOP else _LOOP_ONLY
         budget = INLINE_BUDGET
         queue, handlers = self.queue, HANDLERS
+        runs = place is not Place.JOBS and self.greeted
         while queue and not self.closed:
             msg = queue[0]
             if self.waiting is not None and not self.ready():
                 break
+            if runs and not self.run_skip and not self.stalled and type(msg) in _RUN_STARTS:
+                done, spent, failed, exc = replay_run(self, budget if place is Place.LOOP else None)
+                if done:
+                    budget -= spent
+                    self.waiting = None
+                    if exc is not None:
+                        self._fail(failed, exc)
+                    if budget < 0:  # the loop's budget ended the run: the rest is not its
+                        break
+                    continue
             handler = handlers.get(type(msg)) if self.greeted else None
             if place is not None:
                 where, cost = self._where(handler, msg, budget)
@@ -321,22 +343,16 @@ class Session:
                     budget -= cost
             queue.popleft()
             self.messages += 1
+            if self.run_skip:
+                self.run_skip -= 1
             try:
                 if handler is None or self.stalled:
                     reply = self._dispatch(msg, now)
                 else:
                     reply = handler.run(self, msg, now)
-            except Failure as f:
-                reply = [m.Error(f.code, str(f), f.node, _request_id(msg))]
-            except LimitExceeded as exc:
-                reply = [m.Error(m.LIMIT, str(exc), -1, _request_id(msg))]
-            except Exception as exc:  # a bug must not end the server or the session
-                log.exception(
-                    "internal error on %s",
-                    type(msg).__name__,
-                    extra={"event": "internal_error", "session": self.id, "peer": self.peer_id},
-                )
-                reply = [m.Error(m.INTERNAL, f"{type(exc).__name__}: {exc}", -1, _request_id(msg))]
+            except Exception as exc:
+                self._fail(msg, exc)
+                continue
             if reply is None:
                 self.waiting = None
                 continue
@@ -357,6 +373,25 @@ class Session:
                         self._count(out)
                     self._replies.append(out)
         return self._flush()
+
+    def _fail(self, msg: Any, exc: Exception) -> None:
+        """Answer ``msg``'s failure: a Failure or a limit as the client's error, anything
+        else (a bug) as an internal error, logged; the session goes on."""
+        self.waiting = None
+        if isinstance(exc, Failure):
+            err = m.Error(exc.code, str(exc), exc.node, _request_id(msg))
+        elif isinstance(exc, LimitExceeded):
+            err = m.Error(m.LIMIT, str(exc), -1, _request_id(msg))
+        else:  # a bug must not end the server or the session
+            log.error(
+                "internal error on %s",
+                type(msg).__name__,
+                exc_info=exc,
+                extra={"event": "internal_error", "session": self.id, "peer": self.peer_id},
+            )
+            err = m.Error(m.INTERNAL, f"{type(exc).__name__}: {exc}", -1, _request_id(msg))
+        self._count(err)
+        self._replies.append(err)
 
     def _count(self, err: m.Error) -> None:
         """Every error answered is counted by code (metrics) and logged at debug level."""
@@ -509,8 +544,10 @@ class Session:
             self.greeted = False  # closing twice logs once
 
     def array(self, dtype: str, shape: tuple[int, ...], data: Any) -> Any:
-        """A backend array from wire bytes: a bulk buffer becomes the tensor as it is (no
-        copy on the CPU backend); inline bytes are copied (they belong to the frame)."""
+        """A backend array from wire bytes, without a copy on the CPU backend: a bulk buffer
+        becomes the tensor as it is, and so does an inline ``bytes`` object (immutable: the
+        tensor is a read-only view of it, as kernels never write their inputs); any other
+        buffer (a view into something else) is copied."""
         try:
             dt = dtypes.to_numpy(dtype)
         except TypeError as exc:
@@ -523,6 +560,8 @@ class Session:
             )
         if isinstance(data, np.ndarray):
             host = data.view(dt).reshape(shape)
+        elif type(data) is bytes:  # the decoded message's own bytes: nothing else holds them
+            host = np.frombuffer(data, dtype=dt).reshape(shape)
         else:
             host = np.frombuffer(data, dtype=dt).reshape(shape).copy()
         return self.state.backend.from_numpy(host)

@@ -22,7 +22,7 @@ from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
-from ._footprint import footprint, plan_bytes
+from ._footprint import footprint, output_bytes, plan_bytes
 from ._peers import PeerDirectory
 
 
@@ -245,7 +245,10 @@ class ServerState:
         """The per-peer quota check (held lock): LimitExceeded when ``peer``'s sessions would
         hold more than ``cap``."""
         held = sum(
-            s.nbytes + getattr(s, "bulk_reserved", 0) + getattr(s, "group_bytes", 0)
+            s.nbytes
+            + getattr(s, "bulk_reserved", 0)
+            + getattr(s, "group_bytes", 0)
+            + getattr(s, "run_reserved", 0)
             for s in self.sessions.values()
             if s.peer_id == peer
         )
@@ -309,6 +312,34 @@ class ServerState:
             if self.bytes > self.peak_bytes:
                 self.peak_bytes = self.bytes
 
+    def reserve_run(self, session: Any, nbytes: int) -> None:
+        """Reserve what a run of replays may add (``_batch.replay_run``): checked as every
+        message of it would be (the peer's cap, the session's quota, the server's limit),
+        held until ``settle_run``; the session shows its unused part (``run_reserved``) to
+        the peer's other sessions' checks. LimitExceeded: it does not fit, nothing held."""
+        peer = session.peer_id
+        cap = self.peer_memory_cap() if peer and nbytes > 0 else 0
+        owner_bytes = session.nbytes + session.bulk_reserved + session.group_bytes
+        with self.lock:
+            if cap:
+                self._admit_peer(peer, nbytes, cap)
+            self._admit(nbytes, owner_bytes, f"session {session.id}")
+            self.held += nbytes
+            session.run_reserved = nbytes
+
+    def settle_run(self, reserve: int, tensors: int, nbytes: int, top: int = 0) -> None:
+        """End of a run of replays: its reservation returned and what it stored (net of
+        what it dropped) charged, in one update; the reservation covered it. ``top``: the
+        most bytes it had added at once (the peak it reached)."""
+        with self.lock:
+            if self.bytes + top > self.peak_bytes:
+                self.peak_bytes = self.bytes + top
+            self.held -= reserve
+            self.tensors += tensors
+            self.bytes += nbytes
+            if self.bytes > self.peak_bytes:
+                self.peak_bytes = self.bytes
+
     def hold(self, nbytes: int, owner_bytes: int = 0, owner: str = "session") -> None:
         """Charge (or, negative, refund) bytes that are not a session's tensors but that a
         peer made the server hold: bulk streams in flight, exposed tensors, plan constants,
@@ -359,6 +390,7 @@ class ServerState:
                 )
             raise GraphError(f"digest mismatch: the graph hashes to {actual}, not {digest}")
         constants, peak = footprint(graph)
+        outputs = output_bytes(graph)
         kept = constants + plan_bytes(graph)
         if kept + peak > self.limits.memory_limit:
             raise LimitExceeded(
@@ -378,6 +410,7 @@ class ServerState:
                 if plan is None:
                     plan = self.executor.add(digest, fresh or self._compile(graph))
                 plan.peak_bytes = peak
+                plan.output_bytes = outputs
                 if digest in self._plan_bytes:
                     self.held -= charged  # charged already (another session, a race)
                 else:

@@ -1,0 +1,290 @@
+"""A run of replays of one cached graph, handled in one loop (issue 15).
+
+A captured training loop sends, per step, its inputs' inline Uploads and one ExecuteGraph of
+the same cached graph, and several steps arrive in one frame. Message by message each step
+costs the session a handler lookup and a placement question per message, a plan lookup, two
+ledger updates per Upload and ExecuteGraph (four locks a step) and the checks around them.
+``replay_run`` takes the longest run ``[Upload(inline)* ExecuteGraph(D)]+`` at the head of a
+session's queue (one digest D, at least ``MIN_RUN_STEPS`` steps) and runs it with one plan
+lookup, one ledger reservation before and one settlement after, the messages in their order.
+
+Nothing a client sees changes: every message has the effect, reply and counters it has on
+the message path. The reservation is an upper bound of what the run may add (the uploads'
+bytes, each step's declared output bytes and the plan's arena once; the tensor count too),
+checked against every quota the message path checks (session, peer, server, max_tensors);
+a run that would not fit is not taken, and the message path then answers each message as
+before. Anything out of the ordinary at a message (a missing or mismatched input, a bad
+upload) ends the run before that message, which the message path then handles; an engine
+failure is settled and answered exactly as ``_handlers.execute`` answers it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from ..engine.executor import input_check
+from ..protocol import messages as m
+from ._handlers import donation, engine_failure, plan_matches
+from ._state import LimitExceeded, pop_all, replacement_cost
+
+MIN_RUN_STEPS = 2
+"""Steps a run must hold to be taken here (one step gains nothing from the batch)."""
+MAX_RUN_STEPS = 64
+"""Steps one run takes at most: bounds its reservation and how long it holds the session."""
+MAX_RUN_SCAN = 1024
+"""Queued messages looked at to find a run (a queue of anything else is not rescanned per
+message: ``Session.run_skip``)."""
+
+_perf = time.perf_counter
+
+
+def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, float] | None:
+    """The run at the head of ``s.queue``: (messages, steps, plan, upload bytes, its first
+    ExecuteGraph, loop seconds it spends), or None when there is none worth taking.
+
+    ``budget``: loop seconds left (None: no limit), spent at the plan's last run time per
+    step as the message path spends it; on the loop a run ends before the step that does
+    not fit (its uploads in), and the scan stops there. The plan is looked up once, and
+    only when there are two steps to run."""
+    execs: list[tuple[int, Any, int]] = []  # (position, message, upload bytes before it)
+    digest = plan = budget_limit = None
+    looked = False
+    limit = MAX_RUN_STEPS
+    cost = 0.0
+    n = up_bytes = 0
+    for msg in s.queue:
+        t = type(msg)
+        if t is m.Upload:
+            if msg.bulk_id:
+                break
+            up_bytes += len(msg.data)
+        elif t is m.ExecuteGraph:
+            if digest is None:
+                digest = msg.digest
+            elif msg.digest != digest:
+                break
+            elif budget is not None and not looked:  # a second step: what fits the loop
+                plan, looked = _plan_for(s, execs[0][1]), True
+                if plan is None:
+                    break
+                cost = plan.seconds
+                if cost is None:
+                    return None  # not timed yet: the message path sends it to a worker
+                if cost > 0:  # one step more than fits: where the run ends
+                    budget_limit = int(budget / cost) + 1
+                    limit = min(limit, budget_limit)
+            execs.append((n, msg, up_bytes))
+            if len(execs) >= limit:
+                break
+        else:
+            break
+        n += 1
+        if n >= MAX_RUN_SCAN:
+            break
+    if not execs:  # no run starts before the blocker
+        s.run_skip = n
+        return None
+    cut = budget_limit is not None and len(execs) >= budget_limit
+    if len(execs) < MIN_RUN_STEPS and not cut:
+        s.run_skip = execs[0][0] + 1  # no run starts up to its only ExecuteGraph
+        return None
+    fit = min(len(execs), budget_limit - 1) if cut else len(execs)  # what the budget takes
+    if not looked:
+        plan = _plan_for(s, execs[0][1])
+    valid = 0  # leading steps that bind as the plan wants
+    if plan is not None:
+        for _, msg, _ in execs:
+            if not plan_matches(plan, msg):
+                break
+            valid += 1
+    if valid < MIN_RUN_STEPS and (valid < len(execs) or not cut):
+        # no run starts at any message up to the first ExecuteGraph
+        s.run_skip = execs[0][0] + 1
+        return None
+    if fit < valid:  # the budget ends the run before this step (its uploads in)
+        pos, _, up_bytes = execs[fit]
+        return (pos, fit, plan, up_bytes, execs[0][1], math.inf) if pos else None
+    end, _, up_bytes = execs[valid - 1]
+    return end + 1, valid, plan, up_bytes, execs[0][1], valid * cost
+
+
+def _plan_for(s: Any, msg: m.ExecuteGraph) -> Any:
+    """The plan of a run's ExecuteGraph when a run may use it (None: the message path's)."""
+    if s.refused and msg.digest.hex() in s.refused:
+        return None
+    planned = s.planned
+    plan = (
+        planned[1] if planned is not None and planned[0] is msg else s.state.plan(msg.digest.hex())
+    )
+    if plan is None or plan.collective or plan.output_bytes is None:
+        return None
+    return plan
+
+
+def replay_run(s: Any, budget: float | None) -> tuple[int, float, Any, Exception | None]:
+    """Run the run at the head of the queue: (messages handled, loop seconds spent, the
+    message that failed, its exception); (0, 0.0, None, None) when there is none or it does
+    not fit the quotas (the message path then takes the queue as it is). The seconds are
+    infinite when the loop's budget ended the run: its next step is not the loop's."""
+    found = find_run(s, budget)
+    if found is None:
+        return 0, 0.0, None, None
+    count, steps, plan, up_bytes, first, spent = found
+    arena = plan.peak_bytes if steps else 0
+    reserve = up_bytes + steps * growth(plan, first) + arena
+    try:
+        s.state.reserve_run(s, reserve)
+    except LimitExceeded:
+        return 0, 0.0, None, None
+    s.planned = None
+    run = _Run(s, reserve, arena)
+    try:
+        done, failed, exc = run.go(plan, count)
+    finally:
+        run.settle()
+    return done, spent, failed, exc
+
+
+def growth(plan: Any, msg: Any) -> int:
+    """What one step like ``msg`` adds to the store, from the declared shapes: its outputs,
+    less the inputs it writes in place (a captured step's state). An estimate for the
+    reservation only: every step's actual growth is checked against it as it is stored."""
+    if msg is None:
+        return 0
+    sizes = plan.input_bytes
+    if sizes is None:
+        shapes, np_dtypes = input_check(plan)
+        sizes = plan.input_bytes = [
+            math.prod(shape) * dt.itemsize for shape, dt in zip(shapes, np_dtypes)
+        ]
+    written = set(msg.output_ids)
+    replaced = {tid: n for tid, n in zip(msg.input_ids, sizes) if tid in written}
+    return max(0, plan.output_bytes - sum(replaced.values()))
+
+
+class _Run:
+    """One run's bookkeeping: what it stored and dropped, settled in one ledger update."""
+
+    def __init__(self, s: Any, reserve: int, arena: int) -> None:
+        self.s, self.reserve = s, reserve
+        self.room = reserve - arena
+        """What the store may grow by: the rest stays for each step's arena."""
+        self.base = s.nbytes
+        self.added = self.delta = self.top = 0
+        """Tensors and bytes stored so far, net of what was replaced and dropped; the most
+        bytes it held at once (the server's peak)."""
+        self.limit = s.state.limits.max_tensors
+
+    def go(self, plan: Any, count: int) -> tuple[int, Any, Exception | None]:
+        """Handle the run's ``count`` messages in order: (how many were handled, the one
+        that failed and why; None)."""
+        s = self.s
+        store, queue, traffic = s.store, s.queue, s.traffic
+        run_plan = s.state.executor.run
+        shapes, np_dtypes = input_check(plan)
+        done = 0
+        try:
+            while done < count:
+                msg = queue[0]
+                if type(msg) is m.Upload:
+                    queue.popleft()
+                    done += 1
+                    try:
+                        array = s.array(msg.dtype, msg.shape, msg.data)
+                        if not self.store({msg.tensor_id: array}):
+                            s.put(msg.tensor_id, array)  # charged as the message path does
+                            traffic[1] += len(msg.data)
+                            return done, None, None
+                        traffic[1] += len(msg.data)
+                    except Exception as exc:  # answered as the message path answers it
+                        return done, msg, exc
+                    continue
+                # ExecuteGraph: anything odd before it runs is the message path's to answer
+                ids = msg.input_ids
+                try:
+                    inputs = list(map(store.__getitem__, ids))
+                except KeyError:
+                    break
+                if list(map(_shape, inputs)) != shapes or list(map(_dtype, inputs)) != np_dtypes:
+                    break
+                queue.popleft()
+                done += 1
+                donated, in_place, dropped = donation(s, msg, inputs)
+                if dropped:
+                    self.drop(dropped)
+                try:
+                    start = _perf()
+                    outs = run_plan(plan, inputs, msg.values, donated)
+                    plan.seconds = _perf() - start
+                except BaseException as exc:
+                    self.drop(in_place)
+                    self.drop(msg.drops)
+                    if not isinstance(exc, Exception):
+                        raise
+                    return done, msg, engine_failure(exc)
+                new = dict(zip(msg.output_ids, outs))
+                if not self.store(new):  # past the reservation: charged as the message
+                    try:  # path charges it, and the run ends here
+                        s.put_many(new.items())
+                    except LimitExceeded as exc:
+                        s.drop(msg.output_ids)
+                        return done, msg, exc
+                    finally:
+                        s.drop(msg.drops)
+                    traffic[0] += 1
+                    return done, None, None
+                traffic[0] += 1
+                if msg.drops:
+                    self.drop(msg.drops)
+            return done, None, None
+        finally:
+            s.messages += done
+
+    def store(self, new: dict[int, Any]) -> bool:
+        """Store tensors within the reservation and the tensor count; False (nothing
+        stored, the reservation settled) when they do not fit it."""
+        s = self.s
+        store = s.store
+        added, delta = replacement_cost(store, new.items())
+        if self.delta + delta > self.room or (added and len(store) + added > self.limit):
+            self.settle()
+            return False
+        store.update(new)
+        self.added += added
+        self.delta += delta
+        if self.delta > self.top:
+            self.top = self.delta
+        s.nbytes = self.base + self.delta
+        if s.nbytes > s.peak:
+            s.peak = s.nbytes
+        s.run_reserved = self.reserve - max(self.delta, 0)
+        return True
+
+    def drop(self, ids: Any) -> None:
+        """``Session.drop`` inside the run (counted in its settlement)."""
+        count, freed = pop_all(self.s.store, ids)
+        self.added -= count
+        self.delta -= freed
+        self.s.nbytes = self.base + self.delta
+        self.s.run_reserved = self.reserve - max(self.delta, 0)
+
+    def settle(self) -> None:
+        """One ledger update for the whole run: the reservation returned, what it stored
+        and dropped charged (once; a second call does nothing)."""
+        s, reserve = self.s, self.reserve
+        if reserve is None:
+            return
+        self.reserve = None
+        s.nbytes = self.base + self.delta
+        s.run_reserved = 0
+        s.state.settle_run(reserve, self.added, self.delta, self.top)
+
+
+def _shape(a: Any) -> Any:
+    return a.shape
+
+
+def _dtype(a: Any) -> Any:
+    return a.dtype
