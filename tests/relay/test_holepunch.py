@@ -25,11 +25,19 @@ def _closed_port() -> int:
     return port
 
 
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])  # the server's QUIC engine
 def test_relayed_session_moves_to_the_direct_path(
-    relay: Server, spawn, monkeypatch: pytest.MonkeyPatch
+    relay: Server, spawn, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     monkeypatch.setenv("BURN_REMOTE_DIRECT", "1")
-    server = spawn("--relay", relay.address, "--advertise", f"127.0.0.1:{_closed_port()}")
+    server = spawn(
+        "--relay",
+        relay.address,
+        "--advertise",
+        f"127.0.0.1:{_closed_port()}",
+        "--quic-engine",
+        engine,
+    )
     monkeypatch.setenv("BURN_REMOTE_RELAY", relay.address)
     monkeypatch.setenv("BURN_REMOTE_PROBE_TIMEOUT", "1")
     dev = RemoteDevice(server.peer_id)

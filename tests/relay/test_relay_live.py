@@ -28,13 +28,14 @@ def _closed_port() -> int:
     return port
 
 
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])  # the server's QUIC engine
 def test_relay_path_when_direct_is_blocked_carries_no_plaintext(
-    relay: Server, spawn, relay_capture, monkeypatch: pytest.MonkeyPatch
+    relay: Server, spawn, relay_capture, monkeypatch: pytest.MonkeyPatch, engine: str
 ) -> None:
     # The server advertises a dead direct address: the client's probe fails, so it must
     # tunnel through the relay.
     dead = f"127.0.0.1:{_closed_port()}"
-    server = spawn("--relay", relay.address, "--advertise", dead)
+    server = spawn("--relay", relay.address, "--advertise", dead, "--quic-engine", engine)
     monkeypatch.setenv("BURN_REMOTE_RELAY", relay.address)
     monkeypatch.setenv("BURN_REMOTE_PROBE_TIMEOUT", "1")
     dev = RemoteDevice(server.peer_id)  # no address, no address book: the relay resolves
