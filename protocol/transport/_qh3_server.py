@@ -85,6 +85,12 @@ client, which acknowledges every ~10 ms, on warm ones too), and trio cannot wake
 RTT estimate is floored at 1 ms and its loss timers are tens of ms, so running its clock up
 to 1 ms ahead changes neither."""
 
+PACING_IDLE_WAIT = 0.020
+"""Seconds a pacing timer with nothing queued waits before it wakes the connection: qh3
+arms one after every packet it sends, and with an aioquic client (whose ACKs come every
+~10 ms) that was a trio wake-up per reply, for nothing; what it may hide (an ACK owed to an
+aioquic client, which does not wait for ACKs) can wait that long. Loss timers are later."""
+
 log = logging.getLogger("burn_remote.transport")
 
 UNREAD_LIMIT_FACTOR = 2
@@ -395,9 +401,15 @@ class Qh3ServerConnection:
         """qh3's own timer. (Holding its ACK timer, as the qh3 client does, bought nothing
         here: every request's ACK rides on its reply; and a qh3 client then waited up to
         ``ACK_DELAY`` for the ACK of a packet that had no reply, ~10 % of round trips.)"""
-        core = self._quic._core
+        quic = self._quic
+        core = quic._core
         timer = None if core is None else core.get_timer()
-        return None if timer is None else timer[1]
+        if timer is None:
+            return None
+        kind, at = timer
+        if kind == "pacing" and quic._handshake_complete and core.get_send_buffer_size() == 0:
+            return at + PACING_IDLE_WAIT  # nothing to pace: no wake-up for it (see above)
+        return at
 
     def handle_timer(self, now: float) -> None:
         now = self._clock = max(now, self._clock)
