@@ -1055,21 +1055,46 @@ def decode_message(raw: Any, where: str = "message") -> Message:
         raise DecodeError(f"{where} {exc}") from None
 
 
+_INLINE_CHECKS: dict[Any, str] = {
+    _u64: "type({v}) is int and 0 <= {v} <= U64_MAX",
+    _i64: "type({v}) is int and -(2**63) <= {v} <= U64_MAX",
+    _str: "type({v}) is str",
+    _bin: "type({v}) is bytes",
+}
+"""Checks whose passing case the generated builders test inline (the check function then
+runs only to raise its error): a message's scalar fields cost no call each."""
+
+
 def _builder(cls: type) -> tuple[int, Callable[[list[Any]], Any]]:
     """(field count, a function that checks a raw message array's fields and builds
     ``cls``): generated once per class from its schema, as dataclasses generate __init__,
-    so a message costs its field checks and nothing per field beside them."""
+    so a message costs its field checks and nothing per field beside them. The object is
+    made with its slots set directly (frozen dataclasses set each field through
+    ``object.__setattr__``, about twice as slow; no message class has a __post_init__)."""
     schema = _SCHEMAS[cls]
-    env: dict[str, Any] = {"cls": cls}
-    args = []
-    for k, (_, check, label) in enumerate(schema):
-        env[f"c{k}"], env[f"l{k}"] = check, label
-        args.append(f"c{k}(raw[{k + 1}], l{k})")
-    exec(f"def build(raw):\n    return cls({', '.join(args)})\n", env)  # noqa: S102
+    env: dict[str, Any] = {"cls": cls, "new": object.__new__, "U64_MAX": U64_MAX}
+    lines = ["def build(raw):"]
+    names = [f"v{k}" for k in range(len(schema))]
+    if names:
+        lines.append(f"    _, {', '.join(names)}, = raw")
+    lines.append("    o = new(cls)")
+    for k, (name, check, label) in enumerate(schema):
+        v = names[k]
+        env[f"c{k}"], env[f"l{k}"], env[f"s{k}"] = check, label, getattr(cls, name).__set__
+        inline = _INLINE_CHECKS.get(check)
+        if inline is not None:
+            lines.append(f"    if not ({inline.format(v=v)}):")
+            lines.append(f"        {v} = c{k}({v}, l{k})")
+        else:
+            lines.append(f"    {v} = c{k}({v}, l{k})")
+        lines.append(f"    s{k}(o, {v})")
+    lines.append("    return o")
+    exec("\n".join(lines) + "\n", env)  # noqa: S102
     return len(schema), env["build"]
 
 
 _BUILDERS = {cls: _builder(cls) for cls in MESSAGES.values()}
+_BUILDERS_BY_TAG = {tag: _BUILDERS[cls] for tag, cls in MESSAGES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -1090,7 +1115,16 @@ def decode_each(frame: bytes | bytearray | memoryview) -> list[Message | Undecod
         DecodeError: the frame itself is not a msgpack array of 1..MAX_BATCH messages.
     """
     out: list[Message | Undecodable] = []
+    builders = _BUILDERS_BY_TAG
     for i, raw in enumerate(_unpack_frame(frame)):
+        if type(raw) is list and raw and type(raw[0]) is int:  # the common case, at once
+            entry = builders.get(raw[0])
+            if entry is not None and len(raw) == entry[0] + 1:
+                try:
+                    out.append(entry[1](raw))
+                    continue
+                except DecodeError:
+                    pass  # decode_message names the message and the field
         try:
             out.append(decode_message(raw, f"message {i}"))
         except DecodeError as exc:

@@ -21,13 +21,14 @@ failure is settled and answered exactly as ``_handlers.execute`` answers it.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from typing import Any
 
 from ..engine.executor import input_check
 from ..protocol import messages as m
 from ._handlers import donation, engine_failure, plan_matches
-from ._state import LimitExceeded, pop_all, replacement_cost
+from ._state import LimitExceeded, pop_all
 
 MIN_RUN_STEPS = 2
 """Steps a run must hold to be taken here (one step gains nothing from the batch)."""
@@ -38,6 +39,8 @@ MAX_RUN_SCAN = 1024
 message: ``Session.run_skip``)."""
 
 _perf = time.perf_counter
+_shape = operator.attrgetter("shape")
+_dtype = operator.attrgetter("dtype")
 
 
 def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, float] | None:
@@ -182,24 +185,34 @@ class _Run:
         that failed and why; None)."""
         s = self.s
         store, queue, traffic = s.store, s.queue, s.traffic
+        get, popleft, make = store.get, queue.popleft, s.array
         run_plan = s.state.executor.run
         shapes, np_dtypes = input_check(plan)
+        upload = m.Upload
         done = 0
         try:
             while done < count:
                 msg = queue[0]
-                if type(msg) is m.Upload:
-                    queue.popleft()
+                if type(msg) is upload:
+                    popleft()
                     done += 1
+                    tid = msg.tensor_id
                     try:
-                        array = s.array(msg.dtype, msg.shape, msg.data)
-                        if not self.store({msg.tensor_id: array}):
-                            s.put(msg.tensor_id, array)  # charged as the message path does
+                        array = make(msg.dtype, msg.shape, msg.data)
+                        old = get(tid)
+                        grow = array.nbytes - (0 if old is None else old.nbytes)
+                        if self.delta + grow > self.room or (
+                            old is None and len(store) >= self.limit
+                        ):  # past the reservation: charged as the message path charges it
+                            self.settle()
+                            s.put(tid, array)
                             traffic[1] += len(msg.data)
                             return done, None, None
-                        traffic[1] += len(msg.data)
                     except Exception as exc:  # answered as the message path answers it
                         return done, msg, exc
+                    store[tid] = array
+                    traffic[1] += len(msg.data)
+                    self.grew(old is None, grow)
                     continue
                 # ExecuteGraph: anything odd before it runs is the message path's to answer
                 ids = msg.input_ids
@@ -209,7 +222,7 @@ class _Run:
                     break
                 if list(map(_shape, inputs)) != shapes or list(map(_dtype, inputs)) != np_dtypes:
                     break
-                queue.popleft()
+                popleft()
                 done += 1
                 donated, in_place, dropped = donation(s, msg, inputs)
                 if dropped:
@@ -243,15 +256,28 @@ class _Run:
             s.messages += done
 
     def store(self, new: dict[int, Any]) -> bool:
-        """Store tensors within the reservation and the tensor count; False (nothing
-        stored, the reservation settled) when they do not fit it."""
-        s = self.s
-        store = s.store
-        added, delta = replacement_cost(store, new.items())
+        """Store a step's outputs within the reservation and the tensor count; False
+        (nothing stored, the reservation settled) when they do not fit it."""
+        store = self.s.store
+        get = store.get
+        added = delta = 0
+        for tid, a in new.items():
+            old = get(tid)
+            if old is None:
+                added += 1
+                delta += a.nbytes
+            else:
+                delta += a.nbytes - old.nbytes
         if self.delta + delta > self.room or (added and len(store) + added > self.limit):
             self.settle()
             return False
         store.update(new)
+        self.grew(added, delta)
+        return True
+
+    def grew(self, added: int, delta: int) -> None:
+        """Count tensors stored by the run (the session's bytes follow at once)."""
+        s = self.s
         self.added += added
         self.delta += delta
         if self.delta > self.top:
@@ -260,7 +286,6 @@ class _Run:
         if s.nbytes > s.peak:
             s.peak = s.nbytes
         s.run_reserved = self.reserve - max(self.delta, 0)
-        return True
 
     def drop(self, ids: Any) -> None:
         """``Session.drop`` inside the run (counted in its settlement)."""
@@ -280,11 +305,3 @@ class _Run:
         s.nbytes = self.base + self.delta
         s.run_reserved = 0
         s.state.settle_run(reserve, self.added, self.delta, self.top)
-
-
-def _shape(a: Any) -> Any:
-    return a.shape
-
-
-def _dtype(a: Any) -> Any:
-    return a.dtype

@@ -561,7 +561,7 @@ class Session:
         if isinstance(data, np.ndarray):
             host = data.view(dt).reshape(shape)
         elif type(data) is bytes:  # the decoded message's own bytes: nothing else holds them
-            host = np.frombuffer(data, dtype=dt).reshape(shape)
+            host = np.ndarray(shape, dt, data)
         else:
             host = np.frombuffer(data, dtype=dt).reshape(shape).copy()
         return self.state.backend.from_numpy(host)
