@@ -77,13 +77,16 @@ INTERNAL_ERROR = 0x1
 """QUIC transport error code for a failure of our own (RFC 9000 20.1)."""
 
 PACING_LEAD = 0.001
-"""Seconds ahead of the clock a reply qh3's pacer holds back is sent anyway (qh3 is told
-that time, and never an earlier one after it). qh3 paces every packet by its largest
-datagram size (~0.1-0.5 ms slots on a fresh loopback connection, and with an aioquic
-client, which acknowledges every ~10 ms, on warm ones too), and trio cannot wake sooner than
-1 ms (epoll's resolution): a held reply waited ~1.2 ms, for a slot a tenth of that. qh3's
-RTT estimate is floored at 1 ms and its loss timers are tens of ms, so running its clock up
-to 1 ms ahead changes neither."""
+"""Seconds ahead of the clock a reply qh3's pacer holds back is sent anyway (qh3 is told that
+time, and never an earlier one after it). Measured from the real time of the call, not from
+the last time qh3 was told: in a loop of trips shorter than the pacer's slot, leads counted
+from qh3's clock would add up, one slot per trip, and run its clock (its ACK, loss and idle
+timers) ahead without bound; so qh3's clock is never more than this ahead. qh3 paces every
+packet by its largest datagram size (~0.1-0.5 ms slots on a fresh loopback connection, and
+with an aioquic client, which acknowledges every ~10 ms, on warm ones too), and trio cannot
+wake sooner than 1 ms (epoll's resolution): a held reply waited ~1.2 ms, for a slot a tenth
+of that. qh3's RTT estimate is floored at 1 ms and its loss timers are tens of ms, so
+running its clock up to 1 ms ahead changes neither."""
 
 PACING_IDLE_WAIT = 0.020
 """Seconds a pacing timer with nothing queued waits before it wakes the connection: qh3
@@ -350,7 +353,8 @@ class Qh3ServerConnection:
         self._data_queued = False
         quic = self._quic
         core = quic._core
-        now = self._clock = max(now, self._clock)
+        real, now = now, max(now, self._clock)
+        self._clock = now
         out: list[tuple[bytes, tuple]] = []
         if core is not None:
             try:
@@ -361,7 +365,7 @@ class Qh3ServerConnection:
                     if (
                         timer is not None
                         and timer[0] == "pacing"
-                        and timer[1] - now <= PACING_LEAD
+                        and timer[1] - real <= PACING_LEAD  # from real time: never further
                         and core.get_send_buffer_size() > 0
                     ):
                         now = self._clock = timer[1]  # send now what the pacer holds (below)

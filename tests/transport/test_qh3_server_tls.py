@@ -115,3 +115,47 @@ def test_a_certificate_without_an_ed25519_key_is_a_bad_certificate() -> None:
     assert closed is not None and closed.error_code == 0x100 + 42  # bad_certificate
     assert "not Ed25519" in closed.reason_phrase
     assert authorized == [] and server.peer_id is None
+
+
+class _PacingCore:
+    """A stand-in for qh3's compiled core: one reply queued at a time, each held by the
+    pacer for ``slot`` seconds after the last packet it let go (what qh3 does on a fresh
+    loopback connection, with slots longer than a round trip)."""
+
+    def __init__(self, slot: float) -> None:
+        self.slot, self.next_slot, self.queued, self.told = slot, 0.0, 0, []
+
+    def poll_transmit(self, now: float):
+        self.told.append(now)
+        if not self.queued or now < self.next_slot:
+            return None
+        self.queued, self.next_slot = 0, now + self.slot
+        return b"reply", CLIENT_ADDR
+
+    def get_timer(self) -> tuple[str, float]:
+        return ("pacing", self.next_slot)
+
+    def get_send_buffer_size(self) -> int:
+        return self.queued
+
+
+def test_the_pacing_lead_keeps_qh3s_clock_within_a_lead_of_real_time() -> None:
+    """A reply the pacer holds for less than PACING_LEAD goes at once, qh3 told the slot's
+    time; in trips shorter than the slot that lead must not add up (it did when measured
+    from qh3's clock: one slot per trip, and qh3's timers ran later and later)."""
+    from types import SimpleNamespace
+
+    from burn_remote.protocol.transport._qh3_server import PACING_LEAD, Qh3ServerConnection
+
+    core = _PacingCore(slot=0.0005)
+    conn = Qh3ServerConnection.__new__(Qh3ServerConnection)
+    conn._quic = SimpleNamespace(_core=core, _handshake_complete=True, _close_event=None)
+    conn._clock, conn._held, conn._data_queued, conn._fin_unsent = 0.0, [], False, False
+    now, sent = 10.0, 0
+    for _ in range(2000):  # a reply every 0.2 ms of real time, a slot of 0.5 ms each
+        now += 0.0002
+        core.queued = 1
+        sent += len(conn.datagrams_to_send(now))
+        assert conn._clock - now <= PACING_LEAD + 1e-12
+        assert max(core.told) - now <= PACING_LEAD + 1e-12
+    assert 700 <= sent <= 900  # the pacer's rate (one per slot), each sent as soon as due
