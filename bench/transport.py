@@ -216,6 +216,10 @@ def remote_device(target: str, engine: str, key=None):  # type: ignore[no-untype
     _remote_link.QUIC_ENGINE = engine
     dev = RemoteDevice(target, key=key)
     dev.sync()
+    runs = type(dev._rec.runtime.link._conn._quic).__name__  # noqa: SLF001 - what it runs on
+    want = {"aioquic": "PeerQuicConnection", "qh3": "Qh3ClientConnection"}[engine]
+    if runs != want:  # an earlier device for this target and key: another engine's figures
+        raise RuntimeError(f"the {engine} device runs {runs}: give it a key of its own")
     return dev
 
 
@@ -246,8 +250,10 @@ def bench_remote(tensor_mib: int, trips: int, repeats: int = 3) -> dict:
     items_slow: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     echoes, tcp = [], []
     try:
-        devs = {e: remote_device(server.target, e) for e in names}
-        slow_devs = {e: remote_device(slow.target, e) for e in names}
+        # a key per engine: RemoteDevice hands out one device per target and key, so
+        # without it every engine's figures would be the first engine's connection
+        devs = {e: remote_device(server.target, e, Path(home) / f"{e}.key") for e in names}
+        slow_devs = {e: remote_device(slow.target, e, Path(home) / f"{e}.key") for e in names}
         x = np.random.default_rng(0).standard_normal(tensor_mib * MiB // 4).astype(np.float32)
         for _ in range(repeats):
             for engine, dev in devs.items():
