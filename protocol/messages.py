@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -869,8 +870,15 @@ _SCALARS = frozenset({int, float, bool})
 def _ids(v: Any, name: str) -> tuple[int, ...]:
     if type(v) is not list:
         raise DecodeError(f"{name}: expected an array of ids, got {_show(v)}")
-    if not v or (set(map(type, v)) == _INTS and min(v) >= 0 and max(v) <= U64_MAX):
-        return tuple(v)  # the common case, checked in C: no Python per element
+    if not v:
+        return ()
+    if set(map(type, v)) == _INTS:  # the common case, checked in C: no Python per element
+        try:
+            array("Q", v)  # each in [0, 2**64): one pass (min and max took two)
+        except OverflowError:
+            pass
+        else:
+            return tuple(v)
     return tuple(_u64(x, f"{name}[{i}]") for i, x in enumerate(v))
 
 
