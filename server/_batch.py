@@ -8,14 +8,14 @@ ledger updates per Upload and ExecuteGraph (four locks a step) and the checks ar
 session's queue (one digest D, at least ``MIN_RUN_STEPS`` steps) and runs it with one plan
 lookup, one ledger reservation before and one settlement after, the messages in their order.
 
-Nothing a client sees changes: every message has the effect, reply and counters it has on
-the message path. The reservation is an upper bound of what the run may add (the uploads'
-bytes, each step's declared output bytes and the plan's arena once; the tensor count too),
-checked against every quota the message path checks (session, peer, server, max_tensors);
-a run that would not fit is not taken, and the message path then answers each message as
-before. Anything out of the ordinary at a message (a missing or mismatched input, a bad
-upload) ends the run before that message, which the message path then handles; an engine
-failure is settled and answered exactly as ``_handlers.execute`` answers it.
+Nothing a client sees changes: every message has the effect, reply, request id and counters
+it has on the message path. The reservation (the uploads' bytes, each step's declared growth
+net of the state it writes in place, the plan's arena once) is checked as every message would
+be (the peer's cap, the session's quota, the server's limit); a run that does not fit is not
+taken. Each step's actual growth and tensor count are checked as they are stored: past the
+reservation the run settles and that step is charged as the message path charges it. A
+missing or mismatched input ends the run before that message, which the message path then
+answers; an engine failure or a bad upload is answered as ``_handlers`` answers it alone.
 """
 
 from __future__ import annotations
