@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from aioquic.quic import events
 
-from ._config import EndpointConfig
+from ._config import EndpointConfig, qh3_part
 from ._connection import _termination_error
 from ._endpoint import SEND_LOSS_ERRNOS, _size_buffers
 from ._errors import FrameTooLarge, PeerGone, TransportError
@@ -100,13 +100,8 @@ def _client_quic(
 ) -> PeerQuicConnection:
     """The sans-I/O connection of the configured engine (qh3 is imported only when used)."""
     if config.quic_engine == "qh3":
-        try:
-            from ._qh3 import qh3_client_connection
-        except ImportError as exc:
-            raise TransportError(
-                f"quic_engine 'qh3' needs the qh3 package (pip install 'burn-remote[qh3]'): {exc}"
-            ) from None
-        return qh3_client_connection(identity, peer, config, host)  # type: ignore[return-value]
+        qh3 = qh3_part("_qh3")
+        return qh3.qh3_client_connection(identity, peer, config, host)  # type: ignore[return-value]
     return client_connection(identity, peer, config, host)
 
 

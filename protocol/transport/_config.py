@@ -11,12 +11,14 @@ peer cannot make us buffer more than ``connection_window`` bytes per connection.
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import ssl
 from dataclasses import dataclass
 
 from aioquic.quic.configuration import QuicConfiguration
 
+from ._errors import TransportError
 from ._identity import Identity
 
 ALPN = "burn-remote/1"
@@ -156,3 +158,14 @@ def quic_configuration(
         max_datagram_size=datagram_size,
         congestion_control_algorithm=config.congestion_control,
     )
+
+
+def qh3_part(module: str):  # type: ignore[no-untyped-def]
+    """Our qh3 module ``module`` (``_qh3``: client side, ``_qh3_server``), imported only when
+    an engine setting asks for qh3; a missing qh3 package is one error naming the extra."""
+    try:
+        return importlib.import_module(f"{__package__}.{module}")
+    except ImportError as exc:
+        raise TransportError(
+            f"quic_engine 'qh3' needs the qh3 package (pip install 'burn-remote[qh3]'): {exc}"
+        ) from None

@@ -31,7 +31,7 @@ from aioquic.quic.packet import (
 
 from ._addressing import Resolver
 from ._authorized import AuthorizedPeers
-from ._config import EndpointConfig, quic_configuration
+from ._config import EndpointConfig, qh3_part, quic_configuration
 from ._connection import Connection, Handler
 from ._errors import PeerRejected, TransportError
 from ._identity import Identity, PeerId
@@ -500,12 +500,7 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
     (``config.quic_engine``; imported only when asked for). Connections this endpoint dials
     run aioquic either way (``Endpoint.connect``)."""
     if config.quic_engine == "qh3":
-        try:
-            from ._qh3_server import qh3_server_connection
-        except ImportError as exc:
-            raise TransportError(
-                f"quic_engine 'qh3' needs the qh3 package (pip install 'burn-remote[qh3]'): {exc}"
-            ) from None
+        qh3_server_connection = qh3_part("_qh3_server").qh3_server_connection
 
         def qh3_quic(identity, config, size, odcid, retry_cid, authorize):
             return qh3_server_connection(
