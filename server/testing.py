@@ -3,11 +3,15 @@
 Public like trio's testing helpers: a test of a program built on burn-remote wants a real
 server too. The daemon's stdout (its banner) and stderr (its logs) are drained on a thread
 each, so a chatty server never blocks on a full pipe, and kept for the message of a failed
-start or stop.
+start or stop. A daemon started here ends with the process that started it (Linux): a test
+run killed outright (a CI timeout, ``kill -9``) leaves no server behind holding ports, CPU
+and data directories for the next run.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
 import signal
 import subprocess
@@ -111,6 +115,32 @@ class _Banner:
             self.complete.set()
 
 
+_PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process gets when its parent thread ends (Linux)."""
+
+
+def _end_with_parent(parent: int) -> Any:
+    """A ``preexec_fn`` that asks the kernel to SIGTERM the daemon (its clean shutdown) when
+    the process that started it dies, or None where that cannot be asked.
+
+    Only from the main thread: the kernel ties the signal to the *thread* that forked, so a
+    daemon started on a worker thread would be stopped when that thread ends, not the
+    process. Where the parent died between fork and prctl, the child stops itself."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def _drain(stream: Any, lines: list[str], banner: _Banner | None = None) -> None:
     """Keep every line (whole: one append per line) until the stream ends."""
     for line in stream:
@@ -142,6 +172,7 @@ def start_daemon(
         stderr=subprocess.PIPE,
         text=True,
         env=None if env is None else dict(env),
+        preexec_fn=_end_with_parent(os.getpid()),
     )
     lines: list[str] = []
     banner = _Banner(command)

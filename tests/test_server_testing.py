@@ -8,9 +8,14 @@ inside and after its banner, including a line that looks like a banner line.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pytest
 from burn_remote.server.testing import start_daemon
 
 PEER = "k51qzi5uqu5dtrueone"
@@ -59,3 +64,81 @@ def test_a_daemon_that_exits_before_its_banner_is_reported_with_its_output(tmp_p
         assert "did not start" in str(exc) and "cannot listen: in use" in str(exc)
     else:
         raise AssertionError("start_daemon returned for a daemon that exited")
+
+
+PARENT = textwrap.dedent(
+    """
+    import sys, threading
+    from burn_remote.server.testing import start_daemon, start_server
+    if sys.argv[2] == "thread":  # started on a worker thread that then ends
+        box = []
+        t = threading.Thread(target=lambda: box.append(start_server(sys.argv[1])))
+        t.start(); t.join()
+        daemon = box[0]
+    else:
+        daemon = start_server(sys.argv[1])
+    print(daemon.proc.pid, flush=True)
+    threading.Event().wait()  # until killed
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_daemon_ends_with_the_process_that_started_it(tmp_path):
+    """A test run killed outright (SIGKILL: no fixture teardown) leaves no server behind."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "d"), "main"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server = int(parent.stdout.readline())
+    try:
+        assert _alive(server)
+        parent.kill()
+        parent.wait()
+        assert _wait_gone(server, 30), "the server outlived the process that started it"
+    finally:
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_daemon_started_on_a_thread_outlives_that_thread(tmp_path):
+    """The kernel's parent-death signal follows the forking *thread*: a daemon started on a
+    worker thread is not armed, so it keeps serving after that thread ends."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "d"), "thread"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server = int(parent.stdout.readline())
+    try:
+        assert not _wait_gone(server, 1.0), "the daemon died with the thread that started it"
+    finally:
+        parent.kill()
+        parent.wait()
+        os.kill(server, signal.SIGTERM)
+        _wait_gone(server, 30)
