@@ -588,7 +588,7 @@ class GroupMember:
 
         try:
             on_time = rd.drive_tcp(
-                self._plan(acc),
+                rd.plan_for(self.rank, self.size, acc, self.data_out, self.data_in),
                 x,
                 acc,
                 self.data_out,

@@ -378,6 +378,21 @@ class Progress:
             self.cond.notify_all()
 
 
+PLAIN_PIECE_BYTES = 4 * ring.PIECE_BYTES
+"""The unit of pipelining of a rank whose two data links both carry plain records (same
+host). A plain link is one byte stream of the schedule's chunks in order, so where pieces
+are cut is each end's own choice (a sealed link's records are ``ring.PIECE_BYTES`` at both
+ends: a rank with a sealed link keeps that size). Bigger pieces cost fewer wake-ups and
+Python turns per all-reduce: 3 ranks x 64 MiB on 2 cores, 1 -> 4 MiB (with drive_tcp's
+waiting receive) measured 9-15 % less server CPU per all-reduce."""
+
+
+def plan_for(rank: int, size: int, acc: np.ndarray, out: DataOut, inn: DataIn) -> ring.Plan:
+    """The ring schedule ``drive_tcp`` runs for this rank over these two links."""
+    piece = ring.PIECE_BYTES if out.sealed or inn.sealed else PLAIN_PIECE_BYTES
+    return ring.Plan(rank, size, acc.size, acc.itemsize, piece)
+
+
 class HeaderMismatch(Exception):
     """The predecessor's RingHeader is not this rank's (``drive_tcp``'s ``check`` says why)."""
 
@@ -393,14 +408,19 @@ def drive_tcp(
     header_timeout: float,
     stopped: Callable[[], bool],
 ) -> bool:
-    """One all-reduce over two TCP data links on this one thread: non-blocking sends and
-    receives driven by ``poll``, so both directions move at once with no hand-over between
+    """One all-reduce over two TCP data links on this one thread, with no hand-over between
     threads (each costs a wake-up, which a loaded machine delays). A received piece lands
     in the result (opened there from its sealed record, or received there on a plain
     same-host link) and is reduced in place; piece p of step k is sent once piece p of
-    step k - 1 arrived. False if the predecessor sent no header within ``header_timeout``
-    (it is late); raises LinkBroken (with its side) or HeaderMismatch (``check``'s), or
-    LinkBroken once ``stopped()`` (the group failed)."""
+    step k - 1 arrived.
+
+    Sends never block (``MSG_DONTWAIT``). With nothing to send until the next piece
+    arrives, the thread waits for that whole piece inside one ``recv_into(MSG_WAITALL)``
+    (the kernel copies each segment as it lands, while it is still in cache, and Python
+    runs once per piece); only while a send is held up by a full socket, or the header is
+    awaited, does it ``poll`` both links. False if the predecessor sent no header within
+    ``header_timeout`` (it is late); raises LinkBroken (with its side) or HeaderMismatch
+    (``check``'s), or LinkBroken once ``stopped()`` (the group failed)."""
     import select
 
     item = acc.itemsize
@@ -424,9 +444,11 @@ def drive_tcp(
             inn._buf = bytearray(biggest)  # noqa: SLF001
         landing = inn._buf  # noqa: SLF001
     deadline = time.monotonic() + header_timeout
-    ofd, ifd = out.sock.fileno(), inn.sock.fileno()
-    out.sock.setblocking(False)
-    inn.sock.setblocking(False)
+    osock, isock = out.sock, inn.sock
+    ofd, ifd = osock.fileno(), isock.fileno()
+    osock.setblocking(True)  # each call says whether it may wait (MSG_DONTWAIT, MSG_WAITALL)
+    isock.setblocking(True)
+    isock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECV_WAIT))
     poller = select.poll()
     try:
         while True:
@@ -441,39 +463,34 @@ def drive_tcp(
                 return True
             if stopped():
                 raise LinkBroken("the group failed")
-            poller.register(ofd, select.POLLOUT if pending else 0)
-            poller.register(ifd, select.POLLIN if reading else 0)
-            if inn.waiting_since is None and reading:
+            if pending:
+                pending = pending[_send_some(out, pending) :]
+                if not pending:
+                    continue  # the next piece may be ready to go too
+            if not pending and stage == "piece" and reading:
+                # nothing to send before this piece is in: wait for all of it in the kernel
                 inn.waiting_since = time.monotonic()
-            header_wait = stage == "length" and got == 0
-            wait = LINK_POLL
-            if header_wait:
-                wait = max(0.0, min(wait, deadline - time.monotonic()))
-            events = dict(poller.poll(wait * 1000))
-            if pending and events.get(ofd, 0):
-                try:
-                    n = out.sock.send(pending)
-                except BlockingIOError:
-                    n = 0
-                except OSError as exc:
-                    why = f"its data link broke: {exc.strerror or exc}"
-                    raise LinkBroken(why, "succ") from None
-                out.sent += n
-                pending = pending[n:]
-            if not (reading and events.get(ifd, 0)):
-                if header_wait and time.monotonic() > deadline:
-                    return False
+                n = _recv_some(inn, want[got:], socket.MSG_WAITALL)
+            else:
+                # a send waits for room (the successor is behind) or the header is awaited
+                poller.register(ofd, select.POLLOUT if pending else 0)
+                poller.register(ifd, select.POLLIN if reading else 0)
+                if inn.waiting_since is None and reading:
+                    inn.waiting_since = time.monotonic()
+                header_wait = stage == "length" and got == 0
+                wait = LINK_POLL
+                if header_wait:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                events = dict(poller.poll(wait * 1000))
+                if pending and events.get(ofd, 0):
+                    pending = pending[_send_some(out, pending) :]
+                if not (reading and events.get(ifd, 0)):
+                    if header_wait and time.monotonic() > deadline:
+                        return False
+                    continue
+                n = _recv_some(inn, want[got:], socket.MSG_DONTWAIT)
+            if not n:
                 continue
-            try:
-                n = inn.sock.recv_into(want[got:])
-            except BlockingIOError:
-                continue
-            except OSError as exc:
-                raise LinkBroken(f"its data link broke: {exc.strerror or exc}", "pred") from None
-            if n == 0:
-                raise LinkBroken("closed its data link", "pred")
-            inn.waiting_since = None
-            inn.received += n
             got += n
             if got < len(want):
                 continue
@@ -510,11 +527,44 @@ def drive_tcp(
             want = _next_piece(recvs, done, item, tag, landing)
     finally:
         inn.waiting_since = None
-        for sock in (out.sock, inn.sock):
-            try:
-                sock.setblocking(True)
-            except OSError:
-                pass
+        try:  # back to plain blocking calls (the two-thread path's receives never time out)
+            isock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(0.0))
+        except OSError:
+            pass
+
+
+def _send_some(out: DataOut, data: memoryview) -> int:
+    """Bytes of ``data`` the successor's socket took now (0 when it is full)."""
+    try:
+        n = out.sock.send(data, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise LinkBroken(f"its data link broke: {exc.strerror or exc}", "succ") from None
+    out.sent += n
+    return n
+
+
+def _recv_some(inn: DataIn, view: memoryview, flags: int) -> int:
+    """Bytes received into ``view`` (0 when none came: nothing there for ``MSG_DONTWAIT``,
+    or RECV_WAIT passed for ``MSG_WAITALL``, which may also return part of ``view``)."""
+    try:
+        n = inn.sock.recv_into(view, 0, flags)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise LinkBroken(f"its data link broke: {exc.strerror or exc}", "pred") from None
+    if n == 0:
+        raise LinkBroken("closed its data link", "pred")
+    inn.waiting_since = None
+    inn.received += n
+    return n
+
+
+def _timeval(seconds: float) -> bytes:
+    """``struct timeval`` for SO_RCVTIMEO."""
+    whole = int(seconds)
+    return struct.pack("@ll", whole, int((seconds - whole) * 1_000_000))
 
 
 def _next_piece(recvs: list, done: int, item: int, tag: int, landing: Any) -> memoryview:
@@ -530,6 +580,10 @@ def _next_piece(recvs: list, done: int, item: int, tag: int, landing: Any) -> me
 
 LINK_POLL = m.LINK_BEAT
 """Longest a data-plane thread waits in poll before it checks whether the group failed."""
+RECV_WAIT = m.LINK_BEAT / 5
+"""Longest one waiting ``recv_into(MSG_WAITALL)`` of ``drive_tcp`` blocks: then it returns
+what arrived, so the group's failure is seen and ``DataIn.received`` (which the neighbour's
+cut-link watchdog compares with what it sent) is never staler than this."""
 
 
 def send_pieces(plan: ring.Plan, x: np.ndarray, acc: np.ndarray, out, progress: Progress) -> None:  # noqa: ANN001 - out: DataOut or the QUIC pipe of server/_groups.py
@@ -559,5 +613,5 @@ def receive_pieces(
         progress.advance(j + 1)
 
 
-__all__ = ["DataIn", "DataOut", "LinkBroken", "Progress", "RingListener", "dial",
-           "receive_pieces", "send_pieces"]  # fmt: skip
+__all__ = ["PLAIN_PIECE_BYTES", "DataIn", "DataOut", "LinkBroken", "Progress", "RingListener",
+           "dial", "drive_tcp", "plan_for", "receive_pieces", "send_pieces"]  # fmt: skip

@@ -21,8 +21,11 @@ GROUP = 0x5EED
 class Ranks:
     """n ranks' data links: rank r dials rank r + 1's listener (as servers do)."""
 
-    def __init__(self, n: int, plain_ok: bool = True) -> None:
+    def __init__(self, n: int, plain_ok: bool | list[bool] = True) -> None:
+        """``plain_ok``: for every link, or per link (r -> r + 1), whether both ends allow
+        plain records."""
         self.n = n
+        plain = plain_ok if isinstance(plain_ok, list) else [plain_ok] * n
         self.keys = [os.urandom(32) for _ in range(n)]
         self.ins: dict[int, rd.DataIn] = {}
         arrived = threading.Condition()
@@ -41,15 +44,21 @@ class Ranks:
 
             return find
 
-        self.listeners = [rd.RingListener("127.0.0.1", 0, lookup(r), plain_ok) for r in range(n)]
+        self.listeners = [
+            rd.RingListener("127.0.0.1", 0, lookup(r), plain[(r - 1) % n]) for r in range(n)
+        ]
         self.outs = [
-            rd.dial(self.listeners[(r + 1) % n].address, GROUP, r, self.keys[(r + 1) % n], plain_ok)
+            rd.dial(self.listeners[(r + 1) % n].address, GROUP, r, self.keys[(r + 1) % n], plain[r])
             for r in range(n)
         ]
         with arrived:
             assert arrived.wait_for(lambda: len(self.ins) == n, 10)
 
-    def all_reduce(self, xs: list[np.ndarray], op: str = "sum") -> list[np.ndarray]:
+    def all_reduce(
+        self, xs: list[np.ndarray], op: str = "sum", pieces: list[int] | None = None
+    ) -> list[np.ndarray]:
+        """Every rank's drive_tcp at once, each with the plan a server gives it
+        (``rd.plan_for``), or with rank r's pieces cut at ``pieces[r]`` bytes."""
         outs: list = [None] * self.n
         errors: list = []
 
@@ -58,8 +67,11 @@ class Ranks:
             acc = np.empty_like(x)
             head = m.encode(m.RingHeader(0, str(x.dtype), x.size, op))
             try:
+                plan = rd.plan_for(r, self.n, acc, self.outs[r], self.ins[r])
+                if pieces is not None:
+                    plan = ring.Plan(r, self.n, x.size, x.itemsize, pieces[r])
                 ok = rd.drive_tcp(
-                    ring.Plan(r, self.n, x.size, x.itemsize),
+                    plan,
                     x,
                     acc,
                     self.outs[r],
@@ -110,6 +122,109 @@ def test_the_driver_matches_numpy(n, plain_ok):
         means = ranks.all_reduce([np.full((3, 5), float(k)) for k in range(n)], "mean")
         np.testing.assert_array_equal(means[-1], np.full((3, 5), (n - 1) / 2))
     finally:
+        ranks.close()
+
+
+def _check(got: list[np.ndarray], xs: list[np.ndarray]) -> None:
+    want = ring.simulate(xs)  # the schedule's own summation order: bit for bit
+    for g in got:
+        assert g.tobytes() == want[0].tobytes()
+
+
+def test_plain_links_cut_bigger_pieces_and_a_sealed_link_keeps_the_record_size():
+    ranks = Ranks(3, plain_ok=[True, False, True])  # 0 -> 1 plain, 1 -> 2 sealed, 2 -> 0 plain
+    try:
+        acc = np.empty(8, np.float32)
+        plans = [rd.plan_for(r, 3, acc, ranks.outs[r], ranks.ins[r]) for r in range(3)]
+        # rank 0's links are both plain; ranks 1 and 2 each have the sealed one
+        assert [p.piece_bytes for p in plans] == [rd.PLAIN_PIECE_BYTES] + [ring.PIECE_BYTES] * 2
+        assert rd.PLAIN_PIECE_BYTES > ring.PIECE_BYTES
+    finally:
+        ranks.close()
+    all_plain = Ranks(2)
+    try:
+        acc = np.empty(8, np.float32)
+        assert rd.plan_for(0, 2, acc, all_plain.outs[0], all_plain.ins[0]).piece_bytes == (
+            rd.PLAIN_PIECE_BYTES
+        )
+    finally:
+        all_plain.close()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_ring_of_plain_and_sealed_links_matches_numpy(n):
+    """Ranks with big plain pieces beside ranks with sealed records, on tensors of several
+    plain pieces per chunk (and the last piece short)."""
+    ranks = Ranks(n, plain_ok=[r != 1 for r in range(n)])
+    try:
+        rng = np.random.default_rng(7)
+        count = (n * rd.PLAIN_PIECE_BYTES * 5) // (2 * 4) + 13  # 2.5 plain pieces a chunk
+        for dtype in ("float32", "int64"):
+            xs = [(rng.standard_normal(count) * 8).astype(dtype) for _ in range(n)]
+            _check(ranks.all_reduce(xs), xs)
+    finally:
+        ranks.close()
+
+
+def test_ends_of_a_plain_link_may_cut_pieces_differently():
+    """A plain link is one byte stream: each rank's pieces are its own choice (here every
+    rank a different size, none dividing the chunks evenly), and all agree bit for bit."""
+    ranks = Ranks(3)
+    try:
+        rng = np.random.default_rng(3)
+        xs = [rng.standard_normal(3 * 2**20 + 5).astype(np.float32) for _ in range(3)]
+        sizes = [ring.PIECE_BYTES, 3 * 2**18 + 4, rd.PLAIN_PIECE_BYTES]
+        _check(ranks.all_reduce(xs, pieces=sizes), xs)
+        _check(ranks.all_reduce(xs, pieces=sizes[::-1]), xs)
+    finally:
+        ranks.close()
+
+
+def test_a_rank_waiting_for_a_piece_counts_what_arrived_and_stops_when_told():
+    """The waiting receive (MSG_WAITALL) of a piece that arrives only in part: within
+    RECV_WAIT the part is counted in ``received`` (the neighbour's cut-link watchdog reads
+    it), and the group's failure ends the wait."""
+    ranks = Ranks(2)
+    stop = threading.Event()
+    result: list = []
+    x = np.ones(2048, np.float32)  # chunks of 4 KiB: rank 0's sends fit in the socket
+
+    def run() -> None:
+        try:
+            result.append(
+                rd.drive_tcp(
+                    rd.plan_for(0, 2, x, ranks.outs[0], ranks.ins[0]),
+                    x,
+                    np.empty_like(x),
+                    ranks.outs[0],
+                    ranks.ins[0],
+                    b"head",
+                    lambda frame: None,
+                    10.0,
+                    stop.is_set,
+                )
+            )
+        except BaseException as exc:  # noqa: BLE001 - checked on the test's thread
+            result.append(exc)
+
+    try:
+        ranks.outs[1].send_header(b"head")  # rank 1's header, then 1 KiB of its 4 KiB piece
+        ranks.outs[1].sock.sendall(bytes(1024))
+        worker = threading.Thread(target=run)
+        worker.start()
+        want = rd.LENGTH.size + len(b"head") + 1024
+        for _ in range(100):
+            if ranks.ins[0].received == want:
+                break
+            threading.Event().wait(rd.RECV_WAIT / 4)
+        assert ranks.ins[0].received == want
+        assert worker.is_alive() and not result
+        stop.set()
+        worker.join(4 * rd.RECV_WAIT + 2)
+        assert not worker.is_alive()
+        assert isinstance(result[0], rd.LinkBroken) and "the group failed" in str(result[0])
+    finally:
+        stop.set()
         ranks.close()
 
 
