@@ -17,6 +17,9 @@ from . import _ring_data as rd
 if TYPE_CHECKING:
     from ._groups import GroupMember
 
+SETUP_TIMEOUT = 30.0
+"""Seconds GroupStart waits for both ring links to come up (and an all-reduce for the
+group to be linked)."""
 ABORT_GRACE = 1.0
 """Seconds a failed member gives its aborts to leave before it closes its links."""
 

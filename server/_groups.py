@@ -1,8 +1,8 @@
 """One server's rank of a device group (``GroupMember``): its ring links to the neighbours,
-their watchdog, and the ring all-reduce that runs over them. The server's groups and the
-client's group messages are ``_group_service``; the QUIC fallback pipes and link helpers
-``_group_links``; the results kept for reuse ``_group_buffers``; the TCP data plane
-``_ring_data``.
+their watchdog, and (``_group_reduce``, on the engine worker thread) the ring all-reduce
+that runs over them. The server's groups and the client's group messages are
+``_group_service``; the QUIC fallback pipes and link helpers ``_group_links``; the results
+kept for reuse ``_group_buffers``; the TCP data plane ``_ring_data``.
 
 A client makes this server rank r of a group (``GroupSetup``): the server admits the two
 ring neighbours' peer ids at its TLS layer for group links only (they need not be in its
@@ -15,8 +15,9 @@ successor: per all-reduce a ``RingHeader`` and the pieces of the ring schedule
 (``engine/collective/ring.py``), sent as soon as they are reduced, so the ring pipelines.
 
 Everything here runs on the server's trio loop. The ``all_reduce`` kernel runs on an engine
-worker thread and waits for :meth:`GroupMember.all_reduce_async` through
-``trio.from_thread``: the loop keeps moving bytes (and other sessions) while it waits.
+worker thread (``_group_reduce``), which moves the TCP data plane's bytes itself and reaches
+the loop through ``trio.from_thread`` only for the QUIC fallback and to fail the group: the
+loop keeps serving links (and other sessions) while it runs.
 
 Faults: a link that closes, or whose peer is silent for ``LINK_TIMEOUT``, fails the group
 naming that rank; the failure is forwarded on the other link so every surviving rank fails
@@ -27,27 +28,21 @@ build a new one from the survivors.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import trio
 
-from ..engine.collective import GroupFailure, ring
-from ..protocol import dtypes
+from ..engine.collective import GroupFailure
 from ..protocol import messages as m
 from ..protocol.transport import Connection, FrameStream, PeerId, TransportError
 from . import _ring_data as rd
 from ._group_buffers import ResultBuffers
 from ._group_links import (
     ABORT_GRACE,
-    CANCELLED,
-    LATE,
+    SETUP_TIMEOUT,
     QuicIn,
     QuicOut,
     link_answer,
@@ -56,6 +51,7 @@ from ._group_links import (
     ring_target,
     send_quietly,
 )
+from ._group_reduce import RingAllReduce
 
 if TYPE_CHECKING:
     from ._group_service import GroupService
@@ -64,8 +60,6 @@ log = logging.getLogger("burn_remote.server")
 
 LINK_TIMEOUT = m.LINK_TIMEOUT
 LINK_BEAT = m.LINK_BEAT
-SETUP_TIMEOUT = 30.0
-"""Seconds GroupStart waits for both ring links to come up."""
 MAX_RING_HOSTS = 4
 """Hosts a server tries for its successor's TCP data plane before it falls back to QUIC."""
 BLAME_SETTLED = LINK_TIMEOUT / 3
@@ -73,7 +67,7 @@ BLAME_SETTLED = LINK_TIMEOUT / 3
 it as evidence over the other side's (heartbeats come every LINK_BEAT)."""
 
 
-class GroupMember:
+class GroupMember(RingAllReduce):
     """This server's rank of one group (owned by one client session)."""
 
     def __init__(self, service: GroupService, msg: m.GroupSetup, session: Any) -> None:
@@ -508,196 +502,6 @@ class GroupMember:
                 extra={"event": "group_blame", "session": self.session_id},
             )
         return self.succ if side == "succ" else self.pred
-
-    # --- the ring all-reduce (an engine worker thread) -----------------------------------------
-    def all_reduce(self, host: np.ndarray, op: str) -> np.ndarray:
-        """This rank's part of the k-th all-reduce of the group: a new array; ``host``
-        (C-contiguous) is only read. Runs on the engine worker thread that runs the graph:
-        with both links on the TCP data plane, all of it there (``_ring_data.drive_tcp``);
-        otherwise it receives and reduces there while one more thread sends (the network
-        loop carries only the QUIC plane's frames)."""
-        with self._op_lock:
-            entered = time.time()
-            out = self._all_reduce(host, op)
-            if log.isEnabledFor(logging.DEBUG):  # bench/allreduce.py reads these times
-                log.debug(
-                    "all_reduce #%d (%d bytes, %s): entered %.6f, done %.6f",
-                    self._seq - 1,
-                    host.nbytes,
-                    getattr(self.data_out, "plane", "-"),
-                    entered,
-                    time.time(),
-                    extra={"event": "ring_all_reduce", "session": self.session_id},
-                )
-            return out
-
-    def _all_reduce(self, host: np.ndarray, op: str) -> np.ndarray:
-        seq, self._seq = self._seq, self._seq + 1
-        self.linked_t.wait(SETUP_TIMEOUT)
-        if self.failure is not None:
-            raise self.failure
-        if not self.linked_t.is_set():
-            raise GroupFailure(self.id, -1, "", "the group was never started (GroupStart)")
-        x = host.reshape(-1)
-        if self.size == 1:
-            return ring.finish(x.copy(), op, 1).reshape(host.shape)
-        acc = self.buffers.take(x)
-        self.op_deadline = time.monotonic() + 2 * self.timeout
-        if isinstance(self.data_out, rd.DataOut) and isinstance(self.data_in, rd.DataIn):
-            try:
-                self._all_reduce_tcp(x, acc, seq, op)
-            finally:
-                self.op_deadline = None
-            if self.failure is not None:
-                raise self.failure
-            return ring.finish(acc, op, self.size).reshape(host.shape)
-        progress = rd.Progress()
-        sender = threading.Thread(
-            target=self._send_all, args=(x, acc, seq, op, progress), daemon=True
-        )
-        try:
-            sender.start()
-            self._receive_all(x, acc, seq, op, progress)
-            while sender.is_alive() and self.failure is None:
-                sender.join(LINK_BEAT)
-        finally:
-            self.op_deadline = None
-            progress.stop()
-        if self.failure is not None:
-            raise self.failure
-        return ring.finish(acc, op, self.size).reshape(host.shape)
-
-    def _plan(self, acc: np.ndarray) -> ring.Plan:
-        return ring.Plan(self.rank, self.size, acc.size, acc.itemsize)
-
-    def _fail_here(self, rank: int, reason: str) -> None:
-        """fail() from a worker thread (a no-op if the group already failed: that failure
-        is what woke the thread)."""
-        if self.failure is None:
-            trio.from_thread.run_sync(self.fail, rank, reason, trio_token=self.service.token)
-
-    def _all_reduce_tcp(self, x: np.ndarray, acc: np.ndarray, seq: int, op: str) -> None:
-        """Both links on the TCP data plane: the whole all-reduce on this thread."""
-        assert isinstance(self.data_out, rd.DataOut) and isinstance(self.data_in, rd.DataIn)
-        mine = m.RingHeader(seq, dtypes.from_numpy(acc.dtype), acc.size, op)
-
-        def check(frame: bytes) -> None:
-            why = self._header_mismatch(frame, mine)
-            if why:
-                raise rd.HeaderMismatch(why)
-
-        try:
-            on_time = rd.drive_tcp(
-                rd.plan_for(self.rank, self.size, acc, self.data_out, self.data_in),
-                x,
-                acc,
-                self.data_out,
-                self.data_in,
-                m.encode(mine),
-                check,
-                self.timeout,
-                lambda: self.failure is not None,
-            )
-        except rd.HeaderMismatch as exc:
-            self._fail_here(self.pred, str(exc))
-        except rd.LinkBroken as exc:
-            culprit = {"succ": self.succ, "pred": self.pred}.get(exc.side, -1)
-            self._fail_here(culprit, f"{exc} (all_reduce #{seq})")
-        else:
-            if not on_time:
-                self._fail_here(self.pred, self._late(seq))
-
-    def _header_mismatch(self, frame: bytes, mine: m.RingHeader) -> str:
-        """Why the predecessor's RingHeader frame is not this rank's (empty: it is)."""
-        try:
-            (head,) = m.decode(frame)
-        except (m.DecodeError, ValueError):
-            head = None
-        if head == mine:
-            return ""
-        return (
-            f"sent all_reduce #{getattr(head, 'seq', '?')} of "
-            f"{getattr(head, 'dtype', '?')}[{getattr(head, 'count', '?')}] "
-            f"op={getattr(head, 'op', '?')}; rank {self.rank} has #{mine.seq} of "
-            f"{mine.dtype}[{mine.count}] op={mine.op}"
-        )
-
-    def _send_all(
-        self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: rd.Progress
-    ) -> None:
-        out = self.data_out
-        assert out is not None
-        with self._failing(self.succ, seq, progress):
-            try:
-                name = dtypes.from_numpy(acc.dtype)
-                out.send_header(m.encode(m.RingHeader(seq, name, acc.size, op)))
-                rd.send_pieces(self._plan(acc), x, acc, out, progress)
-            except rd.LinkBroken:
-                raise
-            except Exception as exc:  # never a silent dead sender: the group fails loudly
-                self._fail_here(-1, f"all_reduce #{seq} failed sending: {exc!r}")
-
-    def _receive_all(
-        self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: rd.Progress
-    ) -> None:
-        inn = self.data_in
-        assert inn is not None
-        with self._failing(self.pred, seq, progress):
-            frame = inn.recv_header(self.timeout)
-            if frame is None:
-                self._fail_here(self.pred, self._late(seq))
-                return
-            mine = m.RingHeader(seq, dtypes.from_numpy(acc.dtype), acc.size, op)
-            why = self._header_mismatch(frame, mine)
-            if why:
-                self._fail_here(self.pred, why)
-                return
-            rd.receive_pieces(self._plan(acc), x, acc, inn, progress)
-
-    @contextlib.contextmanager
-    def _failing(self, culprit: int, seq: int, progress: rd.Progress) -> Iterator[None]:
-        """Around one thread of a two-thread all-reduce: a broken link fails the group
-        naming ``culprit``, and once the group failed the other thread is stopped too."""
-        try:
-            yield
-        except rd.LinkBroken as exc:
-            self._fail_here(culprit, f"{exc} (all_reduce #{seq})")
-        finally:
-            if self.failure is not None:
-                progress.stop()
-
-    def _late(self, seq: int) -> str:
-        return f"did not reach all_reduce #{seq} within {self.timeout:g} s"
-
-    async def _guarded(self, fn: Any, *args: Any, timeout: float | None = None) -> Any:
-        """``await fn(*args)`` on the loop for a worker thread; cancelled when the group
-        fails (``CANCELLED``) or after ``timeout`` (``LATE``)."""
-        with trio.CancelScope() as cs:
-            if timeout is not None:
-                cs.deadline = trio.current_time() + timeout
-            self._io_scopes.add(cs)
-            try:
-                if self.failure is not None:
-                    return CANCELLED
-                return await fn(*args)
-            except (TransportError, m.DecodeError) as exc:
-                return rd.LinkBroken(f"link lost: {exc}")
-            finally:
-                self._io_scopes.discard(cs)
-        return LATE if self.failure is None else CANCELLED
-
-    def on_loop(self, fn: Any, *args: Any, timeout: float | None = None) -> Any:
-        guarded = functools.partial(self._guarded, fn, *args, timeout=timeout)
-        got = trio.from_thread.run(guarded, trio_token=self.service.token)
-        if got is CANCELLED:
-            raise rd.LinkBroken("the group failed")
-        if isinstance(got, rd.LinkBroken):
-            raise got
-        return got
-
-    @property
-    def pred_conn(self) -> Connection | None:
-        return self.pred_ctl._conn if self.pred_ctl is not None else None  # noqa: SLF001
 
     # --- NCCL ---------------------------------------------------------------------------------
     async def _start_nccl(self) -> None:
