@@ -39,6 +39,15 @@ Changes to stock aioquic, each kept to an override:
   has or stops the build), no stream was discarded (that may owe MAX_STREAMS) and no
   CRYPTO data waits. A STREAM frame that empties its stream marks it empty at once (what
   aioquic's next, now skipped, ``get_frame`` would have found), so ``send_due`` stays exact.
+* **A client's packet data is copied less.** aioquic copied a 1-RTT packet's stream data
+  twice out of the stream's buffer (``get_frame`` slices a bytearray, then makes bytes of
+  the slice), the packet out of its builder's buffer and its payload out of that copy, the
+  ciphertext three times in header protection (header + payload, a bytearray of that,
+  bytes of that), back into the builder's buffer, and the datagram out of it again: ten
+  copies of a 64 KiB packet between the stream's buffer and the socket, besides encrypting
+  it. Here it is four (``_take_frame``, ``_ClientBuilder``, ``_OneCopySend``), with the
+  same bytes on the wire. A captured training step uploads its batch every step: a client
+  sends a few such packets per read (client side only: the server keeps aioquic's code).
 * **Flow-control windows follow the reader.** Stock aioquic doubles a receive window once
   half of it has *arrived*, whether or not the application read anything, so a peer can make
   it buffer without bound. Here the window is what the application consumed plus a fixed
@@ -55,10 +64,21 @@ from aioquic.buffer import Buffer, size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.packet_builder import QuicPacketBuilder, QuicPacketBuilderStop
+from aioquic.quic.crypto import CryptoContext
+from aioquic.quic.packet import (
+    PACKET_FIXED_BIT,
+    PACKET_NUMBER_MAX_SIZE,
+    QuicFrameType,
+    QuicPacketType,
+    QuicStreamFrame,
+)
+from aioquic.quic.packet_builder import (
+    PACKET_NUMBER_SEND_SIZE,
+    QuicPacketBuilder,
+    QuicPacketBuilderStop,
+)
 from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
-from aioquic.quic.stream import QuicStream
+from aioquic.quic.stream import QuicStream, QuicStreamSender
 
 from ._config import EndpointConfig, quic_configuration
 from ._errors import TransportError
@@ -152,6 +172,116 @@ class _BuildPacer(QuicPacketPacer):
             if conn is not None and conn._nothing_left():
                 raise QuicPacketBuilderStop  # datagrams_to_send ends the build here
         return super().next_send_time(now)
+
+
+class _OneCopySend(CryptoContext):
+    """aioquic's send keys, protecting a packet with one copy of its ciphertext: the header
+    alone is masked, then joined to the ciphertext (aioquic's ``HeaderProtection.apply``
+    copies the whole packet three times). The same bytes as aioquic's ``encrypt_packet``."""
+
+    def encrypt_packet(
+        self, plain_header: bytes, plain_payload: bytes, packet_number: int
+    ) -> bytes:
+        protected = self.aead.encrypt(plain_payload, plain_header, packet_number)
+        pn_length = (plain_header[0] & 0x03) + 1
+        sample = _PN_MAX - pn_length  # where the 16-byte sample starts (RFC 9001 5.4.2)
+        mask = self.hp._mask(protected[sample : sample + _SAMPLE])
+        header = bytearray(plain_header)
+        header[0] ^= mask[0] & (0x0F if header[0] & 0x80 else 0x1F)
+        at = len(header) - pn_length
+        for i in range(pn_length):
+            header[at + i] ^= mask[1 + i]
+        return bytes(header) + protected
+
+
+_PN_MAX = PACKET_NUMBER_MAX_SIZE
+"""Header protection samples as if the packet number were this long (RFC 9001 5.4.2)."""
+_SAMPLE = 16
+"""Bytes of ciphertext header protection samples."""
+
+
+def _take_frame(
+    sender: QuicStreamSender, max_size: int, max_offset: int | None
+) -> QuicStreamFrame | None:
+    """``sender.get_frame(max_size, max_offset)`` with the data copied once out of the
+    stream's buffer instead of twice (same frame, same sender state afterwards); the cases
+    without data to send (a FIN alone, nothing pending, no room) are aioquic's own."""
+    pending = sender._pending
+    if max_size < 0 or not len(pending) or sender._reset_error_code is not None:
+        return sender.get_frame(max_size, max_offset)
+    r = pending[0]
+    start = r.start
+    stop = min(r.stop, start + max_size)
+    if max_offset is not None and stop > max_offset:
+        stop = max_offset
+    if stop <= start:
+        return None
+    base = sender._buffer_start
+    with memoryview(sender._buffer) as view:  # (released at once: the buffer may grow)
+        frame = QuicStreamFrame(data=bytes(view[start - base : stop - base]), offset=start)
+    pending.subtract(start, stop)
+    if stop > sender.highest_offset:
+        sender.highest_offset = stop
+    if sender._buffer_fin == stop:
+        frame.fin = True
+        sender._pending_eof = False
+    return frame
+
+
+class _ClientBuilder(QuicPacketBuilder):
+    """aioquic's packet builder, except that a 1-RTT packet alone in its datagram (a client
+    sends no other kind after the handshake) is encrypted from one copy of the builder's
+    buffer, its payload read through a view, into the datagram it leaves in: aioquic also
+    copies the payload out of that copy, the protected packet back into the buffer and the
+    datagram out of the buffer. Anything else (a packet after another in one datagram,
+    padding, a qlog) is aioquic's own ``_end_packet``. The same datagrams and packet records."""
+
+    def _end_packet(self) -> None:
+        buf = self._buffer
+        header_size = self._header_size
+        packet_size = buf.tell() - self._packet_start
+        if (
+            self._packet_type != QuicPacketType.ONE_RTT
+            or self._packet_start
+            or self._datagram_needs_padding
+            or self._quic_logger is not None
+            or packet_size < _MIN_PACKET + header_size  # empty (cancelled), or to be padded
+        ):
+            super()._end_packet()
+            return
+        crypto = self._packet_crypto
+        number = self._packet_number
+        buf.seek(0)  # the short header, as aioquic writes it
+        buf.push_uint8(
+            PACKET_FIXED_BIT
+            | (self._spin_bit << 5)
+            | (crypto.key_phase << 2)
+            | (PACKET_NUMBER_SEND_SIZE - 1)
+        )
+        buf.push_bytes(self._peer_cid)
+        buf.push_uint16(number & 0xFFFF)
+        plain = buf.data_slice(0, packet_size)
+        with memoryview(plain) as view:
+            datagram = crypto.encrypt_packet(plain[:header_size], view[header_size:], number)
+        packet, size = self._packet, len(datagram)
+        packet.sent_bytes = size
+        self._packets.append(packet)
+        if packet.in_flight:
+            self._datagram_flight_bytes += size
+        # what aioquic's _flush_current_datagram does with it
+        self._datagrams.append(datagram)
+        self._flight_bytes += self._datagram_flight_bytes
+        self._total_bytes += size
+        self._datagram_init = True
+        buf.seek(0)
+        self._packet_number = number + 1
+        self._packet = None
+        self.quic_logger_frames = None
+
+
+_MIN_PACKET = PACKET_NUMBER_MAX_SIZE - PACKET_NUMBER_SEND_SIZE
+"""A packet's payload shorter than this is padded so header protection can sample it
+(aioquic's ``_end_packet`` pads it; ``_ClientBuilder`` leaves such packets to it)."""
 
 
 class PeerQuicConnection(QuicConnection):
@@ -351,6 +481,8 @@ class PeerQuicConnection(QuicConnection):
     # -- overrides -------------------------------------------------------------------------
 
     def _write_application(self, builder: QuicPacketBuilder, network_path, now: float) -> None:
+        if self._is_client and type(builder) is QuicPacketBuilder:
+            builder.__class__ = _ClientBuilder  # (fewer copies: see the module doc)
         self._more_data = False
         self._streams_seen = len(self._streams)
         super()._write_application(builder, network_path, now)
@@ -377,6 +509,8 @@ class PeerQuicConnection(QuicConnection):
         self.tls.peer_id = None
         if not self._is_client:
             self.tls._request_client_certificate = True
+        else:  # (same bytes, fewer copies; the server keeps aioquic's: see the module doc)
+            self._cryptos[tls.Epoch.ONE_RTT].send.__class__ = _OneCopySend
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         max_data = self._local_max_data
@@ -430,7 +564,11 @@ class PeerQuicConnection(QuicConnection):
         # type byte + stream id + offset (omitted at 0) + a 4-byte length
         overhead = 5 + size_uint_var(stream.stream_id) + (size_uint_var(offset) if offset else 0)
         before = sender.highest_offset
-        frame = sender.get_frame(builder.remaining_flight_space - overhead, max_offset)
+        room = builder.remaining_flight_space - overhead
+        if self._is_client:
+            frame = _take_frame(sender, room, max_offset)
+        else:
+            frame = sender.get_frame(room, max_offset)
         if frame is None:
             if not sender.buffer_is_empty:  # no room (or no credit) left in this packet
                 self._more_data = True
