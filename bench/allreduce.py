@@ -6,12 +6,17 @@ others' addresses), sets up a ``collective.Group`` over them, and N gloo process
 measurements (interleaved, so both see the same machine load), and prints medians:
 
 - ring: a float32 tensor already on every server; the time from recording the ``all_reduce``
-  on every rank to every rank's ``sync()`` answered (so it includes one small message and
-  one round trip per rank from the client; negligible from 1 MiB on);
+  on every rank to every rank's ``sync()`` answered (so it includes one small message to and
+  one answer from every rank: the client sends all of them within ~0.6 ms, but each server
+  must wake and run its message first, which on a busy 2-core machine takes it 1-3 ms);
 - gloo: ``dist.all_reduce`` on every rank, the slowest rank's time;
 - coll: the ring's all-reduce as the servers timed it (their debug log): from the moment
   the last rank entered it to the moment the last rank finished -- what gloo's figure is
   (timed after a barrier), without the client's messages and the ranks' start skew;
+- enter: from the client's start to the moment the last rank entered the all-reduce;
+  reply: from the moment the last rank finished to the client holding every answer
+  (ring = enter + coll + reply, on one host's clock; the part gloo's figure has no
+  counterpart of);
 - bus bandwidth = size * 2 (N - 1) / N / time (the bytes each rank sends and receives, as
   nccl-tests reports it), and the ratio ring / gloo (>= 1.0: the ring is as fast or faster).
 
@@ -128,10 +133,14 @@ class Ring:
         self.group = C.Group(self.devices, timeout=600)
         self.tensors: dict[int, list] = {}
         self.calls = 0
+        self.started = self.ended = 0.0
+        """time.time() around the last timed all-reduce (the clock of the servers' log)."""
 
-    def collective(self) -> float:
+    def collective(self) -> tuple[float, float, float]:
         """The last all-reduce as the servers saw it: from the moment the last rank entered
-        it to the moment the last rank finished (their debug log; one clock, one host)."""
+        it to the moment the last rank finished (their debug log; one clock, one host);
+        with the client's wait before it (its start to the last entry) and after it (the
+        last finish to its end)."""
         seq = self.calls - 1
         deadline = time.monotonic() + 10
         while True:
@@ -140,8 +149,9 @@ class Ring:
                 break
             time.sleep(0.01)
         if not all(spans):
-            return float("nan")
-        return max(b for _, b in spans) - max(a for a, _ in spans)
+            return (float("nan"),) * 3
+        entered, done = max(a for a, _ in spans), max(b for _, b in spans)
+        return done - entered, entered - self.started, self.ended - done
 
     def time(self, nbytes: int) -> float:
         import numpy as np
@@ -152,10 +162,12 @@ class Ring:
             xs = self.tensors[nbytes] = [d.tensor(np.ones(nbytes // 4, np.float32))
                                          for d in self.devices]  # fmt: skip
             self.C.sync(self.devices)
+        self.started = time.time()  # the servers' log clock
         t0 = time.perf_counter()
         outs = [self.C.all_reduce(x, self.group, "sum") for x in xs]
         self.C.sync(self.devices)
         dt = time.perf_counter() - t0
+        self.ended = time.time()
         self.calls += 1
         del outs
         return dt
@@ -229,7 +241,8 @@ def main() -> int:
     print(f"cpus: {os.cpu_count()}  python {sys.version.split()[0]}  load {os.getloadavg()}")
     print(f"{'plane':>5} {'ranks':>5} {'MiB':>5} {'ring ms':>9} {'coll ms':>9} "
           f"{'gloo ms':>9} {'ring GB/s':>10} {'coll GB/s':>10} {'gloo GB/s':>10} "
-          f"{'ring/gloo':>9} {'coll/gloo':>9} {'cpu-s/op':>9} {'gloo cpu':>9}")  # fmt: skip
+          f"{'ring/gloo':>9} {'coll/gloo':>9} {'cpu-s/op':>9} {'gloo cpu':>9} {'enter ms':>8} "
+          f"{'reply ms':>8}")  # fmt: skip
     for n in args.ranks:
         rings = {p: Ring(n, Path(tempfile.mkdtemp(prefix=f"ring{n}{p}-")), p) for p in args.planes}
         gloo = Gloo(n)
@@ -239,7 +252,7 @@ def main() -> int:
             for mib in args.mib:
                 nbytes = mib * MiB
                 times: dict[str, list[float]] = {p: [] for p in rings}
-                coll: dict[str, list[float]] = {p: [] for p in rings}
+                coll: dict[str, list[tuple[float, float, float]]] = {p: [] for p in rings}
                 cpu: dict[str, float] = dict.fromkeys(rings, 0.0)
                 for _ in range(args.warmup):  # steady state, as in a training loop
                     for ring in rings.values():
@@ -258,12 +271,14 @@ def main() -> int:
                 gt = statistics.median(g)
                 bus = nbytes * 2 * (n - 1) / n / 1e9
                 for p in rings:
-                    rt, ct = statistics.median(times[p]), statistics.median(coll[p])
+                    rt = statistics.median(times[p])
+                    ct, enter, reply = (statistics.median(c) for c in zip(*coll[p]))
                     per = cpu[p] / args.repeats / n  # per server per all-reduce
                     print(f"{p:>5} {n:>5} {mib:>5} {rt * 1e3:>9.1f} {ct * 1e3:>9.1f} "
                           f"{gt * 1e3:>9.1f} {bus / rt:>10.3f} {bus / ct:>10.3f} "
                           f"{bus / gt:>10.3f} {gt / rt:>9.2f} {gt / ct:>9.2f} {per:>9.3f} "
-                          f"{gloo.cpu / args.repeats:>9.3f}", flush=True)  # fmt: skip
+                          f"{gloo.cpu / args.repeats:>9.3f} {enter * 1e3:>8.1f} "
+                          f"{reply * 1e3:>8.1f}", flush=True)  # fmt: skip
         finally:
             for ring in rings.values():
                 ring.close()
