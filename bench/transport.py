@@ -2,7 +2,9 @@
 
 Prints, in one run (separate server and client processes, as on two machines):
 - bulk upload MB/s over the transport at the loopback datagram size and at 1452-byte
-  datagrams, beside asyncio TLS over TCP, and handshake latency;
+  datagrams, beside asyncio TLS over TCP, and handshake latency; the 1452-byte upload again
+  through the project's FaultProxy dropping 1 % and 10 % of datagrams (``--loss``), beside
+  the same without loss;
 - a large tensor's upload and read-back rates through a `RemoteDevice` and a real
   `burn-remote serve` (chunked bulk transfers), and their ratio to the transport's own rate,
   for each client QUIC engine installed (aioquic; qh3 with the `qh3` extra), against an
@@ -22,7 +24,7 @@ Prints, in one run (separate server and client processes, as on two machines):
 Usage::
 
     .venv/bin/python bench/transport.py [--mib 256] [--frame-kib 1024] [--handshakes 20]
-        [--tensor-mib 256] [--trips 300]
+        [--tensor-mib 256] [--trips 300] [--loss 0.01 0.1] [--lossy-mib 8]
 """
 
 from __future__ import annotations
@@ -69,9 +71,14 @@ def _quic_server(conn, datagram_size: int | None) -> None:
     trio.run(main)
 
 
-def bench_quic(total: int, frame: int, datagram_size: int | None, handshakes: int) -> dict:
+def bench_quic(
+    total: int, frame: int, datagram_size: int | None, handshakes: int, drop: float = 0.0
+) -> dict:
+    """Upload ``total`` bytes to a server process; ``drop``: through a FaultProxy (a thread
+    of this process) that loses that share of datagrams each way."""
     import trio
     from burn_remote.protocol.transport import Endpoint, EndpointConfig, Identity
+    from burn_remote.protocol.transport.faultproxy import FaultProxy, Faults
 
     parent, child = mp.Pipe()
     proc = mp.get_context("spawn").Process(
@@ -80,6 +87,11 @@ def bench_quic(total: int, frame: int, datagram_size: int | None, handshakes: in
     proc.start()
     peer, addr = parent.recv()
     result: dict = {}
+    proxy = None
+    if drop:
+        host, port = addr
+        proxy = FaultProxy.start_thread((host, port), faults=Faults(drop=drop), seed=1)
+        addr = proxy.address
 
     async def main():
         config = EndpointConfig(max_datagram_size=datagram_size)
@@ -107,6 +119,8 @@ def bench_quic(total: int, frame: int, datagram_size: int | None, handshakes: in
     try:
         trio.run(main)
     finally:
+        if proxy is not None:
+            proxy.stop()
         proc.kill()
         proc.join()
     return result
@@ -510,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--handshakes", type=int, default=20, help="handshakes to time")
     ap.add_argument("--tensor-mib", type=int, default=256, help="tensor size for RemoteDevice")
     ap.add_argument("--trips", type=int, default=300, help="round trips per latency run")
+    ap.add_argument(
+        "--loss", type=float, nargs="*", default=[0.01, 0.1], help="datagram loss rates"
+    )
+    ap.add_argument("--lossy-mib", type=int, default=8, help="upload size through loss")
     args = ap.parse_args(argv)
     total, frame = args.mib * MiB, args.frame_kib * 1024
 
@@ -528,6 +546,14 @@ def main(argv: list[str] | None = None) -> int:
         f"  QUIC 1452-byte datagrams   : {small['mb_s']:8.1f} MB/s"
         f"   ratio to TLS/TCP {small['mb_s'] / tls['mb_s']:.2f}x"
     )
+    if args.loss:
+        lossy = args.lossy_mib * MiB
+        clean = bench_quic(lossy, frame, 1452, 1)["mb_s"]
+        rates = [f"0 %: {clean:.1f} MB/s"]
+        for drop in args.loss:
+            mb_s = bench_quic(lossy, frame, 1452, 1, drop)["mb_s"]
+            rates.append(f"{drop:.0%}: {mb_s:.1f} MB/s ({mb_s / clean:.2f}x)")
+        print(f"  QUIC 1452-byte datagrams, {args.lossy_mib} MiB through loss: {', '.join(rates)}")
     print(
         f"  handshake (median of {args.handshakes}): QUIC {big['handshake_ms']:.2f} ms,"
         f" TLS/TCP {tls['handshake_ms']:.2f} ms"
