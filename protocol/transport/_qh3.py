@@ -1,10 +1,9 @@
 """The client connection on qh3 (an aioquic fork whose QUIC core is compiled): optional.
 
 Why: per datagram, aioquic's Python costs a client ~100-200 us of CPU on a small machine;
-qh3 does the same work in native code. Why client-only: a server must ask for and check the
-client's certificate (our mutual Ed25519 authentication), and qh3 2.x's TLS server never
-sends a CertificateRequest; so servers run aioquic, and a client may run either (the two
-interoperate on the wire).
+qh3 does the same work in native code. This is the client side; a server on qh3 (which must
+also ask for and check the client's certificate, something qh3 2.x's TLS server never does)
+is ``_qh3_server``. Either engine talks to either on the wire.
 
 ``Qh3ClientConnection`` offers what ``BlockingConnection`` uses of ``PeerQuicConnection``,
 translated to qh3's public API:
@@ -39,6 +38,12 @@ from ._config import ALPN, EndpointConfig
 from ._errors import TransportError
 from ._identity import Identity, PeerId, peer_id_of_certificate
 from ._quic import ACK_DELAY, ACK_EVERY_BYTES
+
+BULK_DATAGRAM = 1200
+"""Bytes from which a received datagram is bulk data (a tensor read), not a reply: QUIC's
+smallest full datagram. Its ACK keeps qh3's own timing (within ~1 ms, at once on a gap), as
+``_quic.BULK_ACK_DELAY`` does for aioquic: held ``ACK_DELAY``, a sender whose window held
+less than ``ACK_EVERY_BYTES`` waited 20 ms per window (slow start, after every loss)."""
 
 _BAD_CERTIFICATE = 0x100 + 42
 """CONNECTION_CLOSE code for the TLS alert bad_certificate (RFC 9001 4.8)."""
@@ -80,6 +85,7 @@ class Qh3ClientConnection:
         self._now = 0.0  # when the last datagram arrived
         self._ack_since: float | None = None  # when qh3's ACK timer was first seen armed
         self._unacked_bytes = 0  # received since we last sent a datagram
+        self._bulk_in = False  # the last datagram received was bulk data
         self.app_consumed: dict[int, int] = {}  # kept by the driver; qh3 grants by itself
         self.peer_id: PeerId | None = None
 
@@ -91,6 +97,7 @@ class Qh3ClientConnection:
     def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
         self._now = now
         self._unacked_bytes += len(data)
+        self._bulk_in = len(data) >= BULK_DATAGRAM
         self._quic.receive_datagram(data, addr, now)
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
@@ -101,10 +108,10 @@ class Qh3ClientConnection:
 
     def get_timer(self) -> float | None:
         """qh3's timer, except that an ACK may wait ``ACK_DELAY`` from when it became
-        pending, or until ``ACK_EVERY_BYTES`` arrived (qh3 sends one within about a
-        millisecond, or at once for every second packet: in request/reply traffic that is a
-        datagram of its own, which costs the server a receive in Python, instead of a ride
-        on the next request).
+        pending, or until ``ACK_EVERY_BYTES`` or a ``BULK_DATAGRAM`` arrived (qh3 sends one
+        within about a millisecond, or at once for every second packet: in request/reply
+        traffic that is a datagram of its own, which costs the server a receive in Python,
+        instead of a ride on the next request).
 
         A pacing timer while no stream data waits (qh3 paces ACKs and window updates
         too) is such an ACK timer: the ACK-only datagram it would send costs a paced slot,
@@ -124,7 +131,7 @@ class Qh3ClientConnection:
         ):
             self._ack_since = None
             return at
-        if self._unacked_bytes >= ACK_EVERY_BYTES:
+        if self._unacked_bytes >= ACK_EVERY_BYTES or self._bulk_in:
             return at
         if self._ack_since is None:
             self._ack_since = self._now

@@ -104,6 +104,21 @@ def test_an_idle_pacing_timer_waits_like_an_ack_and_paced_data_does_not() -> Non
     assert _policy(("loss_detection", 10.03)).get_timer() == 10.03
 
 
+def test_bulk_data_is_acknowledged_on_qh3s_time() -> None:
+    """A reply-sized datagram's ACK waits ``ACK_DELAY`` (it rides on the next request); after
+    a full datagram (a tensor read) qh3's own ACK time stands: held 20 ms, a server whose
+    congestion window was small (slow start, after a loss) sent its window and waited, and
+    a 4 MiB read through 1 % loss at 1350-byte datagrams took ~8 s instead of ~1 s."""
+    from burn_remote.protocol.transport._qh3 import BULK_DATAGRAM
+    from burn_remote.protocol.transport._quic import ACK_DELAY
+
+    assert (
+        _policy(("ack_application", 10.001), got=BULK_DATAGRAM - 1).get_timer() == 10.0 + ACK_DELAY
+    )
+    assert _policy(("ack_application", 10.001), got=BULK_DATAGRAM).get_timer() == 10.001
+    assert _policy(("pacing", 10.0004), got=BULK_DATAGRAM).get_timer() == 10.0004
+
+
 def test_a_fresh_connection_sends_one_datagram_per_item(server: Server) -> None:
     """No ACK-only datagram in a request/reply loop on a fresh connection: each ACK rides
     on the next request (qh3 alone sent one after every second reply, ~1.2 per trip)."""
