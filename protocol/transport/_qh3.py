@@ -31,7 +31,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration
-from qh3.quic.connection import QuicConnection
+from qh3.quic.connection import QuicConnection, QuicConnectionError
 from qh3.tls import SignatureAlgorithm
 
 from ._config import ALPN, EndpointConfig
@@ -145,7 +145,13 @@ class Qh3ClientConnection:
         self._quic.handle_timer(now)
 
     def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
-        self._quic.send_stream_data(stream_id, data, end_stream)
+        """Raises TransportError when qh3's core has closed (the peer's CONNECTION_CLOSE came
+        before the driver's reader saw it): the error every engine raises there, which a
+        best-effort sender (a goodbye at exit) expects, not qh3's own exception."""
+        try:
+            self._quic.send_stream_data(stream_id, data, end_stream)
+        except QuicConnectionError as exc:
+            raise TransportError(f"connection closed: {exc.reason_phrase}") from None
         if end_stream:
             self._finished.add(stream_id)
 
