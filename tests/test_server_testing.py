@@ -102,17 +102,21 @@ def _wait_gone(pid: int, seconds: float) -> bool:
     return not _alive(pid)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
-def test_a_daemon_ends_with_the_process_that_started_it(tmp_path):
-    """A test run killed outright (SIGKILL: no fixture teardown) leaves no server behind."""
+def _start_parent(tmp_path, where: str) -> tuple[subprocess.Popen, int]:
+    """A process running PARENT (starting its server on the ``main`` thread or a
+    ``thread``), and its server's pid."""
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     parent = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "d"), "main"],
-        stdout=subprocess.PIPE,
-        text=True,
+        [sys.executable, str(script), str(tmp_path / "d"), where], stdout=subprocess.PIPE, text=True
     )
-    server = int(parent.stdout.readline())
+    return parent, int(parent.stdout.readline())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_a_daemon_ends_with_the_process_that_started_it(tmp_path):
+    """A test run killed outright (SIGKILL: no fixture teardown) leaves no server behind."""
+    parent, server = _start_parent(tmp_path, "main")
     try:
         assert _alive(server)
         parent.kill()
@@ -127,14 +131,7 @@ def test_a_daemon_ends_with_the_process_that_started_it(tmp_path):
 def test_a_daemon_started_on_a_thread_outlives_that_thread(tmp_path):
     """The kernel's parent-death signal follows the forking *thread*: a daemon started on a
     worker thread is not armed, so it keeps serving after that thread ends."""
-    script = tmp_path / "parent.py"
-    script.write_text(PARENT)
-    parent = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "d"), "thread"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    server = int(parent.stdout.readline())
+    parent, server = _start_parent(tmp_path, "thread")
     try:
         assert not _wait_gone(server, 1.0), "the daemon died with the thread that started it"
     finally:
