@@ -469,7 +469,8 @@ def drive_tcp(
                     continue  # the next piece may be ready to go too
             if not pending and stage == "piece" and reading:
                 # nothing to send before this piece is in: wait for all of it in the kernel
-                inn.waiting_since = time.monotonic()
+                if inn.waiting_since is None:  # (since the last byte came: the watchdog's)
+                    inn.waiting_since = time.monotonic()
                 n = _recv_some(inn, want[got:], socket.MSG_WAITALL)
             else:
                 # a send waits for room (the successor is behind) or the header is awaited

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -219,6 +220,11 @@ def test_a_rank_waiting_for_a_piece_counts_what_arrived_and_stops_when_told():
             threading.Event().wait(rd.RECV_WAIT / 4)
         assert ranks.ins[0].received == want
         assert worker.is_alive() and not result
+        # nothing more comes: the wait counts from the last byte, across the timed-out
+        # receives (the cut-link watchdog judges a receiver waiting over LINK_BEAT by it)
+        threading.Event().wait(4 * rd.RECV_WAIT)
+        since = ranks.ins[0].waiting_since
+        assert since is not None and time.monotonic() - since >= 3 * rd.RECV_WAIT
         stop.set()
         worker.join(4 * rd.RECV_WAIT + 2)
         assert not worker.is_alive()
