@@ -88,6 +88,15 @@ wake sooner than 1 ms (epoll's resolution): a held reply waited ~1.2 ms, for a s
 of that. qh3's RTT estimate is floored at 1 ms and its loss timers are tens of ms, so
 running its clock up to 1 ms ahead changes neither."""
 
+PACING_SLACK = 2e-6
+"""Seconds past the pacer's slot qh3 is told: at the slot's own time, in floating point,
+its token bucket can still be a fraction of a byte short, and it holds the packet again."""
+
+PACING_LEAD_STEPS = (PACING_LEAD / 8, PACING_LEAD / 4, PACING_LEAD / 2, PACING_LEAD)
+"""Leads tried in turn when the pacer's slot is hidden behind qh3's ACK timer
+(``Qh3ServerConnection._pacing_leads``): measured with an aioquic client, a held reply's
+slot came within 0.1-0.2 ms in 9 cases out of 10, within 0.5 ms in all but a few."""
+
 PACING_IDLE_WAIT = 0.020
 """Seconds a pacing timer with nothing queued waits before it wakes the connection: qh3
 arms one after every packet it sends, and with an aioquic client (whose ACKs come every
@@ -360,17 +369,13 @@ class Qh3ServerConnection:
             try:
                 while (transmit := core.poll_transmit(now)) is not None:
                     out.append((transmit[0], transmit[1]))
-                if not out and quic._handshake_complete:
-                    timer = core.get_timer()
-                    if (
-                        timer is not None
-                        and timer[0] == "pacing"
-                        and timer[1] - real <= PACING_LEAD  # from real time: never further
-                        and core.get_send_buffer_size() > 0
-                    ):
-                        now = self._clock = timer[1]  # send now what the pacer holds (below)
+                if not out and quic._handshake_complete and core.get_send_buffer_size() > 0:
+                    for lead in self._pacing_leads(core, real):
+                        now = self._clock = lead  # send now what the pacer holds (below)
                         while (transmit := core.poll_transmit(now)) is not None:
                             out.append((transmit[0], transmit[1]))
+                        if out:
+                            break
             except RuntimeError as exc:
                 self._core_failed(exc)
         if out:
@@ -390,6 +395,30 @@ class Qh3ServerConnection:
             budget -= len(data)
             self._sent += len(data)
         return out
+
+    def _pacing_leads(self, core: Any, real: float) -> tuple[float, ...]:
+        """Times to tell qh3, earliest first, so that queued data its pacer holds goes now:
+        none where nothing is to gain (the pacer's slot is further than ``PACING_LEAD``, the
+        congestion window is full, qh3's clock is already that far ahead).
+
+        While an ACK is owed, qh3's ``get_timer`` reports the ACK timer (~1 ms after the
+        request) and not the pacer's earlier slot: an aioquic client, whose ACKs ride a
+        request only every ~10 ms, has one owed whenever its request arrives, so a reply
+        the pacer held waited for the ACK timer (~15 % of replies). The slot is then unknown,
+        and the lead is tried in steps (``PACING_LEAD_STEPS``): jumping the whole lead at
+        once spent it in one trip (qh3's clock stayed ahead, its pacer saw no time pass,
+        and the next replies were held again). The ACK owed rides the reply."""
+        timer = core.get_timer()
+        if timer is None:
+            return ()
+        kind, at = timer
+        if kind == "pacing":
+            at = max(at, self._clock) + PACING_SLACK  # at the slot itself qh3 may fall short
+            return (at,) if at - real <= PACING_LEAD else ()  # from real time: never further
+        if core.bytes_in_flight >= core.congestion_window:
+            return ()  # held by the window, not the pacer: the next ACK frees it
+        clock = self._clock
+        return tuple(t for step in PACING_LEAD_STEPS if (t := real + step) > clock)
 
     def _core_failed(self, exc: Exception) -> None:
         """qh3 raised (a bug of its, or a peer that found one): this connection ends with

@@ -159,3 +159,81 @@ def test_the_pacing_lead_keeps_qh3s_clock_within_a_lead_of_real_time() -> None:
         assert conn._clock - now <= PACING_LEAD + 1e-12
         assert max(core.told) - now <= PACING_LEAD + 1e-12
     assert 700 <= sent <= 900  # the pacer's rate (one per slot), each sent as soon as due
+
+
+class _HiddenSlotCore(_PacingCore):
+    """The pacer of ``_PacingCore`` as qh3 has it with an aioquic client: an ACK is owed
+    (its timer ~1 ms after the request) and ``get_timer`` reports that timer, not the
+    pacer's earlier slot; and at the slot's own time qh3's token bucket is still a hair
+    short (it lets the packet go only after it)."""
+
+    bytes_in_flight, congestion_window = 0, 132_000
+
+    def poll_transmit(self, now: float):
+        self.told.append(now)
+        if not self.queued or now <= self.next_slot:
+            return None
+        self.queued, self.next_slot = 0, now + self.slot
+        return b"reply", CLIENT_ADDR
+
+    def get_timer(self) -> tuple[str, float]:
+        return ("ack_application", self.told[-1] + 0.00095) if self.queued else super().get_timer()
+
+
+def _paced_server(core) -> object:
+    from types import SimpleNamespace
+
+    from burn_remote.protocol.transport._qh3_server import Qh3ServerConnection
+
+    conn = Qh3ServerConnection.__new__(Qh3ServerConnection)
+    conn._quic = SimpleNamespace(_core=core, _handshake_complete=True, _close_event=None)
+    conn._clock, conn._held, conn._data_queued, conn._fin_unsent = 0.0, [], False, False
+    return conn
+
+
+def test_a_reply_the_pacer_holds_behind_an_ack_timer_goes_at_once() -> None:
+    """qh3 reports an owed ACK's timer instead of the pacer's slot: a held reply waited
+    for that ACK timer (~1 ms, a trio wake-up); now qh3 is told a time within PACING_LEAD
+    and the reply goes as soon as the pacer allows, qh3's clock never more than the lead
+    ahead of real time."""
+    from burn_remote.protocol.transport._qh3_server import PACING_LEAD
+
+    core = _HiddenSlotCore(slot=0.0003)
+    conn = _paced_server(core)
+    now, sent = 10.0, 0
+    for trip in range(1000):  # replies 0.1 and 0.7 ms apart in turn: 0.4 ms on average
+        now += 0.0007 if trip % 2 else 0.0001
+        core.queued = 1
+        sent += len(conn.datagrams_to_send(now))
+        assert conn._clock - now <= PACING_LEAD + 1e-12
+        assert max(core.told) - now <= PACING_LEAD + 1e-12
+    assert sent == 1000  # before: every reply 0.1 ms after the last waited (500)
+
+
+def test_a_reply_held_by_a_full_congestion_window_does_not_move_qh3s_clock() -> None:
+    """Telling qh3 a later time frees nothing the congestion window holds (the next ACK
+    does): its clock stays at real time."""
+    core = _HiddenSlotCore(slot=0.0002)
+    core.bytes_in_flight = core.congestion_window
+    core.next_slot = 10.1  # held, whatever the window
+    conn = _paced_server(core)
+    core.queued = 1
+    assert conn.datagrams_to_send(10.0) == []
+    assert core.told == [10.0] and conn._clock == 10.0
+
+
+def test_a_reply_paced_for_a_slot_within_the_lead_goes_when_qh3_is_a_hair_short() -> None:
+    """At the slot's own time qh3's bucket can be a fraction short (floating point): told
+    exactly the slot, it held the reply again and the server waited for the next wake-up."""
+    from burn_remote.protocol.transport._qh3_server import PACING_LEAD
+
+    class ShortAtTheSlot(_HiddenSlotCore):
+        def get_timer(self) -> tuple[str, float]:
+            return ("pacing", self.next_slot)
+
+    core = ShortAtTheSlot(slot=0.0005)
+    conn = _paced_server(core)
+    core.next_slot = 10.0004
+    core.queued = 1
+    assert len(conn.datagrams_to_send(10.0)) == 1
+    assert conn._clock - 10.0 <= PACING_LEAD
