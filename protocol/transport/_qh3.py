@@ -13,8 +13,9 @@ translated to qh3's public API:
   sent to an impostor; a mismatch closes the connection with a ``bad_certificate`` alert
   code, which the caller reports as ``PeerRejected``;
 * flow-control windows and datagram sizes are qh3's own (its core grants credit as data is
-  delivered; the reader thread consumes everything at once anyway); ACKs wait as in
-  ``_quic`` (``get_timer``);
+  delivered; the reader thread consumes everything at once anyway), except the
+  max_udp_payload_size it advertises (``MAX_UDP_PAYLOAD``); ACKs wait as in ``_quic``
+  (``get_timer``);
 * an idle pacing timer waits like an ACK: on a fresh loopback connection qh3's pacer
   spaces packets ~0.5 ms apart whatever their size (its congestion window starts at two
   64 KB datagrams and its RTT estimate never drops below 1 ms), so the ACK-only datagram
@@ -29,10 +30,12 @@ import ssl
 from aioquic.quic import events
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from qh3._hazmat import Buffer, encode_uint_var
 from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
-from qh3.tls import SignatureAlgorithm
+from qh3.quic.tls_bridge import QuicTlsBridge
+from qh3.tls import ExtensionType, SignatureAlgorithm
 
 from ._config import ALPN, EndpointConfig
 from ._errors import TransportError
@@ -57,6 +60,58 @@ SIGNATURE_ALGORITHMS = [
 signs with its Ed25519 identity; qh3 leaves it out unless asked)."""
 
 
+MAX_UDP_PAYLOAD = 32768
+"""The largest datagram a qh3 client asks its server for (max_udp_payload_size; its own
+datagram size where smaller). qh3's client says 1472 whatever its size, and a qh3 server
+honours it: a 256 MiB read came in 1443-byte datagrams at ~110 MB/s (~650 at this size).
+Not 65000: qh3's server charges every packet a whole maximum datagram of its pacer and
+congestion window, and at 65000 an item() round trip on a warm qh3 pair took ~230 us
+instead of ~145-170 (bench/transport.py's bench_item_servers)."""
+
+_MAX_UDP_PAYLOAD_SIZE = 0x03
+"""The transport parameter max_udp_payload_size (RFC 9000 18.2)."""
+
+
+def with_max_udp_payload_size(encoded: bytes, size: int) -> bytes:
+    """Encoded transport parameters with max_udp_payload_size set to ``size``; every other
+    parameter (grease included) is kept, byte for byte and in its order."""
+    buf = Buffer(data=encoded)
+    out = bytearray()
+    while not buf.eof():
+        param_id = buf.pull_uint_var()
+        value = buf.pull_bytes(buf.pull_uint_var())
+        if param_id != _MAX_UDP_PAYLOAD_SIZE:
+            out += encode_uint_var(param_id) + encode_uint_var(len(value)) + value
+    sized = encode_uint_var(size)
+    out += encode_uint_var(_MAX_UDP_PAYLOAD_SIZE) + encode_uint_var(len(sized)) + sized
+    return bytes(out)
+
+
+class _SizedBridge(QuicTlsBridge):
+    """qh3's client TLS bridge, advertising the datagram size the client was configured for
+    (up to ``MAX_UDP_PAYLOAD``): qh3's client always says max_udp_payload_size = 1472, and a
+    qh3 server (which honours it) then sent every tensor read in ~1440-byte datagrams even
+    on loopback, where our clients receive 65000 (``LOOPBACK_DATAGRAM_SIZE``). An aioquic
+    server moves to its path's size after the handshake either way."""
+
+    def serialize_transport_parameters(self) -> bytes:
+        encoded = super().serialize_transport_parameters()
+        size = min(self.configuration.max_datagram_size, MAX_UDP_PAYLOAD)
+        return with_max_udp_payload_size(encoded, size)
+
+
+class _SizedQuic(QuicConnection):
+    """qh3's client connection with ``_SizedBridge`` as its TLS bridge."""
+
+    def _create_tls(self, remote_source_cid: bytes | None) -> QuicTlsBridge:
+        bridge = super()._create_tls(remote_source_cid)
+        bridge.__class__ = _SizedBridge  # same object; its parameters were encoded already
+        bridge.tls.handshake_extensions = [
+            (ExtensionType.QUIC_TRANSPORT_PARAMETERS, bridge.serialize_transport_parameters())
+        ]
+        return bridge
+
+
 class Qh3ClientConnection:
     """A qh3 client connection with the methods ``BlockingConnection`` calls."""
 
@@ -78,7 +133,7 @@ class Qh3ClientConnection:
             signature_algorithms=list(SIGNATURE_ALGORITHMS),
         )
         configuration.load_cert_chain(cert, key)
-        self._quic = QuicConnection(configuration=configuration)
+        self._quic = _SizedQuic(configuration=configuration)
         self._expected = peer
         self._finished: set[int] = set()
         self._failed: events.ConnectionTerminated | None = None

@@ -237,3 +237,96 @@ def test_a_reply_paced_for_a_slot_within_the_lead_goes_when_qh3_is_a_hair_short(
     core.queued = 1
     assert len(conn.datagrams_to_send(10.0)) == 1
     assert conn._clock - 10.0 <= PACING_LEAD
+
+
+def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None:
+    """qh3's client advertises max_udp_payload_size = 1472 whatever its size, and a qh3
+    server honours it: 4 MiB read back took ~2,900 datagrams of 1443 bytes on loopback
+    (where every other pair moves to LOOPBACK_DATAGRAM_SIZE). The client now advertises
+    its own size up to MAX_UDP_PAYLOAD; the handshake's datagrams keep QUIC's sizes."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import pull_quic_header
+    from burn_remote.protocol.transport._qh3 import MAX_UDP_PAYLOAD
+
+    config = EndpointConfig()
+    server_id, client_id = Identity.generate(), Identity.generate()
+    size = config.datagram_size_for("127.0.0.1")
+    client = qh3_client_connection(client_id, server_id.peer_id, config, "127.0.0.1")
+    now, server, sizes, total = 1.0, None, [], 4 * 1024 * 1024
+    client.connect(SERVER_ADDR, now)
+    stream, got, asked = None, 0, False
+    for _ in range(5000):
+        now += 0.0002
+        for data, _addr in client.datagrams_to_send(now):
+            if server is None:
+                odcid = pull_quic_header(Buffer(data=data), host_cid_length=8).destination_cid
+                server = qh3_server_connection(
+                    server_id,
+                    config,
+                    size,
+                    original_destination_connection_id=odcid,
+                    retry_source_connection_id=None,
+                    authorize=None,
+                )
+            server.receive_datagram(data, CLIENT_ADDR, now)
+        for data, _addr in server.datagrams_to_send(now):
+            sizes.append(len(data))
+            client.receive_datagram(data, SERVER_ADDR, now)
+        while (event := server.next_event()) is not None:
+            if getattr(event, "end_stream", False):
+                server.send_stream_data(event.stream_id, b"r" * total, end_stream=True)
+        while (event := client.next_event()) is not None:
+            got += len(getattr(event, "data", b""))
+        for conn in (client, server):
+            timer = conn.get_timer()
+            if timer is not None and timer <= now:
+                conn.handle_timer(now)
+        if client.handshake_confirmed and not asked:
+            stream, asked = client.open_bidi_stream(), True
+            client.send_stream_data(stream, b"read", end_stream=True)
+            sizes.clear()  # the handshake's datagrams are not the read's
+        if got >= total:
+            break
+    assert got == total
+    assert max(sizes) > 0.9 * min(size, MAX_UDP_PAYLOAD)
+    assert len(sizes) < 2 * total // min(size, MAX_UDP_PAYLOAD) + 50  # 2,900 before
+
+
+def test_the_advertised_datagram_size_keeps_every_other_parameter() -> None:
+    """The client's transport parameters, max_udp_payload_size rewritten, parse (qh3's own
+    parser) to the same values but that one, grease included."""
+    from burn_remote.protocol.transport._qh3 import with_max_udp_payload_size
+    from qh3._hazmat import Buffer
+    from qh3.quic.packet import (
+        QuicTransportParameters,
+        pull_quic_transport_parameters,
+        push_quic_transport_parameters,
+    )
+
+    params = QuicTransportParameters(
+        initial_max_data=123456,
+        max_udp_payload_size=1472,
+        initial_source_connection_id=b"\x01" * 8,
+        greased_transport_parameter=(0x1A2A3A4A, b""),
+        max_idle_timeout=60000,
+    )
+    buf = Buffer(capacity=4096)
+    push_quic_transport_parameters(buf, params)
+    encoded = buf.data
+    rewritten = with_max_udp_payload_size(encoded, 32768)
+    got = pull_quic_transport_parameters(Buffer(data=rewritten))
+    want = pull_quic_transport_parameters(Buffer(data=encoded))
+    assert got.max_udp_payload_size == 32768 and want.max_udp_payload_size == 1472
+    want.max_udp_payload_size = 32768
+    assert got == want
+
+    def fields(data: bytes) -> list[tuple[int, bytes]]:
+        b, out = Buffer(data=data), []
+        while not b.eof():
+            param_id = b.pull_uint_var()
+            out.append((param_id, b.pull_bytes(b.pull_uint_var())))
+        return out
+
+    others = [f for f in fields(encoded) if f[0] != 0x03]
+    assert [f for f in fields(rewritten) if f[0] != 0x03] == others  # grease and order kept
+    assert any(f[0] == 0x1A2A3A4A for f in others)
