@@ -107,9 +107,10 @@ CLIENT_ACK_RIDE_PACKETS = 32
 regardless of its age. A server rides its ACK on every reply (a qh3 client waits for it).
 An aioquic server keeps sending without ACKs within its congestion window, and processing
 an ACK costs it ~10-20 us of Python per request, so here a client's ACK rides rarely. A qh3
-server (``serve --quic-engine qh3``) paces its replies until ACKs come: an aioquic client's
-``item()`` on it measured 420-520 us with 32 here, 310-370 us with 1 (which costs an aioquic
-server ~10 us per request); a qh3 client is the one to pair with a qh3 server."""
+server (``serve --quic-engine qh3``) paces its replies by the ACKs it gets: an aioquic
+client's ``item()`` on it measured ~300-450 us with 32 here, 230-270 us with 1 (riding costs
+a qh3 server nothing, an aioquic server ~10 us per request); the client cannot tell the
+server's engine, so a qh3 client is the one to pair with a qh3 server."""
 ACK_EVERY_BYTES = 256 * 1024
 """Bytes received without an ACK after which one is sent at once."""
 ACK_EVERY_DATAGRAMS = 10
