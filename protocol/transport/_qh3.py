@@ -46,7 +46,9 @@ BULK_DATAGRAM = 1200
 """Bytes from which a received datagram is bulk data (a tensor read), not a reply: QUIC's
 smallest full datagram. Its ACK keeps qh3's own timing (within ~1 ms, at once on a gap), as
 ``_quic.BULK_ACK_DELAY`` does for aioquic: held ``ACK_DELAY``, a sender whose window held
-less than ``ACK_EVERY_BYTES`` waited 20 ms per window (slow start, after every loss)."""
+less than ``ACK_EVERY_BYTES`` waited 20 ms per window (slow start, after every loss). A fixed
+floor, not half our own datagram size as ``_quic`` judges "full": a qh3 server's datagrams
+may be far smaller than ours (``MAX_UDP_PAYLOAD``; ~1.2 KB after losses)."""
 
 _BAD_CERTIFICATE = 0x100 + 42
 """CONNECTION_CLOSE code for the TLS alert bad_certificate (RFC 9001 4.8)."""

@@ -117,6 +117,14 @@ ACK_EVERY_DATAGRAMS = 10
 """Full datagrams received without an ACK after which one is sent at once, where that is
 fewer bytes than ``ACK_EVERY_BYTES`` (ACK decimation as Chromium's QUIC does it: every tenth
 packet). At a real network's datagram size ``ACK_EVERY_BYTES`` alone is ~190 packets."""
+
+
+def _ack_every_bytes(datagram_size: int) -> int:
+    """Bytes received after which an ACK is due at once, at this datagram size (kept with
+    the size: it changes once, after the handshake, and is read per datagram received)."""
+    return min(ACK_EVERY_BYTES, ACK_EVERY_DATAGRAMS * datagram_size)
+
+
 BULK_ACK_DELAY = 0.001
 """Seconds the ACK of a full datagram (at least half the datagram size: bulk data, not a
 request or a reply) may wait: aioquic's own delay. With ``ACK_DELAY`` a sender whose
@@ -334,6 +342,7 @@ class PeerQuicConnection(QuicConnection):
         self._ack_delay = ACK_DELAY
         self._unacked_bytes = 0
         self._unacked_datagrams = 0
+        self._ack_every_bytes = _ack_every_bytes(self._max_datagram_size)
         self._ack_ride_packets = CLIENT_ACK_RIDE_PACKETS if configuration.is_client else 1
         self._ack_ride_after = ACK_RIDE_AFTER if configuration.is_client else 0.0
         self._data_queued = False  # stream data written since the last build
@@ -400,8 +409,7 @@ class PeerQuicConnection(QuicConnection):
             if (
                 new_top > top + 1 >= 1  # packets between the last one and this are missing
                 or (new_top == top and len(space.ack_queue) != ranges)  # one below the top
-                or self._unacked_bytes
-                >= min(ACK_EVERY_BYTES, ACK_EVERY_DATAGRAMS * self._max_datagram_size)
+                or self._unacked_bytes >= self._ack_every_bytes
             ):
                 space.ack_at = now
             elif 2 * len(data) >= self._max_datagram_size and space.ack_at > now + BULK_ACK_DELAY:
@@ -427,6 +435,7 @@ class PeerQuicConnection(QuicConnection):
         loss._cc.bytes_in_flight = old.bytes_in_flight
         loss._pacer._max_datagram_size = size
         self._max_datagram_size = size
+        self._ack_every_bytes = _ack_every_bytes(size)
 
     @property
     def peer_id(self) -> PeerId | None:
