@@ -24,14 +24,15 @@ measurements (interleaved, so both see the same machine load), and prints median
   all-reduce, a figure the machine's load inflates far less than wall time; gloo cpu: the
   same for a gloo rank (its process time around ``dist.all_reduce``).
 
-``--planes tcp sealed quic`` measures side by side the servers' TCP data plane as it runs
-on one host (plain records after an authenticated hello), the same with AES-256-GCM records
-(as between hosts) and the fallback over their QUIC links.
+``--planes shm tcp sealed quic`` measures side by side the servers' data plane as it runs
+on one host (shm: the byte stream through a shared-memory buffer, counts over TCP; the
+default), the same over loopback TCP (plain records after an authenticated hello), with
+AES-256-GCM records (as between hosts) and the fallback over their QUIC links.
 
 Usage::
 
     .venv/bin/python bench/allreduce.py [--ranks 2 3 4] [--mib 1 4 16 64 256] [--repeats 5]
-        [--planes tcp quic]
+        [--planes shm tcp sealed quic]
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class Gloo:
 
 # -- the ring ----------------------------------------------------------------------------------
 class Ring:
-    def __init__(self, size: int, tmp: Path, plane: str = "tcp") -> None:
+    def __init__(self, size: int, tmp: Path, plane: str = "shm") -> None:
         from burn_remote import RemoteDevice
         from burn_remote import collective as C
         from burn_remote.server.testing import start_server
@@ -126,6 +127,8 @@ class Ring:
             flags += ["--ring-port", "off"]
         if plane == "sealed":  # AES-256-GCM records, as between servers on different hosts
             flags += ["--ring-seal-loopback"]
+        if plane == "tcp":  # plain records over loopback TCP, not through shared memory
+            flags += ["--ring-loopback-tcp"]
         self.daemons = [start_server(tmp / f"s{k}", *flags) for k in range(size)]
         for d in self.daemons:
             d.know(*[o for o in self.daemons if o is not d])
@@ -227,12 +230,13 @@ def main() -> int:
     ap.add_argument(
         "--planes",
         nargs="+",
-        choices=("tcp", "sealed", "quic"),
-        default=["tcp"],
-        help="the ring's data plane: tcp (the servers' TCP data plane as it runs between "
-        "servers of one host: authenticated, plain records; the default), sealed (the same "
-        "with AES-256-GCM records, as between hosts: --ring-seal-loopback) and/or quic (the "
-        "fallback over the QUIC links: --ring-port off)",
+        choices=("shm", "tcp", "sealed", "quic"),
+        default=["shm", "tcp"],
+        help="the ring's data plane: shm (as it runs between servers of one host: "
+        "authenticated over TCP, the bytes through a shared-memory buffer), tcp (the same "
+        "bytes over loopback TCP: --ring-loopback-tcp), sealed (AES-256-GCM records over "
+        "TCP, as between hosts: --ring-seal-loopback) and/or quic (the fallback over the "
+        "QUIC links: --ring-port off); default: shm and tcp",
     )
     args = ap.parse_args()
     home = tempfile.mkdtemp(prefix="bench-allreduce-")

@@ -542,6 +542,11 @@ RING_MAX_HEADER = 4096
 RING_CONNECT_TIMEOUT = 3.0
 """Seconds the dialler gives a TCP ring data link to connect and authenticate before it
 falls back to the QUIC stream."""
+RING_SHARED_OFFSET = 4096
+"""Where the ring buffer starts in a shared-memory link's segment (mode 2, section 12);
+the segment's first 16 bytes are the dialler's nonce."""
+RING_SHARED_BYTES = 16 * 1024 * 1024
+"""Bytes of a shared-memory link's ring buffer (mode 2, section 12)."""
 
 GROUP_MESSAGES = (GroupSetup, GroupReady, GroupStart, GroupClose)
 """The client's group messages (server-to-server ones: GroupLink, GroupBeat, GroupAbort,

@@ -93,6 +93,8 @@ class ServeOptions:
     """``HOST:PORT`` ring neighbours dial for the data plane instead (port mapping)."""
     ring_seal_loopback: bool = False
     """Encrypt same-host ring data links too."""
+    ring_loopback_tcp: bool = False
+    """Same-host ring data links over loopback TCP rather than shared memory."""
     quic_engine: str = "aioquic"
     """QUIC implementation of the connections served (``EndpointConfig.quic_engine``)."""
 
@@ -125,7 +127,13 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         from ._group_service import GroupService
 
         opts.state.collectives = GroupService(
-            opts.state, ep, nursery, opts.ring_port, opts.ring_advertise, opts.ring_seal_loopback
+            opts.state,
+            ep,
+            nursery,
+            opts.ring_port,
+            opts.ring_advertise,
+            opts.ring_seal_loopback,
+            not opts.ring_loopback_tcp,
         )
         nursery.start_soon(_close_on_exit, opts.state.collectives.shutdown)
         parking = Parking(opts.resume_grace)

@@ -85,7 +85,11 @@ def records(end: Any) -> str:
     """How a TCP data link's records travel, for the log."""
     if not isinstance(end, rd.DataOut | rd.DataIn):
         return ""
-    return " (AES-256-GCM)" if end.sealed else " (same host: authenticated, not encrypted)"
+    if end.sealed:
+        return " (AES-256-GCM)"
+    if end.shared:
+        return " (same host: authenticated, through shared memory)"
+    return " (same host: authenticated, not encrypted)"
 
 
 def ring_target(address: str) -> tuple[str, int]:

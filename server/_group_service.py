@@ -51,14 +51,17 @@ class GroupService:
         ring_port: int | None = 0,
         ring_advertise: str = "",
         seal_loopback: bool = False,
+        shared_loopback: bool = True,
     ) -> None:
         """``ring_port``: where the TCP data plane listens, on the host of the endpoint's
         QUIC socket (0: a free port; None: no TCP data plane, the links' QUIC streams carry
         the ring data). ``ring_advertise``: the ``HOST:PORT`` predecessors dial instead
         (a port mapping or proxy in front of this server). ``seal_loopback``: encrypt
         same-host TCP data links too (by default their records are plain after the
-        authenticated hello: the bytes never leave this host's kernel)."""
+        authenticated hello: the bytes never leave this host's kernel). ``shared_loopback``:
+        such plain links go through a shared-memory buffer where both servers can map it."""
         self.plain_ok = not seal_loopback
+        self.shared_ok = shared_loopback
         self.state, self.ep, self.nursery = state, ep, nursery
         self.token = trio.lowlevel.current_trio_token()
         self.members: dict[int, GroupMember] = {}
@@ -67,7 +70,9 @@ class GroupService:
         if ring_port is not None:
             host = ep.local_address[0]
             try:
-                self.listener = rd.RingListener(host, ring_port, self._lookup, self.plain_ok)
+                self.listener = rd.RingListener(
+                    host, ring_port, self._lookup, self.plain_ok, self.shared_ok
+                )
             except OSError as exc:
                 why = f"TCP ring data plane (--ring-port {ring_port}): {exc.strerror or exc}"
                 raise OSError(exc.errno, why) from None

@@ -297,6 +297,7 @@ class GroupMember(RingAllReduce):
                         self.rank,
                         reply.ring_key,
                         self.service.plain_ok,
+                        self.service.shared_ok,
                         abandon_on_cancel=True,
                     )
                 return out, ""

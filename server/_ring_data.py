@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..engine.collective import ring
 from ..protocol import messages as m
+from . import _ring_shm as shm
 
 log = logging.getLogger("burn_remote.server")
 
@@ -51,7 +52,7 @@ PREAMBLE = struct.Struct(">8sQQ")
 LENGTH = struct.Struct(">I")
 HELLO_RECORD = len(m.RING_HELLO) + 1 + m.RING_TAG
 """RING_HELLO and the mode byte (1: plain records, 0: sealed), sealed."""
-PLAIN, SEALED = b"\x01", b"\x00"
+PLAIN, SEALED, SHARED = b"\x01", b"\x00", b"\x02"
 TO_SUCCESSOR, TO_DIALLER = 0, 1
 """Nonce directions."""
 
@@ -109,12 +110,16 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 
 
 class DataOut:
-    """The dialler's end of a TCP data link: it only sends (one thread at a time)."""
+    """The dialler's end of a TCP data link: it only sends (one thread at a time). On a
+    shared-memory link ``sock`` is the ``_ring_shm.SharedPipe`` in front of the socket."""
 
     plane = "tcp"
 
-    def __init__(self, sock: socket.socket, sealer: _Sealer, sealed: bool = True) -> None:
+    def __init__(
+        self, sock: socket.socket | shm.SharedPipe, sealer: _Sealer, sealed: bool = True
+    ) -> None:
         self.sock, self.sealer, self.sealed = sock, sealer, sealed
+        self.shared = isinstance(sock, shm.SharedPipe)
         self.sent = 0
         """Bytes handed to the socket (counted before ``sendall``: the watchdog compares
         it with what the successor says it read)."""
@@ -156,12 +161,16 @@ class DataOut:
 
 
 class DataIn:
-    """The successor's end of a TCP data link: it only receives (one thread at a time)."""
+    """The successor's end of a TCP data link: it only receives (one thread at a time). On
+    a shared-memory link ``sock`` is the ``_ring_shm.SharedPipe`` in front of the socket."""
 
     plane = "tcp"
 
-    def __init__(self, sock: socket.socket, sealer: _Sealer, sealed: bool = True) -> None:
+    def __init__(
+        self, sock: socket.socket | shm.SharedPipe, sealer: _Sealer, sealed: bool = True
+    ) -> None:
         self.sock, self.sealer, self.sealed = sock, sealer, sealed
+        self.shared = isinstance(sock, shm.SharedPipe)
         self.received = 0
         self.waiting_since: float | None = None
         """Since when the receiver has been blocked on the socket with nothing arriving."""
@@ -171,6 +180,8 @@ class DataIn:
         """Bytes that reached this host's socket and are not read yet (FIONREAD). A
         receiver whose thread is merely starved of CPU has them; a cut path leaves none, so
         the cut-link watchdog counts them as arrived."""
+        if isinstance(self.sock, shm.SharedPipe):
+            return self.sock.unread()
         try:
             got = fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, bytes(4))
         except (OSError, ValueError):  # closed meanwhile: nothing to read
@@ -251,33 +262,50 @@ def _close(sock: socket.socket) -> None:
 
 
 def dial(
-    address: tuple[str, int], group_id: int, rank: int, key: bytes, plain_ok: bool = True
+    address: tuple[str, int],
+    group_id: int,
+    rank: int,
+    key: bytes,
+    plain_ok: bool = True,
+    shared_ok: bool = True,
 ) -> DataOut:
     """Connect to the successor's TCP data plane and prove both ends hold ``key``
     (blocking; at most RING_CONNECT_TIMEOUT). On a same-host connection the dialler asks
-    for plain records if ``plain_ok``; the successor's sealed answer decides."""
+    for plain records if ``plain_ok``, through a shared-memory segment it offers if
+    ``shared_ok`` too; the successor's sealed answer decides."""
     sock = socket.create_connection(address, timeout=m.RING_CONNECT_TIMEOUT)
+    seg = None
     try:
         _tune(sock)
         out, back = _Sealer(key, TO_SUCCESSOR, group_id), _Sealer(key, TO_DIALLER, group_id)
         ask = PLAIN if plain_ok and same_host(sock) else SEALED
+        if ask == PLAIN and shared_ok:
+            seg = shm.make_segment()
+            ask = SHARED if seg is not None else PLAIN
         hello = out.aead.encrypt(out.nonce(), m.RING_HELLO + ask, out.aad)
-        sock.sendall(PREAMBLE.pack(m.RING_MAGIC, group_id, rank) + hello)
+        offer = shm.trailer(seg) if seg is not None else b""
+        sock.sendall(PREAMBLE.pack(m.RING_MAGIC, group_id, rank) + hello + offer)
         answer = _read_exact(sock, HELLO_RECORD)
         try:
             opened = back.aead.decrypt(back.nonce(), answer, back.aad)
         except InvalidTag:
             opened = b""
         mode = opened[len(m.RING_HELLO) :]
-        if opened[: len(m.RING_HELLO)] != m.RING_HELLO or mode not in (PLAIN, SEALED):
+        if opened[: len(m.RING_HELLO)] != m.RING_HELLO or mode not in (PLAIN, SEALED, SHARED):
             raise LinkBroken("the listener there did not prove the link key (not the successor)")
-        if mode == PLAIN and ask != PLAIN:
-            raise LinkBroken("the successor answered plain records on a sealed link")
+        if mode != SEALED and ask == SEALED or mode == SHARED and ask != SHARED:
+            raise LinkBroken(f"the successor answered mode {mode[0]} to mode {ask[0]}")
         sock.settimeout(None)
+        if mode == SHARED:
+            assert seg is not None
+            return DataOut(shm.SharedPipe(sock, seg), out, sealed=False)
         return DataOut(sock, out, sealed=mode == SEALED)
     except BaseException:
         sock.close()
         raise
+    finally:
+        if seg is not None:  # the successor opened it before answering, or never will
+            seg.close_fd()
 
 
 Lookup = Callable[[int, int], "tuple[bytes, Callable[[DataIn], None]] | str"]
@@ -289,7 +317,9 @@ class RingListener:
     """This server's TCP data-plane listener: a thread that accepts and authenticates
     predecessors' data links and hands each to its group member."""
 
-    def __init__(self, host: str, port: int, lookup: Lookup, plain_ok: bool = True) -> None:
+    def __init__(
+        self, host: str, port: int, lookup: Lookup, plain_ok: bool = True, shared_ok: bool = True
+    ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.create_server((host, port), family=family, backlog=64)
         self.address = self.sock.getsockname()[:2]
@@ -297,6 +327,9 @@ class RingListener:
         self.plain_ok = plain_ok
         """Grant a same-host dialler's ask for plain records (``--ring-seal-loopback``
         turns it off)."""
+        self.shared_ok = shared_ok
+        """Take a same-host dialler's shared-memory segment (``--ring-loopback-tcp`` turns
+        it off: plain records over loopback TCP)."""
         self._closed = False
         self._thread = threading.Thread(target=self._accept, name="ring-listener", daemon=True)
         self._thread.start()
@@ -329,15 +362,28 @@ class RingListener:
             except InvalidTag:
                 ok = b""
             ask = ok[len(m.RING_HELLO) :]
-            if ok[: len(m.RING_HELLO)] != m.RING_HELLO or ask not in (PLAIN, SEALED):
+            if ok[: len(m.RING_HELLO)] != m.RING_HELLO or ask not in (PLAIN, SEALED, SHARED):
                 raise LinkBroken(
                     f"group {gid:016x} rank {rank}: the dialler did not prove the link key"
                 )
-            plain = ask == PLAIN and self.plain_ok and same_host(conn)
+            offer = _read_exact(conn, shm.TRAILER.size) if ask == SHARED else b""
+            plain = ask != SEALED and self.plain_ok and same_host(conn)
+            mode = PLAIN if plain else SEALED
+            end: socket.socket | shm.SharedPipe = conn
+            if plain and offer and self.shared_ok:
+                seg, why = shm.open_segment(offer)
+                if seg is None:
+                    log.info(
+                        "ring data link from %s: plain TCP, not shared memory: %s",
+                        where,
+                        why,
+                        extra={"event": "ring_link_unshared"},
+                    )
+                else:
+                    end, mode = shm.SharedPipe(conn, seg), SHARED
             conn.settimeout(None)
             # handed over before the answer: the dialler's RingPlane follows the answer
-            deliver(DataIn(conn, inn, sealed=not plain))
-            mode = PLAIN if plain else SEALED
+            deliver(DataIn(end, inn, sealed=not plain))
             conn.sendall(back.aead.encrypt(back.nonce(), m.RING_HELLO + mode, back.aad))
         except Exception as exc:  # noqa: BLE001 - one connection's failure, logged
             log.warning(
@@ -446,6 +492,7 @@ def drive_tcp(
     deadline = time.monotonic() + header_timeout
     osock, isock = out.sock, inn.sock
     ofd, ifd = osock.fileno(), isock.fileno()
+    send_event = getattr(osock, "send_event", select.POLLOUT)  # a full shared buffer: POLLIN
     osock.setblocking(True)  # each call says whether it may wait (MSG_DONTWAIT, MSG_WAITALL)
     isock.setblocking(True)
     isock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(RECV_WAIT))
@@ -474,7 +521,7 @@ def drive_tcp(
                 n = _recv_some(inn, want[got:], socket.MSG_WAITALL)
             else:
                 # a send waits for room (the successor is behind) or the header is awaited
-                poller.register(ofd, select.POLLOUT if pending else 0)
+                poller.register(ofd, send_event if pending else 0)
                 poller.register(ifd, select.POLLIN if reading else 0)
                 if inn.waiting_since is None and reading:
                     inn.waiting_since = time.monotonic()
@@ -482,7 +529,10 @@ def drive_tcp(
                 wait = LINK_POLL
                 if header_wait:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
-                events = dict(poller.poll(wait * 1000))
+                if reading and getattr(isock, "buffered", 0):  # announced, in shared memory
+                    events = {ifd: select.POLLIN}
+                else:
+                    events = dict(poller.poll(wait * 1000))
                 if pending and events.get(ofd, 0):
                     pending = pending[_send_some(out, pending) :]
                 if not (reading and events.get(ifd, 0)):

@@ -142,6 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         ring_port=args.ring_port,
         ring_advertise=args.ring_advertise,
         ring_seal_loopback=args.ring_seal_loopback,
+        ring_loopback_tcp=args.ring_loopback_tcp,
         quic_engine=args.quic_engine,
     )
     if args.ring_advertise:
@@ -363,6 +364,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="encrypt ring data between servers on this same host too (by default such "
         "links are authenticated with their one-time key but carry plain bytes: they never "
         "leave the host's kernel; links to other hosts are always AES-256-GCM)",
+    )
+    p.add_argument(
+        "--ring-loopback-tcp",
+        action="store_true",
+        help="move ring data to and from servers on this same host over loopback TCP (by "
+        "default such links go through a shared-memory buffer the two servers map, when "
+        "both can: less CPU per byte; TCP then carries only byte counts)",
     )
     p.add_argument(
         "--ring-advertise",

@@ -1,6 +1,7 @@
 """The ring's TCP data plane without servers: real sockets on loopback, the listener's
 handshake, the single-thread driver against NumPy's sums (odd sizes, every dtype, sealed and
-plain records), and what a wrong key or a tampered record does."""
+plain records, plain bytes through shared memory), and what a wrong key, a tampered record
+or a shared segment that cannot be trusted does."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ GROUP = 0x5EED
 class Ranks:
     """n ranks' data links: rank r dials rank r + 1's listener (as servers do)."""
 
-    def __init__(self, n: int, plain_ok: bool | list[bool] = True) -> None:
+    def __init__(
+        self, n: int, plain_ok: bool | list[bool] = True, shared_ok: bool | list[bool] = True
+    ) -> None:
         """``plain_ok``: for every link, or per link (r -> r + 1), whether both ends allow
-        plain records."""
+        plain records; ``shared_ok`` the same for plain bytes through shared memory."""
         self.n = n
         plain = plain_ok if isinstance(plain_ok, list) else [plain_ok] * n
+        shared = shared_ok if isinstance(shared_ok, list) else [shared_ok] * n
         self.keys = [os.urandom(32) for _ in range(n)]
         self.ins: dict[int, rd.DataIn] = {}
         arrived = threading.Condition()
@@ -46,12 +50,16 @@ class Ranks:
             return find
 
         self.listeners = [
-            rd.RingListener("127.0.0.1", 0, lookup(r), plain[(r - 1) % n]) for r in range(n)
-        ]
-        self.outs = [
-            rd.dial(self.listeners[(r + 1) % n].address, GROUP, r, self.keys[(r + 1) % n], plain[r])
+            rd.RingListener("127.0.0.1", 0, lookup(r), plain[(r - 1) % n], shared[(r - 1) % n])
             for r in range(n)
         ]
+        self.outs = [
+            rd.dial(
+                self.listeners[(r + 1) % n].address, GROUP, r, self.keys[(r + 1) % n], plain[r],
+                shared[r],
+            )
+            for r in range(n)
+        ]  # fmt: skip
         with arrived:
             assert arrived.wait_for(lambda: len(self.ins) == n, 10)
 
@@ -101,12 +109,19 @@ class Ranks:
             end.close()
 
 
-@pytest.mark.parametrize("plain_ok", [True, False], ids=["plain", "sealed"])
+LINKS = {"shared": (True, True), "plain": (True, False), "sealed": (False, True)}
+"""(plain_ok, shared_ok) of every link: what a link between two servers of one host is."""
+
+
+@pytest.mark.parametrize("links", list(LINKS))
 @pytest.mark.parametrize("n", [2, 3])
-def test_the_driver_matches_numpy(n, plain_ok):
-    ranks = Ranks(n, plain_ok)
+def test_the_driver_matches_numpy(n, links):
+    plain_ok, shared_ok = LINKS[links]
+    ranks = Ranks(n, plain_ok, shared_ok)
     try:
-        assert all(out.sealed is not plain_ok for out in ranks.outs)  # loopback: plain if allowed
+        # loopback: plain if allowed, through shared memory if that is allowed too
+        assert all(out.sealed is not plain_ok for out in ranks.outs)
+        assert all(end.shared is (links == "shared") for end in [*ranks.outs, *ranks.ins.values()])
         rng = np.random.default_rng(n)
         cases = [(1, "float32"), (2, "float64"), (1001, "float32"), (2**20 + 7, "float32"),
                  (999, "int64"), (777, "int32"), (65, "float16"), (0, "float32")]  # fmt: skip
@@ -153,11 +168,14 @@ def test_plain_links_cut_bigger_pieces_and_a_sealed_link_keeps_the_record_size()
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_ring_of_plain_and_sealed_links_matches_numpy(n):
+def test_a_ring_of_shared_plain_and_sealed_links_matches_numpy(n):
     """Ranks with big plain pieces beside ranks with sealed records, on tensors of several
-    plain pieces per chunk (and the last piece short)."""
-    ranks = Ranks(n, plain_ok=[r != 1 for r in range(n)])
+    plain pieces per chunk (and the last piece short); link 0 -> 1 goes through shared
+    memory, the last one (3 ranks) is plain TCP."""
+    ranks = Ranks(n, plain_ok=[r != 1 for r in range(n)], shared_ok=[r == 0 for r in range(n)])
     try:
+        assert ranks.outs[0].shared and ranks.outs[1].sealed
+        assert n == 2 or not (ranks.outs[2].shared or ranks.outs[2].sealed)
         rng = np.random.default_rng(7)
         count = (n * rd.PLAIN_PIECE_BYTES * 5) // (2 * 4) + 13  # 2.5 plain pieces a chunk
         for dtype in ("float32", "int64"):
@@ -167,10 +185,12 @@ def test_a_ring_of_plain_and_sealed_links_matches_numpy(n):
         ranks.close()
 
 
-def test_ends_of_a_plain_link_may_cut_pieces_differently():
-    """A plain link is one byte stream: each rank's pieces are its own choice (here every
-    rank a different size, none dividing the chunks evenly), and all agree bit for bit."""
-    ranks = Ranks(3)
+@pytest.mark.parametrize("shared_ok", [True, False], ids=["shared", "plain"])
+def test_ends_of_a_plain_link_may_cut_pieces_differently(shared_ok):
+    """A plain link is one byte stream (through shared memory too): each rank's pieces are
+    its own choice (here every rank a different size, none dividing the chunks evenly),
+    and all agree bit for bit."""
+    ranks = Ranks(3, shared_ok=shared_ok)
     try:
         rng = np.random.default_rng(3)
         xs = [rng.standard_normal(3 * 2**20 + 5).astype(np.float32) for _ in range(3)]
@@ -284,3 +304,107 @@ def test_a_listener_without_the_key_is_refused():
         ).start()
         with pytest.raises(rd.LinkBroken, match="did not prove the link key"):
             rd.dial(impostor.getsockname(), GROUP, 0, os.urandom(32))
+
+
+def test_a_shared_link_wraps_its_buffer():
+    """A 2-rank all-reduce moving more than the shared buffer holds (each rank sends 1.5x
+    its size): the dialler waits for the successor to free room, and the bytes that wrap
+    around the buffer's end arrive in order."""
+    ranks = Ranks(2)
+    try:
+        assert all(out.shared for out in ranks.outs)
+        count = 3 * m.RING_SHARED_BYTES // 4 + 3  # per rank: 3/4 of the buffer, plus 3 floats
+        rng = np.random.default_rng(5)
+        for _ in range(2):  # the second starts part-way round the buffer
+            xs = [rng.standard_normal(count).astype(np.float32) for _ in range(2)]
+            _check(ranks.all_reduce(xs), xs)
+        assert ranks.outs[0].sock.written > 2 * m.RING_SHARED_BYTES
+    finally:
+        ranks.close()
+
+
+def _offer(monkeypatch, make) -> None:  # noqa: ANN001
+    """Make the dialler offer ``make()``'s (fd, nonce) instead of its own segment's."""
+    real = rd.shm.trailer
+
+    def trailer(seg):  # noqa: ANN001, ANN202
+        fd, nonce = make(seg)
+        return rd.shm.TRAILER.pack(os.getpid(), fd, nonce) if fd is not None else real(seg)
+
+    monkeypatch.setattr(rd.shm, "trailer", trailer)
+
+
+def _unsealed_memfd() -> int:
+    fd = os.memfd_create("unsealed")
+    os.ftruncate(fd, rd.shm.SEGMENT_BYTES)
+    return fd
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "why"),
+    [
+        ("nonce", lambda seg: (seg.fd, os.urandom(16)), "does not hold the dialler's nonce"),
+        ("unsealed", lambda seg: (_unsealed_memfd(), seg.nonce), "not sealed against resizing"),
+        ("a file", lambda seg: (os.open(os.devnull, os.O_RDONLY), seg.nonce), "is not a memfd"),
+        ("no fd", lambda seg: (987654, seg.nonce), "cannot open"),
+    ],
+)
+def test_a_segment_the_successor_cannot_trust_leaves_the_link_on_plain_tcp(
+    monkeypatch, caplog, case, make, why
+):
+    """The successor maps only the dialler's sealed memfd of the right size holding the
+    nonce of its authenticated hello; anything else (another nonce, an unsealed memfd, a
+    file that is no memfd, a descriptor that does not exist) answers plain TCP, logged, and
+    the link works."""
+    _offer(monkeypatch, make)
+    with caplog.at_level(logging.INFO, logger="burn_remote.server"):
+        ranks = Ranks(2)
+    try:
+        assert not any(end.shared or end.sealed for end in [*ranks.outs, *ranks.ins.values()])
+        assert "plain TCP, not shared memory" in caplog.text and why in caplog.text, case
+        xs = [np.arange(1001, dtype=np.float32) * k for k in (1, 2)]
+        _check(ranks.all_reduce(xs), xs)
+    finally:
+        ranks.close()
+
+
+def test_neither_end_can_resize_a_shared_segment():
+    """The dialler seals its memfd before offering it: a successor (or anyone who opens
+    it) cannot shrink it under the dialler's mapping, which would make its reads fault."""
+    seg = rd.shm.make_segment()
+    assert seg is not None
+    try:
+        opened, why = rd.shm.open_segment(rd.shm.trailer(seg))
+        assert opened is not None, why
+        fd = os.open(f"/proc/self/fd/{seg.fd}", os.O_RDWR)
+        try:
+            for size in (0, rd.shm.SEGMENT_BYTES + 4096):
+                with pytest.raises(PermissionError):
+                    os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+    finally:
+        seg.close_fd()
+
+
+def test_counts_that_overrun_the_shared_buffer_break_the_link():
+    """A neighbour's counts are checked against the buffer: announcing more than it holds,
+    or freeing more than was written, breaks the link naming that side."""
+    seg = rd.shm.make_segment()
+    assert seg is not None
+    a, b = socket.socketpair()
+    try:
+        dialler, successor = rd.shm.SharedPipe(a, seg), rd.shm.SharedPipe(b, seg)
+        inn = rd.DataIn(successor, None, sealed=False)  # type: ignore[arg-type]
+        out = rd.DataOut(dialler, None, sealed=False)  # type: ignore[arg-type]
+        a.sendall(rd.shm.COUNT.pack(m.RING_SHARED_BYTES + 1))
+        with pytest.raises(rd.LinkBroken, match="announced 16777217 bytes in a shared buffer"):
+            rd._recv_some(inn, memoryview(bytearray(8)), 0)
+        out.send_piece(memoryview(bytes(8)))
+        b.sendall(rd.shm.COUNT.pack(9))  # frees 9 of the 8 bytes written
+        with pytest.raises(rd.LinkBroken, match="freed 1 bytes more of the shared buffer"):
+            rd._send_some(out, memoryview(bytes(8)))
+    finally:
+        a.close()
+        b.close()
+        seg.close_fd()

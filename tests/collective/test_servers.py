@@ -30,13 +30,15 @@ def _devices(daemons):
 
 
 PLANES = {
-    "tcp": ((), "over TCP (same host: authenticated, not encrypted)"),
+    "shm": ((), "over TCP (same host: authenticated, through shared memory)"),
+    "tcp": (("--ring-loopback-tcp",), "over TCP (same host: authenticated, not encrypted)"),
     "sealed": (("--ring-seal-loopback",), "over TCP (AES-256-GCM)"),
     "quic": (("--ring-port", "off"), "over QUIC (fallback: the successor offers no TCP"),
 }
 """Server flags for each data plane, and what the servers log about their links: the TCP
-data plane (default; plain records between servers of one host, sealed ones if asked or
-between hosts) and the QUIC fallback."""
+data plane (default; between servers of one host its plain bytes go through shared memory,
+or over loopback TCP if asked; sealed records if asked or between hosts) and the QUIC
+fallback."""
 
 
 def _failures(outs) -> tuple[list[int], list[str]]:

@@ -595,10 +595,10 @@ def test_group_setup_refusals_are_group(raw: Raw, server: Daemon) -> None:
 
 
 def _ring_hello(
-    host: str, port: int, gid: int, rank: int, key: bytes, mode: bytes = b"\x00"
+    host: str, port: int, gid: int, rank: int, key: bytes, mode: bytes = b"\x00", offer: bytes = b""
 ) -> bytes | None:
-    """§12's TCP data-plane hello, written from the spec: what the successor's sealed
-    answer opens to, or None if it closed the connection."""
+    """§12's TCP data-plane hello, written from the spec (and a mode-2 ``offer`` after it):
+    what the successor's sealed answer opens to, or None if it closed the connection."""
     import socket
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -606,7 +606,7 @@ def _ring_hello(
     aead, aad = AESGCM(key), gid.to_bytes(8, "big")
     hello = aead.encrypt(bytes(4) + bytes(8), b"ring data link" + mode, aad)
     with socket.create_connection((host, port), timeout=10) as sock:
-        sock.sendall(b"burnring" + struct.pack(">QQ", gid, rank) + hello)
+        sock.sendall(b"burnring" + struct.pack(">QQ", gid, rank) + hello + offer)
         answer = b""
         while len(answer) < len(hello):
             try:
@@ -658,6 +658,43 @@ def test_a_group_link_needs_the_capability_and_the_right_rank(
     raw.send(msg("GroupStart", 2, gid, "ring"))
     (err,) = errors(raw.replies("Error", timeout=60))
     assert err["code"] == ERR["GROUP"] and f"rank 1 ({neighbour})" in err["message"]
+    right.close()
+
+
+def _shared_segment(nonce: bytes) -> int:
+    """§12 mode 2's segment, from the spec: a memfd of 4096 + 16 MiB bytes, the nonce
+    first, sealed against resizing."""
+    import fcntl
+
+    fd = os.memfd_create("conformance", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4096 + 16 * 2**20)
+    os.pwrite(fd, nonce, 0)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+@pytest.mark.parametrize("nonce_right", [True, False], ids=["segment", "wrong-nonce"])
+def test_a_same_host_dialler_may_offer_shared_memory(
+    raw: Raw, server: Daemon, tmp_path: Path, nonce_right: bool
+) -> None:
+    """§12 mode 2: a loopback dialler offering its sealed memfd (pid, fd, nonce after the
+    hello) is answered 2; an offer whose segment does not hold that nonce is answered 1
+    (plain TCP), not refused."""
+    gid = 0x79 if nonce_right else 0x7A
+    neighbour_key, _, cap = _group_with_a_neighbour(raw, server, tmp_path, gid)
+    right = Raw(server, neighbour_key)
+    right.send(msg("GroupLink", VERSION, gid, 1, cap, "", b""))
+    (answer,) = right.replies("GroupLink")
+    port = int(answer["ring_address"][1:])
+    host = server.address.rsplit(":", 1)[0]
+    nonce = os.urandom(16)
+    fd = _shared_segment(nonce)
+    try:
+        offer = struct.pack(">II", os.getpid(), fd) + (nonce if nonce_right else os.urandom(16))
+        opened = _ring_hello(host, port, gid, 1, answer["ring_key"], b"\x02", offer)
+    finally:
+        os.close(fd)
+    assert opened == b"ring data link" + (b"\x02" if nonce_right else b"\x01")
     right.close()
 
 
