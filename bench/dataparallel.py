@@ -8,7 +8,7 @@ two variants of a round ran seconds apart, under about the same load). The scrip
 `/tmp/burn-bench.lock` (`flock`) while it measures, so two benchmarks never run at once, and
 prints the load average beside every round. Both train the same GPT (AdamW, captured with `br.compile`) on the same
 whole batches; DataParallel gives each server half of every batch and all-reduces the
-gradients between the servers (the ring over their QUIC links), so the speed-up is what two
+gradients between the servers (the ring: on one host through shared memory), so the speed-up is what two
 servers buy after the all-reduce and the client's waits. Every engine runs one BLAS thread,
 so a server is one core's worth of work. The loss is read every step (as a training loop
 that logs it does; DataParallel also waits for the replicas before each step to keep its

@@ -6,7 +6,9 @@ measured at 37% of the CPU of a 2-rank 64 MiB all-reduce (gloo reduces in place 
 nothing); so a member reuses a former result that nothing holds any more. What it keeps is
 memory a peer made the server hold, so it is charged to that peer's session like its tensors
 (``Session.group_bytes``, and the server's ``held``), gives way when the quota is short, and is
-refunded when the member ends.
+refunded when the member ends. The shared-memory buffer of a same-host data link the member
+dials (``_ring_shm``) is memory the peer made the server hold as well: charged the same way
+for as long as the member lives (``charge_link``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class ResultBuffers:
         self._spares: list[np.ndarray] = []
         self._bytes = 0
         """Bytes charged for ``_spares``."""
+        self._link_bytes = 0
+        """Bytes charged for the shared-memory buffer of the member's outgoing data link."""
         self._lock = threading.Lock()
         self._retaining = True
         """False once the member ended: a late all-reduce keeps nothing more."""
@@ -67,10 +71,48 @@ class ResultBuffers:
             self._drop()
 
     def close(self) -> None:
-        """The member ended: free the spares and keep no more."""
+        """The member ended: free the spares and keep no more; refund its data link's
+        shared buffer."""
         with self._lock:
             self._retaining = False
             self._drop()
+            self._refund_link()
+
+    def charge_link(self, nbytes: int) -> bool:
+        """Charge a shared-memory data link's buffer to the owning session until the member
+        ends; False (nothing charged, logged) past its quota, its peer's share or the
+        server's limit: the link then carries its bytes over TCP."""
+        s, state = self.session, self.state
+        with self._lock:
+            if not self._retaining:  # the member ended meanwhile (an abandoned dial)
+                return False
+            try:
+                state.check_peer_memory(s.peer_id, nbytes)
+                held = s.nbytes + s.bulk_reserved + s.group_bytes
+                why = f"session {s.id} (group {self.group_id:016x}'s shared-memory data link)"
+                state.hold(nbytes, held, why)
+            except LimitExceeded as exc:
+                log.info(
+                    "group %016x: ring data link over TCP, not shared memory (%s)",
+                    self.group_id,
+                    exc,
+                    extra={"event": "ring_link_unshared", "session": s.id},
+                )
+                return False
+            s.group_bytes += nbytes
+            self._link_bytes += nbytes
+            return True
+
+    def refund_link(self) -> None:
+        """The link did not take the shared buffer it was charged for."""
+        with self._lock:
+            self._refund_link()
+
+    def _refund_link(self) -> None:
+        if self._link_bytes:
+            self.state.hold(-self._link_bytes)
+            self.session.group_bytes -= self._link_bytes
+            self._link_bytes = 0
 
     def _retain(self, a: np.ndarray) -> None:
         """Keep ``a`` as a spare, charged to the session (the lock is held). The result

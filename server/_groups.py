@@ -287,7 +287,13 @@ class GroupMember(RingAllReduce):
             return None, f"ring_address {reply.ring_address!r}: {exc}"
         hosts = [host] if host else await self._successor_hosts(conn)
         tried = []
+
+        def share() -> bool:
+            """A same-host link may take a shared buffer if the session's quota holds it."""
+            return self.service.shared_ok and self.buffers.charge_link(rd.shm.SEGMENT_BYTES)
+
         for where in [f"{h}:{port}" for h in hosts[:MAX_RING_HOSTS]]:
+            self.buffers.refund_link()  # what a former try charged and did not use
             try:
                 with trio.fail_after(2 * m.RING_CONNECT_TIMEOUT):
                     out = await trio.to_thread.run_sync(
@@ -297,12 +303,15 @@ class GroupMember(RingAllReduce):
                         self.rank,
                         reply.ring_key,
                         self.service.plain_ok,
-                        self.service.shared_ok,
+                        share,
                         abandon_on_cancel=True,
                     )
+                if not out.shared:
+                    self.buffers.refund_link()
                 return out, ""
             except (OSError, rd.LinkBroken, trio.TooSlowError) as exc:
                 tried.append(f"{where}: {type(exc).__name__}: {exc}")
+        self.buffers.refund_link()
         return None, f"TCP data link to {'; '.join(tried) or 'no address of it'} failed"
 
     async def _successor_hosts(self, conn: Connection) -> list[str]:

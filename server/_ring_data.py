@@ -267,19 +267,20 @@ def dial(
     rank: int,
     key: bytes,
     plain_ok: bool = True,
-    shared_ok: bool = True,
+    shared_ok: bool | Callable[[], bool] = True,
 ) -> DataOut:
     """Connect to the successor's TCP data plane and prove both ends hold ``key``
     (blocking; at most RING_CONNECT_TIMEOUT). On a same-host connection the dialler asks
     for plain records if ``plain_ok``, through a shared-memory segment it offers if
-    ``shared_ok`` too; the successor's sealed answer decides."""
+    ``shared_ok`` too (a function is asked only then: it charges the segment's memory, and
+    says False if it cannot); the successor's sealed answer decides."""
     sock = socket.create_connection(address, timeout=m.RING_CONNECT_TIMEOUT)
     seg = None
     try:
         _tune(sock)
         out, back = _Sealer(key, TO_SUCCESSOR, group_id), _Sealer(key, TO_DIALLER, group_id)
         ask = PLAIN if plain_ok and same_host(sock) else SEALED
-        if ask == PLAIN and shared_ok:
+        if ask == PLAIN and (shared_ok() if callable(shared_ok) else shared_ok):
             seg = shm.make_segment()
             ask = SHARED if seg is not None else PLAIN
         hello = out.aead.encrypt(out.nonce(), m.RING_HELLO + ask, out.aad)

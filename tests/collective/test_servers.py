@@ -329,3 +329,36 @@ def test_kept_result_buffers_are_charged_to_the_session_and_refunded_with_the_gr
             time.sleep(0.1)
         _, kept, held = _session_memory(d, peer)
         assert kept == 0 and held == held_then - kept_then, (kept, held, kept_then, held_then)
+    # a 16 MiB shared buffer does not fit this quota: the same-host links carry their
+    # bytes over loopback TCP instead, and say why
+    for d in daemons:
+        assert "ring data link over TCP, not shared memory" in d.output(), d.output()
+        assert "over TCP (same host: authenticated, not encrypted)" in d.output()
+
+
+def test_a_shared_memory_data_link_is_charged_to_the_session_until_the_group_ends(
+    servers, client_home
+):
+    """A same-host data link's shared buffer is memory the peer made the dialling server
+    hold: it counts against the session's quota (its kept group bytes) while the group
+    lives and is refunded when it closes."""
+    from burn_remote.server._ring_shm import SEGMENT_BYTES
+
+    daemons = servers(2, "--allow-any", "--session-memory", str(64 * 2**20))
+    devs = _devices(daemons)
+    peer = _client_peer(client_home)
+    x = np.ones(1000, np.float32)
+    g = C.Group(devs)
+    outs = [C.all_reduce(d.tensor(x), g, "sum") for d in devs]
+    np.testing.assert_array_equal(_bounded(outs[1].numpy), 2 * x)
+    del outs
+    for d in daemons:
+        assert "(same host: authenticated, through shared memory)" in d.output(), d.output()
+        _, kept, held = _session_memory(d, peer)
+        assert SEGMENT_BYTES <= kept <= SEGMENT_BYTES + 4 * x.nbytes and held >= kept, kept
+    g.close()
+    for d in daemons:
+        deadline = time.monotonic() + WATCHDOG  # the member ends on the server's loop
+        while _session_memory(d, peer)[1] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session_memory(d, peer)[1] == 0
