@@ -547,6 +547,10 @@ RING_SHARED_OFFSET = 4096
 the segment's first 16 bytes are the dialler's nonce."""
 RING_SHARED_BYTES = 16 * 1024 * 1024
 """Bytes of a shared-memory link's ring buffer (mode 2, section 12)."""
+RING_SHARED_ALIGN = 8
+"""On a shared-memory link a RingHeader record is followed by zero bytes up to a multiple of
+this in the link's byte stream, so every all-reduce's pieces start aligned in the buffer
+(the successor adds them to its input where they lie, section 12)."""
 
 GROUP_MESSAGES = (GroupSetup, GroupReady, GroupStart, GroupClose)
 """The client's group messages (server-to-server ones: GroupLink, GroupBeat, GroupAbort,

@@ -126,8 +126,13 @@ class DataOut:
         self._buf = bytearray()
 
     def seal_header(self, frame: bytes) -> bytes:
+        """The header's record, padded on a shared-memory link (``m.RING_SHARED_ALIGN``;
+        ``sent`` is where it starts: every byte before it is sent)."""
         if not self.sealed:
-            return LENGTH.pack(len(frame)) + frame
+            record = LENGTH.pack(len(frame)) + frame
+            if self.shared:
+                record += bytes(-(self.sent + len(record)) % m.RING_SHARED_ALIGN)
+            return record
         sealed = self.sealer.aead.encrypt(self.sealer.nonce(), frame, self.sealer.aad)
         return LENGTH.pack(len(sealed)) + sealed
 
@@ -221,6 +226,8 @@ class DataIn:
             raise LinkBroken(f"sent a ring header record of {n} bytes")
         sealed = memoryview(bytearray(n))
         self._fill(sealed)
+        if self.shared:  # the padding after it (m.RING_SHARED_ALIGN)
+            self._fill(memoryview(bytearray(-self.received % m.RING_SHARED_ALIGN)))
         if not self.sealed:
             return bytes(sealed)
         try:
@@ -484,7 +491,16 @@ def drive_tcp(
     want = memoryview(head_len)
     got = 0
     stage = "length"
+    head_size = 0
     landing: Any = ab  # a plain link's pieces land in the result itself
+    direct = inn.shared  # reduce-scatter pieces are added where they lie in shared memory
+
+    def receive(flags: int) -> int:
+        if stage == "piece" and direct and recvs[done][3]:
+            lo, hi = recvs[done][1] + got // item, recvs[done][2]
+            return _reduce_some(inn, acc[lo:hi], x[lo:hi], flags)
+        return _recv_some(inn, want[got:], flags)
+
     if sealed:
         biggest = max((b - a for _, a, b, _ in recvs), default=0) * item + tag
         if len(inn._buf) < biggest:  # noqa: SLF001 - the receiving end's reused buffer
@@ -519,7 +535,7 @@ def drive_tcp(
                 # nothing to send before this piece is in: wait for all of it in the kernel
                 if inn.waiting_since is None:  # (since the last byte came: the watchdog's)
                     inn.waiting_since = time.monotonic()
-                n = _recv_some(inn, want[got:], socket.MSG_WAITALL)
+                n = receive(socket.MSG_WAITALL)
             else:
                 # a send waits for room (the successor is behind) or the header is awaited
                 poller.register(ofd, send_event if pending else 0)
@@ -540,7 +556,7 @@ def drive_tcp(
                     if header_wait and time.monotonic() > deadline:
                         return False
                     continue
-                n = _recv_some(inn, want[got:], socket.MSG_DONTWAIT)
+                n = receive(socket.MSG_DONTWAIT)
             if not n:
                 continue
             got += n
@@ -548,13 +564,14 @@ def drive_tcp(
                 continue
             got = 0
             if stage == "length":
-                (size,) = LENGTH.unpack(head_len)
-                if not tag <= size <= m.RING_MAX_HEADER:
-                    raise LinkBroken(f"sent a ring header record of {size} bytes", "pred")
-                want, stage = memoryview(bytearray(size)), "header"
+                (head_size,) = LENGTH.unpack(head_len)
+                if not tag <= head_size <= m.RING_MAX_HEADER:
+                    raise LinkBroken(f"sent a ring header record of {head_size} bytes", "pred")
+                pad = -(inn.received + head_size) % m.RING_SHARED_ALIGN if inn.shared else 0
+                want, stage = memoryview(bytearray(head_size + pad)), "header"
                 continue
             if stage == "header":
-                frame = bytes(want)
+                frame = bytes(want[:head_size])
                 if sealed:
                     try:
                         frame = sealer.aead.decrypt(sealer.nonce(), want, sealer.aad)
@@ -573,7 +590,7 @@ def drive_tcp(
                     except InvalidTag:
                         why = "sent ring data that failed authentication"
                         raise LinkBroken(why, "pred") from None
-                if reduce:
+                if reduce and not direct:
                     np.add(acc[a:b], x[a:b], out=acc[a:b])
                 done += 1
             want = _next_piece(recvs, done, item, tag, landing)
@@ -608,6 +625,20 @@ def _recv_some(inn: DataIn, view: memoryview, flags: int) -> int:
         raise LinkBroken(f"its data link broke: {exc.strerror or exc}", "pred") from None
     if n == 0:
         raise LinkBroken("closed its data link", "pred")
+    inn.waiting_since = None
+    inn.received += n
+    return n
+
+
+def _reduce_some(inn: DataIn, out: np.ndarray, base: np.ndarray, flags: int) -> int:
+    """``_recv_some`` of a reduce-scatter piece on a shared-memory link: ``out = base +``
+    the bytes received, read where they lie in the shared buffer; bytes taken."""
+    try:
+        n = inn.sock.recv_reduce(out, base, flags)  # type: ignore[union-attr]
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise LinkBroken(f"its data link broke: {exc.strerror or exc}", "pred") from None
     inn.waiting_since = None
     inn.received += n
     return n

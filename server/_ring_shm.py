@@ -30,7 +30,10 @@ import socket
 import struct
 import sys
 import termios
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..protocol import messages as m
 
@@ -116,6 +119,7 @@ class SharedPipe:
     def __init__(self, sock: socket.socket, seg: Segment) -> None:
         self.sock, self.seg = sock, seg
         self.ring = memoryview(seg.map)[m.RING_SHARED_OFFSET :]
+        self._ring_array = np.frombuffer(seg.map, np.uint8, offset=m.RING_SHARED_OFFSET)
         self.cap = m.RING_SHARED_BYTES
         self.written = 0
         """Bytes the dialler put in the buffer (its count; the successor's: announced)."""
@@ -193,19 +197,22 @@ class SharedPipe:
     # -- the dialler ---------------------------------------------------------------------------
     def send(self, data: memoryview | bytes, flags: int = 0) -> int:
         """Bytes of ``data`` put in the buffer and announced; waits for room unless
-        MSG_DONTWAIT (then BlockingIOError when there is none)."""
+        MSG_DONTWAIT (then BlockingIOError when there is none). A part that is all the room
+        allows ends on a multiple of ``RING_SHARED_ALIGN`` bytes: never inside an element of
+        a piece, which the successor reduces only whole."""
         while True:
             try:
                 self._freed(self._take_counts(socket.MSG_DONTWAIT))
             except BlockingIOError:
                 pass
-            room = self.cap - (self.written - self.freed)
-            if room:
+            n = min(len(data), self.cap - (self.written - self.freed))
+            if n < len(data):
+                n -= n % m.RING_SHARED_ALIGN
+            if n:
                 break
             if flags & socket.MSG_DONTWAIT:
                 raise BlockingIOError(errno.EAGAIN, "the shared buffer is full")
             self._freed(self._take_counts(0))
-        n = min(len(data), room)
         at = self.written % self.cap
         first = min(n, self.cap - at)
         src = memoryview(data)
@@ -237,10 +244,44 @@ class SharedPipe:
         MSG_WAITALL waits for all of ``view`` (until the socket's receive timeout, which
         returns what came, or raises as the socket does when nothing came); otherwise it
         waits for some."""
-        want = min(nbytes, len(view)) if nbytes else len(view)
+
+        def copy(done: int, at: int, n: int) -> None:
+            view[done : done + n] = self.ring[at : at + n]
+
+        return self._consume(min(nbytes, len(view)) if nbytes else len(view), 1, flags, copy)
+
+    def recv_reduce(self, out: np.ndarray, base: np.ndarray, flags: int = 0) -> int:
+        """``out = base + (the next out.nbytes bytes, as out's dtype)`` read straight from
+        the buffer, with no copy into ``out`` first; bytes consumed (whole elements), with
+        ``recv_into``'s flags. The elements are aligned in the buffer: the header's padding
+        (protocol §12) starts every all-reduce's pieces at a multiple of 8."""
+        item = out.itemsize
+        ring = self._ring_array
+
+        def add(done: int, at: int, n: int) -> None:
+            e, k = done // item, n // item
+            np.add(base[e : e + k], ring[at : at + n].view(out.dtype), out=out[e : e + k])
+
+        return self._consume(out.nbytes, item, flags, add)
+
+    def _consume(
+        self, want: int, item: int, flags: int, use: Callable[[int, int, int], None]
+    ) -> int:
+        """Hand up to ``want`` announced bytes (whole ``item``s) to ``use(done, at, n)`` (bytes
+        ``at..at + n`` of the buffer, the ``done``-th onwards of this call's), free them and
+        tell the dialler; waits for counts as ``recv_into``'s flags say."""
         got = 0
         while True:
-            got += self._copy_out(view, got, want - got)
+            n = min(self.written - self.freed, want - got) // item * item
+            if n > 0:
+                at = self.freed % self.cap
+                first = min(n, self.cap - at)
+                use(got, at, first)
+                if n > first:
+                    use(got + first, 0, n - first)
+                got += n
+                self.freed += n
+                self._tell(n)
             if got == want or (got and not flags & socket.MSG_WAITALL):
                 return got
             if self._owed and not flags & socket.MSG_DONTWAIT:  # before waiting on the
@@ -259,17 +300,3 @@ class SharedPipe:
                     f"of {self.cap}",
                 )
             self.written += more
-
-    def _copy_out(self, view: memoryview, at_view: int, most: int) -> int:
-        """Copy up to ``most`` announced bytes into ``view[at_view:]`` and free them."""
-        n = min(self.written - self.freed, most)
-        if n <= 0:
-            return 0
-        at = self.freed % self.cap
-        first = min(n, self.cap - at)
-        view[at_view : at_view + first] = self.ring[at : at + first]
-        if n > first:
-            view[at_view + first : at_view + n] = self.ring[: n - first]
-        self.freed += n
-        self._tell(n)
-        return n

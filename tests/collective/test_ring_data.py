@@ -408,3 +408,34 @@ def test_counts_that_overrun_the_shared_buffer_break_the_link():
         a.close()
         b.close()
         seg.close_fd()
+
+
+def test_a_shared_link_carries_the_stream_section_12_describes():
+    """What the dialler puts in the shared buffer, read back by the spec's rules: the
+    header's u32 length and frame, zero bytes up to a multiple of 8 (RING_SHARED_ALIGN),
+    then the pieces it sends at step 0 (its own input's chunk ``rank``), in order; the
+    second all-reduce's header follows the first's pieces, padded from there."""
+    ranks = Ranks(2)
+    try:
+        xs = [np.arange(1001, dtype=np.float32) + 10 * r for r in range(2)]
+        ranks.all_reduce(xs)
+        ring_bytes = bytes(ranks.outs[0].sock.ring[: 2 * 4096])
+        head = m.encode(m.RingHeader(0, "float32", 1001, "sum"))
+        assert ring_bytes[:4] == len(head).to_bytes(4, "big")
+        assert ring_bytes[4 : 4 + len(head)] == head
+        start = 4 + len(head) + (-(4 + len(head)) % 8)
+        assert set(ring_bytes[4 + len(head) : start]) <= {0} and start % 8 == 0
+        lo, hi = ring.chunk_bounds(1001, 2)[0]  # rank 0 sends its chunk 0 at step 0
+        assert ring_bytes[start : start + (hi - lo) * 4] == xs[0][lo:hi].tobytes()
+        # step 1 (all-gather) sends the summed chunk 1 it received; then the next header
+        lo1, hi1 = ring.chunk_bounds(1001, 2)[1]
+        after = start + (hi - lo) * 4 + (hi1 - lo1) * 4
+        assert ranks.outs[0].sock.written == after
+        ranks.all_reduce(xs)
+        assert ring_bytes[:after] == bytes(ranks.outs[0].sock.ring[:after])  # not rewritten
+        nxt = bytes(ranks.outs[0].sock.ring[after : after + 4 + len(head) + 8])
+        assert nxt[:4] == len(head).to_bytes(4, "big") and nxt[4 : 4 + len(head)] == head
+        pad = -(after + 4 + len(head)) % 8
+        assert nxt[4 + len(head) : 4 + len(head) + pad] == bytes(pad)
+    finally:
+        ranks.close()
