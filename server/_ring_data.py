@@ -22,6 +22,9 @@ Wire (protocol/README.md section 12): the dialler connects to the successor's
 (record 0 of direction 1). From then on only the dialler sends: per all-reduce a sealed
 ``RingHeader`` frame after its u32 length, then each piece of the ring schedule as one sealed
 record (piece bytes + 16-byte tag; the receiver knows every piece's length from the header).
+Between servers of one host the records are plain (the hello's mode byte 1), and the dialler
+may offer a shared-memory buffer for them (mode 2: ``_ring_shm``; the TCP connection then
+carries only byte counts).
 """
 
 from __future__ import annotations

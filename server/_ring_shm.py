@@ -5,11 +5,12 @@ carries only u32 counts: ``n`` written (dialler to successor), ``n`` consumed an
 (successor to dialler).
 
 Why: on one host the TCP path costs two kernel copies per byte plus the TCP stack's own
-work (skbs, softirq, ACKs); through the shared buffer each byte is copied once by the
-sender and once by the receiver in user space. Measured on this project's 2-core machine
-(64 MiB in 4 MiB pieces between two threads, one process): ~25-35 ms of CPU over loopback
-TCP against ~15 ms through a shared buffer; three ranks on two cores are CPU-bound, so CPU
-per byte is what the all-reduce's time is.
+work (skbs, softirq, ACKs); through the shared buffer the sender copies each byte in once,
+and the receiver copies it out once or, for a reduce-scatter piece, adds it to its input
+where it lies (``recv_reduce``). Measured on this project's 2-core machine (64 MiB in 4 MiB
+pieces between two threads, one process): ~25-35 ms of CPU over loopback TCP against ~15 ms
+through a shared buffer; three ranks on two cores are CPU-bound, so CPU per byte is what
+the all-reduce's time is (bench/allreduce.py: 20-35 % less server CPU per all-reduce).
 
 Safety: the memfd is the dialler's, sealed (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``)
 before the successor opens it as ``/proc/<pid>/fd/<fd>``, so neither end can change its
@@ -99,6 +100,8 @@ def open_segment(data: bytes) -> tuple[Segment | None, str]:
         if os.fstat(fd).st_size != SEGMENT_BYTES:
             return None, f"{path} is not {SEGMENT_BYTES} bytes"
         seg = Segment(mmap.mmap(fd, SEGMENT_BYTES), nonce)
+    except OSError as exc:  # mapping it failed (address space, a memory limit)
+        return None, f"cannot map {path}: {exc.strerror or exc}"
     finally:
         os.close(fd)
     if seg.map[:16] != nonce:
