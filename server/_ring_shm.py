@@ -144,9 +144,6 @@ class SharedPipe:
     def setsockopt(self, *args: int | bytes) -> None:
         self.sock.setsockopt(*args)  # type: ignore[arg-type]
 
-    def getpeername(self) -> tuple:
-        return self.sock.getpeername()
-
     def shutdown(self, how: int) -> None:
         self.sock.shutdown(how)
 

@@ -334,10 +334,20 @@ def _offer(monkeypatch, make) -> None:  # noqa: ANN001
     monkeypatch.setattr(rd.shm, "trailer", trailer)
 
 
+_OPENED: list[int] = []
+"""Descriptors the offers below open (closed by the test)."""
+
+
 def _unsealed_memfd() -> int:
     fd = os.memfd_create("unsealed")
     os.ftruncate(fd, rd.shm.SEGMENT_BYTES)
+    _OPENED.append(fd)
     return fd
+
+
+def _a_file() -> int:
+    _OPENED.append(os.open(os.devnull, os.O_RDONLY))
+    return _OPENED[-1]
 
 
 @pytest.mark.parametrize(
@@ -345,7 +355,7 @@ def _unsealed_memfd() -> int:
     [
         ("nonce", lambda seg: (seg.fd, os.urandom(16)), "does not hold the dialler's nonce"),
         ("unsealed", lambda seg: (_unsealed_memfd(), seg.nonce), "not sealed against resizing"),
-        ("a file", lambda seg: (os.open(os.devnull, os.O_RDONLY), seg.nonce), "is not a memfd"),
+        ("a file", lambda seg: (_a_file(), seg.nonce), "is not a memfd"),
         ("no fd", lambda seg: (987654, seg.nonce), "cannot open"),
     ],
 )
@@ -366,6 +376,8 @@ def test_a_segment_the_successor_cannot_trust_leaves_the_link_on_plain_tcp(
         _check(ranks.all_reduce(xs), xs)
     finally:
         ranks.close()
+        while _OPENED:
+            os.close(_OPENED.pop())
 
 
 def test_neither_end_can_resize_a_shared_segment():
