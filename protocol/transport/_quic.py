@@ -43,15 +43,16 @@ Changes to stock aioquic, each kept to an override:
   has or stops the build), no stream was discarded (that may owe MAX_STREAMS) and no
   CRYPTO data waits. A STREAM frame that empties its stream marks it empty at once (what
   aioquic's next, now skipped, ``get_frame`` would have found), so ``send_due`` stays exact.
-* **A client's packet data is copied less.** aioquic copied a 1-RTT packet's stream data
+* **Packet data is copied less.** aioquic copied a 1-RTT packet's stream data
   twice out of the stream's buffer (``get_frame`` slices a bytearray, then makes bytes of
   the slice), the packet out of its builder's buffer and its payload out of that copy, the
   ciphertext three times in header protection (header + payload, a bytearray of that,
   bytes of that), back into the builder's buffer, and the datagram out of it again: ten
   copies of a 64 KiB packet between the stream's buffer and the socket, besides encrypting
-  it. Here it is four (``_take_frame``, ``_ClientBuilder``, ``_OneCopySend``), with the
+  it. Here it is four (``_take_frame``, ``_OneCopyBuilder``, ``_OneCopySend``), with the
   same bytes on the wire. A captured training step uploads its batch every step: a client
-  sends a few such packets per read (client side only: the server keeps aioquic's code).
+  sends a few such packets per read; a server sends them when a client reads a big tensor
+  (a 256 MiB read: 6-11 % less server CPU).
 * **Flow-control windows follow the reader.** Stock aioquic doubles a receive window once
   half of it has *arrived*, whether or not the application read anything, so a peer can make
   it buffer without bound. Here the window is what the application consumed plus a fixed
@@ -253,9 +254,9 @@ def _take_frame(
     return frame
 
 
-class _ClientBuilder(QuicPacketBuilder):
-    """aioquic's packet builder, except that a 1-RTT packet alone in its datagram (a client
-    sends no other kind after the handshake) is encrypted from one copy of the builder's
+class _OneCopyBuilder(QuicPacketBuilder):
+    """aioquic's packet builder, except that a 1-RTT packet alone in its datagram (neither
+    end sends another kind after the handshake) is encrypted from one copy of the builder's
     buffer, its payload read through a view, into the datagram it leaves in: aioquic also
     copies the payload out of that copy, the protected packet back into the buffer and the
     datagram out of the buffer. Anything else (a packet after another in one datagram,
@@ -306,7 +307,7 @@ class _ClientBuilder(QuicPacketBuilder):
 
 _MIN_PACKET = PACKET_NUMBER_MAX_SIZE - PACKET_NUMBER_SEND_SIZE
 """A packet's payload shorter than this is padded so header protection can sample it
-(aioquic's ``_end_packet`` pads it; ``_ClientBuilder`` leaves such packets to it)."""
+(aioquic's ``_end_packet`` pads it; ``_OneCopyBuilder`` leaves such packets to it)."""
 
 
 class PeerQuicConnection(QuicConnection):
@@ -524,8 +525,8 @@ class PeerQuicConnection(QuicConnection):
     # -- overrides -------------------------------------------------------------------------
 
     def _write_application(self, builder: QuicPacketBuilder, network_path, now: float) -> None:
-        if self._is_client and type(builder) is QuicPacketBuilder:
-            builder.__class__ = _ClientBuilder  # (fewer copies: see the module doc)
+        if type(builder) is QuicPacketBuilder:
+            builder.__class__ = _OneCopyBuilder  # (fewer copies: see the module doc)
         self._more_data = False
         self._streams_seen = len(self._streams)
         super()._write_application(builder, network_path, now)
@@ -552,8 +553,7 @@ class PeerQuicConnection(QuicConnection):
         self.tls.peer_id = None
         if not self._is_client:
             self.tls._request_client_certificate = True
-        else:  # (same bytes, fewer copies; the server keeps aioquic's: see the module doc)
-            self._cryptos[tls.Epoch.ONE_RTT].send.__class__ = _OneCopySend
+        self._cryptos[tls.Epoch.ONE_RTT].send.__class__ = _OneCopySend  # (fewer copies)
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         max_data = self._local_max_data
@@ -608,10 +608,7 @@ class PeerQuicConnection(QuicConnection):
         overhead = 5 + size_uint_var(stream.stream_id) + (size_uint_var(offset) if offset else 0)
         before = sender.highest_offset
         room = builder.remaining_flight_space - overhead
-        if self._is_client:
-            frame = _take_frame(sender, room, max_offset)
-        else:
-            frame = sender.get_frame(room, max_offset)
+        frame = _take_frame(sender, room, max_offset)
         if frame is None:
             if not sender.buffer_is_empty:  # no room (or no credit) left in this packet
                 self._more_data = True

@@ -1,7 +1,7 @@
-"""The client's fewer-copies paths of ``_quic`` against aioquic's own code as the oracle: the
+"""The fewer-copies paths of ``_quic`` (a client's and a server's) against aioquic's own code as the oracle: the
 same protected packets (``_OneCopySend`` vs ``CryptoContext.encrypt_packet``), the same stream
 frames and sender state (``_take_frame`` vs ``QuicStreamSender.get_frame``), the same
-datagrams and packet records (``_ClientBuilder`` vs ``QuicPacketBuilder``). In memory, no
+datagrams and packet records (``_OneCopyBuilder`` vs ``QuicPacketBuilder``). In memory, no
 sockets; random contents from a seeded generator."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from aioquic.quic.packet_builder import (
 )
 from aioquic.quic.stream import QuicStreamSender
 from aioquic.tls import CipherSuite
-from burn_remote.protocol.transport._quic import _ClientBuilder, _OneCopySend, _take_frame
+from burn_remote.protocol.transport._quic import _OneCopyBuilder, _OneCopySend, _take_frame
 
 VERSION = 0x00000001
 SUITES = [
@@ -116,18 +116,18 @@ def _outcome(take, sender: QuicStreamSender) -> tuple:
     return ("taken", None if frame is None else (frame.offset, bytes(frame.data), frame.fin))
 
 
-def _pair() -> CryptoPair:
+def _pair(is_client: bool = True) -> CryptoPair:
     pair = CryptoPair()
-    pair.setup_initial(cid=bytes(8), is_client=True, version=VERSION)
+    pair.setup_initial(cid=bytes(8), is_client=is_client, version=VERSION)
     return pair
 
 
-def _build(cls: type, script: list, pair: CryptoPair) -> tuple:
+def _build(cls: type, script: list, pair: CryptoPair, is_client: bool = True) -> tuple:
     builder = QuicPacketBuilder(
         host_cid=bytes(8),
         peer_cid=bytes(range(8)),
         version=VERSION,
-        is_client=True,
+        is_client=is_client,
         max_datagram_size=65000,
         packet_number=70000,
     )
@@ -148,7 +148,8 @@ def _build(cls: type, script: list, pair: CryptoPair) -> tuple:
     return datagrams, records, builder.packet_number, builder._flight_bytes, builder._total_bytes
 
 
-def test_client_builder_gives_aioquics_datagrams() -> None:
+@pytest.mark.parametrize("is_client", [True, False], ids=["client", "server"])
+def test_one_copy_builder_gives_aioquics_datagrams(is_client: bool) -> None:
     rng = random.Random(1)
     one_rtt, initial = QuicPacketType.ONE_RTT, QuicPacketType.INITIAL
     stream, ack = QuicFrameType.STREAM_BASE, QuicFrameType.ACK
@@ -163,7 +164,7 @@ def test_client_builder_gives_aioquics_datagrams() -> None:
         [(one_rtt, [(stream, rng.randbytes(70000))])],  # too big: the build stops
     ]
     for script in scripts:
-        want = _build(QuicPacketBuilder, script, _pair())
-        got = _build(_ClientBuilder, script, _pair())
+        want = _build(QuicPacketBuilder, script, _pair(is_client), is_client)
+        got = _build(_OneCopyBuilder, script, _pair(is_client), is_client)
         assert got == want
         assert all(type(d) is bytes for d in got[0])
