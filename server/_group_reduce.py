@@ -1,6 +1,6 @@
 """The ring all-reduce of one group member, on the engine worker thread that runs the graph
 (``RingAllReduce``, a part of ``_groups.GroupMember``): over two TCP data links all of it on
-that thread (``_ring_data.drive_tcp``); otherwise (a QUIC fallback link) it receives and
+that thread (``_ring_drive.drive_tcp``); otherwise (a QUIC fallback link) it receives and
 reduces there while one more thread sends, and the QUIC pipes reach the server's loop
 through :meth:`RingAllReduce.on_loop`. A broken link, a late predecessor or a header that is
 not this rank's fails the group (``GroupMember.fail``, on the loop) naming the culprit."""
@@ -23,6 +23,7 @@ from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.transport import Connection, FrameStream, TransportError
 from . import _ring_data as rd
+from . import _ring_drive as drive
 from ._group_links import CANCELLED, LATE, SETUP_TIMEOUT, QuicIn, QuicOut
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class RingAllReduce:
     def all_reduce(self, host: np.ndarray, op: str) -> np.ndarray:
         """This rank's part of the k-th all-reduce of the group: a new array; ``host``
         (C-contiguous) is only read. Runs on the engine worker thread that runs the graph:
-        with both links on the TCP data plane, all of it there (``_ring_data.drive_tcp``);
+        with both links on the TCP data plane, all of it there (``_ring_drive.drive_tcp``);
         otherwise it receives and reduces there while one more thread sends (the network
         loop carries only the QUIC plane's frames)."""
         with self._op_lock:
@@ -103,7 +104,7 @@ class RingAllReduce:
             if self.failure is not None:
                 raise self.failure
             return ring.finish(acc, op, self.size).reshape(host.shape)
-        progress = rd.Progress()
+        progress = drive.Progress()
         sender = threading.Thread(
             target=self._send_all, args=(x, acc, seq, op, progress), daemon=True
         )
@@ -136,11 +137,11 @@ class RingAllReduce:
         def check(frame: bytes) -> None:
             why = self._header_mismatch(frame, mine)
             if why:
-                raise rd.HeaderMismatch(why)
+                raise drive.HeaderMismatch(why)
 
         try:
-            on_time = rd.drive_tcp(
-                rd.plan_for(self.rank, self.size, acc, self.data_out, self.data_in),
+            on_time = drive.drive_tcp(
+                drive.plan_for(self.rank, self.size, acc, self.data_out, self.data_in),
                 x,
                 acc,
                 self.data_out,
@@ -150,7 +151,7 @@ class RingAllReduce:
                 self.timeout,
                 lambda: self.failure is not None,
             )
-        except rd.HeaderMismatch as exc:
+        except drive.HeaderMismatch as exc:
             self._fail_here(self.pred, str(exc))
         except rd.LinkBroken as exc:
             culprit = {"succ": self.succ, "pred": self.pred}.get(exc.side, -1)
@@ -175,7 +176,7 @@ class RingAllReduce:
         )
 
     def _send_all(
-        self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: rd.Progress
+        self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: drive.Progress
     ) -> None:
         out = self.data_out
         assert out is not None
@@ -183,14 +184,14 @@ class RingAllReduce:
             try:
                 name = dtypes.from_numpy(acc.dtype)
                 out.send_header(m.encode(m.RingHeader(seq, name, acc.size, op)))
-                rd.send_pieces(self._plan(acc), x, acc, out, progress)
+                drive.send_pieces(self._plan(acc), x, acc, out, progress)
             except rd.LinkBroken:
                 raise
             except Exception as exc:  # never a silent dead sender: the group fails loudly
                 self._fail_here(-1, f"all_reduce #{seq} failed sending: {exc!r}")
 
     def _receive_all(
-        self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: rd.Progress
+        self, x: np.ndarray, acc: np.ndarray, seq: int, op: str, progress: drive.Progress
     ) -> None:
         inn = self.data_in
         assert inn is not None
@@ -204,10 +205,10 @@ class RingAllReduce:
             if why:
                 self._fail_here(self.pred, why)
                 return
-            rd.receive_pieces(self._plan(acc), x, acc, inn, progress)
+            drive.receive_pieces(self._plan(acc), x, acc, inn, progress)
 
     @contextlib.contextmanager
-    def _failing(self, culprit: int, seq: int, progress: rd.Progress) -> Iterator[None]:
+    def _failing(self, culprit: int, seq: int, progress: drive.Progress) -> Iterator[None]:
         """Around one thread of a two-thread all-reduce: a broken link fails the group
         naming ``culprit``, and once the group failed the other thread is stopped too."""
         try:

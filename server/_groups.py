@@ -52,6 +52,7 @@ from ._group_links import (
     send_quietly,
 )
 from ._group_reduce import RingAllReduce
+from ._ring_shm import SEGMENT_BYTES
 
 if TYPE_CHECKING:
     from ._group_service import GroupService
@@ -290,7 +291,7 @@ class GroupMember(RingAllReduce):
 
         def share() -> bool:
             """A same-host link may take a shared buffer if the session's quota holds it."""
-            return self.service.shared_ok and self.buffers.charge_link(rd.shm.SEGMENT_BYTES)
+            return self.service.shared_ok and self.buffers.charge_link(SEGMENT_BYTES)
 
         for where in [f"{h}:{port}" for h in hosts[:MAX_RING_HOSTS]]:
             self.buffers.refund_link()  # what a former try charged and did not use

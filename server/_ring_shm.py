@@ -109,6 +109,15 @@ def open_segment(data: bytes) -> tuple[Segment | None, str]:
     return seg, ""
 
 
+def unread_in(sock: socket.socket) -> int:
+    """Bytes that reached ``sock`` and are not read yet (FIONREAD; 0 once it is closed)."""
+    try:
+        got = fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4))
+    except (OSError, ValueError):
+        return 0
+    return int.from_bytes(got, sys.byteorder)
+
+
 class SharedPipe:
     """One end of a shared-memory link, standing in for its TCP socket where the data
     plane reads and writes (``send``, ``sendall``, ``recv_into`` with the flags it uses);
@@ -158,14 +167,7 @@ class SharedPipe:
 
     def unread(self) -> int:
         """Bytes announced and not consumed yet, with counts still in the socket."""
-        return self.written - self.freed + self._pending_counts()
-
-    def _pending_counts(self) -> int:
-        try:
-            got = fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, bytes(4))
-        except (OSError, ValueError):
-            return 0
-        return int.from_bytes(got, sys.byteorder)
+        return self.buffered + unread_in(self.sock)
 
     # -- counts --------------------------------------------------------------------------------
     def _take_counts(self, flags: int) -> int:

@@ -16,6 +16,7 @@ import pytest
 from burn_remote.engine.collective import ring
 from burn_remote.protocol import messages as m
 from burn_remote.server import _ring_data as rd
+from burn_remote.server import _ring_drive as drive
 
 GROUP = 0x5EED
 
@@ -67,7 +68,7 @@ class Ranks:
         self, xs: list[np.ndarray], op: str = "sum", pieces: list[int] | None = None
     ) -> list[np.ndarray]:
         """Every rank's drive_tcp at once, each with the plan a server gives it
-        (``rd.plan_for``), or with rank r's pieces cut at ``pieces[r]`` bytes."""
+        (``drive.plan_for``), or with rank r's pieces cut at ``pieces[r]`` bytes."""
         outs: list = [None] * self.n
         errors: list = []
 
@@ -76,10 +77,10 @@ class Ranks:
             acc = np.empty_like(x)
             head = m.encode(m.RingHeader(0, str(x.dtype), x.size, op))
             try:
-                plan = rd.plan_for(r, self.n, acc, self.outs[r], self.ins[r])
+                plan = drive.plan_for(r, self.n, acc, self.outs[r], self.ins[r])
                 if pieces is not None:
                     plan = ring.Plan(r, self.n, x.size, x.itemsize, pieces[r])
-                ok = rd.drive_tcp(
+                ok = drive.drive_tcp(
                     plan,
                     x,
                     acc,
@@ -151,17 +152,17 @@ def test_plain_links_cut_bigger_pieces_and_a_sealed_link_keeps_the_record_size()
     ranks = Ranks(3, plain_ok=[True, False, True])  # 0 -> 1 plain, 1 -> 2 sealed, 2 -> 0 plain
     try:
         acc = np.empty(8, np.float32)
-        plans = [rd.plan_for(r, 3, acc, ranks.outs[r], ranks.ins[r]) for r in range(3)]
+        plans = [drive.plan_for(r, 3, acc, ranks.outs[r], ranks.ins[r]) for r in range(3)]
         # rank 0's links are both plain; ranks 1 and 2 each have the sealed one
-        assert [p.piece_bytes for p in plans] == [rd.PLAIN_PIECE_BYTES] + [ring.PIECE_BYTES] * 2
-        assert rd.PLAIN_PIECE_BYTES > ring.PIECE_BYTES
+        assert [p.piece_bytes for p in plans] == [drive.PLAIN_PIECE_BYTES] + [ring.PIECE_BYTES] * 2
+        assert drive.PLAIN_PIECE_BYTES > ring.PIECE_BYTES
     finally:
         ranks.close()
     all_plain = Ranks(2)
     try:
         acc = np.empty(8, np.float32)
-        assert rd.plan_for(0, 2, acc, all_plain.outs[0], all_plain.ins[0]).piece_bytes == (
-            rd.PLAIN_PIECE_BYTES
+        assert drive.plan_for(0, 2, acc, all_plain.outs[0], all_plain.ins[0]).piece_bytes == (
+            drive.PLAIN_PIECE_BYTES
         )
     finally:
         all_plain.close()
@@ -177,7 +178,7 @@ def test_a_ring_of_shared_plain_and_sealed_links_matches_numpy(n):
         assert ranks.outs[0].shared and ranks.outs[1].sealed
         assert n == 2 or not (ranks.outs[2].shared or ranks.outs[2].sealed)
         rng = np.random.default_rng(7)
-        count = (n * rd.PLAIN_PIECE_BYTES * 5) // (2 * 4) + 13  # 2.5 plain pieces a chunk
+        count = (n * drive.PLAIN_PIECE_BYTES * 5) // (2 * 4) + 13  # 2.5 plain pieces a chunk
         for dtype in ("float32", "int64"):
             xs = [(rng.standard_normal(count) * 8).astype(dtype) for _ in range(n)]
             _check(ranks.all_reduce(xs), xs)
@@ -194,7 +195,7 @@ def test_ends_of_a_plain_link_may_cut_pieces_differently(shared_ok):
     try:
         rng = np.random.default_rng(3)
         xs = [rng.standard_normal(3 * 2**20 + 5).astype(np.float32) for _ in range(3)]
-        sizes = [ring.PIECE_BYTES, 3 * 2**18 + 4, rd.PLAIN_PIECE_BYTES]
+        sizes = [ring.PIECE_BYTES, 3 * 2**18 + 4, drive.PLAIN_PIECE_BYTES]
         _check(ranks.all_reduce(xs, pieces=sizes), xs)
         _check(ranks.all_reduce(xs, pieces=sizes[::-1]), xs)
     finally:
@@ -213,8 +214,8 @@ def test_a_rank_waiting_for_a_piece_counts_what_arrived_and_stops_when_told():
     def run() -> None:
         try:
             result.append(
-                rd.drive_tcp(
-                    rd.plan_for(0, 2, x, ranks.outs[0], ranks.ins[0]),
+                drive.drive_tcp(
+                    drive.plan_for(0, 2, x, ranks.outs[0], ranks.ins[0]),
                     x,
                     np.empty_like(x),
                     ranks.outs[0],
@@ -237,16 +238,16 @@ def test_a_rank_waiting_for_a_piece_counts_what_arrived_and_stops_when_told():
         for _ in range(100):
             if ranks.ins[0].received == want:
                 break
-            threading.Event().wait(rd.RECV_WAIT / 4)
+            threading.Event().wait(drive.RECV_WAIT / 4)
         assert ranks.ins[0].received == want
         assert worker.is_alive() and not result
         # nothing more comes: the wait counts from the last byte, across the timed-out
         # receives (the cut-link watchdog judges a receiver waiting over LINK_BEAT by it)
-        threading.Event().wait(4 * rd.RECV_WAIT)
+        threading.Event().wait(4 * drive.RECV_WAIT)
         since = ranks.ins[0].waiting_since
-        assert since is not None and time.monotonic() - since >= 3 * rd.RECV_WAIT
+        assert since is not None and time.monotonic() - since >= 3 * drive.RECV_WAIT
         stop.set()
-        worker.join(4 * rd.RECV_WAIT + 2)
+        worker.join(4 * drive.RECV_WAIT + 2)
         assert not worker.is_alive()
         assert isinstance(result[0], rd.LinkBroken) and "the group failed" in str(result[0])
     finally:
@@ -411,11 +412,11 @@ def test_counts_that_overrun_the_shared_buffer_break_the_link():
         out = rd.DataOut(dialler, None, sealed=False)  # type: ignore[arg-type]
         a.sendall(rd.shm.COUNT.pack(m.RING_SHARED_BYTES + 1))
         with pytest.raises(rd.LinkBroken, match="announced 16777217 bytes in a shared buffer"):
-            rd._recv_some(inn, memoryview(bytearray(8)), 0)
+            drive._recv_some(inn, memoryview(bytearray(8)), 0)
         out.send_piece(memoryview(bytes(8)))
         b.sendall(rd.shm.COUNT.pack(9))  # frees 9 of the 8 bytes written
         with pytest.raises(rd.LinkBroken, match="freed 1 bytes more of the shared buffer"):
-            rd._send_some(out, memoryview(bytes(8)))
+            drive._send_some(out, memoryview(bytes(8)))
     finally:
         a.close()
         b.close()
