@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from burn_remote import DataParallel, RemoteDevice, collective
 from burn_remote.server.testing import Daemon
-from dp_models import MODELS, assert_state_close, mlp, train_one, train_parallel
+from dp_models import MODELS, assert_state_close, gpt2_small, mlp, train_one, train_parallel
 from server_group import bounded, spawn_known
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -113,36 +113,13 @@ def test_a_group_is_set_up_on_a_server_a_tensor_was_just_moved_to(servers):
     assert moved.numpy().tolist() == [0.0, 1.0, 2.0]
 
 
-def _gpt2_small(batch: int, steps: int) -> tuple:
-    """GPT-2-small-sized (124M parameters), every parameter trained: each step all-reduces
-    ~500 MB of gradients between the servers."""
-    import numpy as np
-    from burn_remote import nn, optim
-
-    cfg = nn.GPTConfig(n_layer=12, n_head=12, d_model=768, vocab=50257, context=8)
-    nn.seed(5)
-    model = nn.GPT(cfg)
-    opt = optim.AdamW(model, lr=1e-4)
-
-    def step(model, opt, x, y):  # noqa: ANN001, ANN202
-        loss = model.loss(x, y)
-        loss.backward()
-        optim.clip_grad_norm(model, 1.0)
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    ids = np.random.default_rng(6).integers(0, cfg.vocab, (steps, batch, cfg.context + 1))
-    return model, opt, step, [(s[:, :-1], s[:, 1:]) for s in ids]
-
-
 def test_a_gpt2_small_sized_model_on_two_servers_equals_one_server(servers):
     """At the size users bring: two servers of one host (their ring through shared memory)
     train a 124M-parameter GPT, every parameter, as one server does on the whole batch."""
     daemons = servers(2)
     devices = [RemoteDevice(d.target) for d in daemons]
-    want, want_losses = train_one(devices[0], _gpt2_small, 2, 2)
-    got, losses, dp = bounded(lambda: train_parallel(devices, _gpt2_small, 2, 2), 600)
+    want, want_losses = train_one(devices[0], gpt2_small, 2, 2)
+    got, losses, dp = bounded(lambda: train_parallel(devices, gpt2_small, 2, 2), 600)
     for d in daemons:
         assert "through shared memory" in d.output(), d.output()
     assert_state_close(got, want)
