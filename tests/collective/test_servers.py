@@ -362,3 +362,42 @@ def test_a_shared_memory_data_link_is_charged_to_the_session_until_the_group_end
         while _session_memory(d, peer)[1] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert _session_memory(d, peer)[1] == 0
+
+
+def test_two_peers_groups_on_the_same_servers_keep_to_their_own_links_and_quota(
+    servers, client_home, tmp_path
+):
+    """Two peers, each with a group over the same two servers of one host, all-reduce at
+    once: each gets its own sums through its own shared-memory links, each session is
+    charged its own buffers, and one peer closing its group leaves the other's working."""
+    from burn_remote.protocol.transport import Identity
+    from burn_remote.server._ring_shm import SEGMENT_BYTES
+
+    daemons = servers(2, "--allow-any", "--session-memory", str(256 * 2**20))
+    mine = _devices(daemons)
+    other_key = tmp_path / "other-key"
+    theirs = [RemoteDevice(d.target, key=other_key) for d in daemons]
+    me = _client_peer(client_home)
+    them = str(Identity.load_or_create(other_key).peer_id)
+    g1, g2 = C.Group(mine), C.Group(theirs)
+    x = np.arange(4 * 2**20, dtype=np.float32)  # 16 MiB a rank: the whole buffer's worth
+    for k in range(3):  # both groups' all-reduces in flight together
+        o1 = [C.all_reduce(d.tensor(x + k), g1, "sum") for d in mine]
+        o2 = [C.all_reduce(d.tensor(-3 * x - k), g2, "sum") for d in theirs]
+        _bounded(lambda: C.sync(mine + theirs))  # noqa: B023 - called at once
+        np.testing.assert_array_equal(o1[1].numpy(), 2 * (x + k))
+        np.testing.assert_array_equal(o2[0].numpy(), 2 * (-3 * x - k))
+    for d in daemons:
+        assert d.output().count("through shared memory") >= 4, d.output()  # 2 links each
+        for peer in (me, them):
+            assert _session_memory(d, peer)[1] >= SEGMENT_BYTES, peer
+    g2.close()
+    for d in daemons:
+        deadline = time.monotonic() + WATCHDOG  # the member ends on the server's loop
+        while _session_memory(d, them)[1] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _session_memory(d, them)[1] == 0
+        assert _session_memory(d, me)[1] >= SEGMENT_BYTES
+    again = [C.all_reduce(d.tensor(x), g1, "sum") for d in mine]
+    np.testing.assert_array_equal(_bounded(again[0].numpy), 2 * x)
+    g1.close()
