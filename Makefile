@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.demo
 OPENCL := $(VENV)/.opencl
 NAT := $(VENV)/.nat
 
@@ -26,7 +27,13 @@ $(OPENCL): $(STAMP) .ci/opencl.sh
 $(NAT): .ci/nat.sh | $(BIN)/python
 	sh .ci/nat.sh && touch $(NAT) || echo "nat: not set up (reason above); the NAT test will skip"
 
-demo: $(STAMP)
+# The demo needs only the core and the `demo` extra (no PyTorch, no CuPy): a fresh .venv
+# made by `make demo` stays small; `make test` later adds the test stack to the same .venv.
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP) $(OPENCL) $(NAT)
