@@ -292,7 +292,6 @@ def lookup_address(
         AddressBook,
         TransportError,
         default_address_book_path,
-        resolve_peer,
     )
 
     path = Path(book) if book else default_address_book_path()
@@ -303,6 +302,8 @@ def lookup_address(
     if entry is not None and entry.addresses:
         return str(entry.peer), entry.addresses[0]
     peer_id = str(entry.peer) if entry is not None else peer
+    from burn_remote.protocol.relay import resolve_peer  # only a peer the book lacks loads it
+
     found = resolve_peer(peer_id, key_path=key)  # resolver hooks, then a configured relay
     if found is not None:
         return peer_id, found

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import secrets
 from collections import deque
 from typing import Any
 
@@ -28,11 +27,9 @@ import trio
 from ..protocol import messages as m
 from ..protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
 from ..protocol.transport import TransportError
+from ._session import Session
 
 log = logging.getLogger("burn_remote.server")
-
-RESUME_TOKEN_BYTES = 16
-"""Random bytes of a resume token (128 bits): unguessable, and bound to the peer id too."""
 
 REPLAY_MAX_BYTES = 64 * 1024 * 1024
 """Unacknowledged reply bytes kept per session for resending after a reconnect."""
@@ -197,11 +194,6 @@ class Parking:
             self.sweep()
 
 
-def new_resume_token() -> bytes:
-    """A fresh session's resume token: random, never derived from the session id."""
-    return secrets.token_bytes(RESUME_TOKEN_BYTES)
-
-
 def _token(session: Any) -> bytes:
     """The resume token a session's Welcome carried."""
     return session.resume_token
@@ -223,8 +215,6 @@ async def run_session(
 ) -> None:
     """Run a client session on ``conn``: a new one, a resumed one, or (plain frames) a
     session without resume."""
-    from ._session import Session
-
     peer = str(conn.peer_id)
     h = unwrap(first)
     if h is None:  # a client that does not sequence: no resume

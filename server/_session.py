@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -26,10 +27,12 @@ from ..protocol.bulk import BulkReceive, BulkSend
 from ._batch import replay_run
 from ._handlers import HANDLERS, read_alone
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
-from ._resume import new_resume_token
 from ._state import LimitExceeded, ServerState, nbytes_of, pop_all, replacement_cost
 
 log = logging.getLogger("burn_remote.server")
+
+RESUME_TOKEN_BYTES = 16
+"""Random bytes of a resume token (128 bits): unguessable, and bound to the peer id too."""
 
 Output = bytes | SendBulk | StartFetch
 """What ``step`` returns: control frames to send (in order) and actions for the glue."""
@@ -81,8 +84,9 @@ class Session:
         self.state = state
         self.peer_id = peer_id
         self.id = 0
-        self.resume_token = new_resume_token()
-        """Random token of the Welcome; with the peer id, the only key to resume this session."""
+        self.resume_token = secrets.token_bytes(RESUME_TOKEN_BYTES)
+        """Random token of the Welcome (never derived from the session id); with the peer id,
+        the only key to resume this session (server/_resume.py)."""
         self.store: dict[int, Any] = {}
         self.nbytes = 0
         self.peak = 0

@@ -407,7 +407,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _add_jobs(sub: argparse._SubParsersAction) -> None:
     from burn_remote.server.jobs._cli import add_jobs
 
-    add_jobs(sub)
+    add_jobs(sub, TARGET_HELP)
 
 
 def cmd_relay(args: argparse.Namespace) -> int:

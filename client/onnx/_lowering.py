@@ -10,53 +10,16 @@ every primitive in the registry is in exactly one of the two.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from burn_remote.protocol import dtypes
 from burn_remote.protocol.shapes import norm_axes
 
+from . import _lowering_movement_nn  # noqa: F401  (registers movement, indexing, nn)
 from ._emit import Emitter, Op
+from ._lowering_table import LOWERINGS, NOT_EXPORTABLE, Lowering, lowers
+from ._lowering_table import cast_input as _as
 
-Lowering = Callable[[Emitter, Op], list[str]]
-LOWERINGS: dict[str, Lowering] = {}
-
-_BACKWARD = "backward-only: appears in gradient graphs, never in an inference graph"
-NOT_EXPORTABLE: dict[str, str] = {
-    "slice_backward": _BACKWARD,
-    "index_add": _BACKWARD + " (the adjoint of index_select)",
-    "conv2d_grad_input": _BACKWARD,
-    "conv2d_grad_weight": _BACKWARD,
-    "max_pool2d_backward": _BACKWARD,
-    "avg_pool2d_backward": _BACKWARD,
-    "adam_update": "optimizer update: training state, not part of a model",
-    "sgd_update": "optimizer update: training state, not part of a model",
-    "quantize_int8": "quantisation happens once when weights are loaded, not per inference; "
-    "the exported graph dequantizes stored codes (dequantize_int8 is lowered)",
-    "quantize_nf4": "quantisation happens once when weights are loaded, not per inference; "
-    "the exported graph dequantizes stored codes (dequantize_nf4 is lowered)",
-    "uniform": "randomness: the counter-based generator is for training (dropout, init); "
-    "an exported model runs in eval mode, where no draw is recorded",
-    "cross_entropy": "a training loss: an exported model ends at its outputs (logits)",
-    "cross_entropy_backward": _BACKWARD,
-    "all_reduce": "a collective across a device group (data-parallel training): an exported "
-    "model runs on one device",
-}
-
-
-def lowers(*names: str) -> Callable[[Lowering], Lowering]:
-    def register(fn: Lowering) -> Lowering:
-        for name in names:
-            if name in LOWERINGS:
-                raise ValueError(f"ONNX lowering for {name!r} registered twice")
-            LOWERINGS[name] = fn
-        return fn
-
-    return register
-
-
-def _as(e: Emitter, n: Op, k: int, dtype: str) -> str:
-    return e.cast(n.inputs[k], n.dtype(k), dtype)
+__all__ = ["LOWERINGS", "NOT_EXPORTABLE", "Lowering", "lowers"]
 
 
 # --- elementwise ------------------------------------------------------------------------
@@ -263,6 +226,3 @@ def _softmax(e: Emitter, n: Op) -> list[str]:
 def _matmul(e: Emitter, n: Op) -> list[str]:
     dt = n.out_dtype
     return [e.node("MatMul", [_as(e, n, 0, dt), _as(e, n, 1, dt)])]
-
-
-from . import _lowering_movement_nn  # noqa: E402,F401  (movement, indexing, nn: same table)

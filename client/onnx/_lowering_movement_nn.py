@@ -14,7 +14,8 @@ from burn_remote.protocol.shapes import norm_axes
 from onnx import TensorProto
 
 from ._emit import INT64_MAX, INT64_MIN, Emitter, Op, static
-from ._lowering import _as, lowers
+from ._lowering_table import cast_input as _as
+from ._lowering_table import lowers
 
 # --- movement -----------------------------------------------------------------------------
 

@@ -14,6 +14,9 @@ import numpy as np
 
 from ...protocol import dtypes
 from ...protocol.ops_nn import NF4_CODEBOOK, pool_params
+from ..collective import all_reduce_kernel
+from .array_module import array_module as _mod
+from .numpy_optim_kernels import OPTIM_KERNELS
 
 KERNELS: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {}
 
@@ -28,15 +31,9 @@ def kernel(name: str):
     return register
 
 
-def _mod(a):
-    """The array module of `a`: NumPy, or CuPy for CuPy arrays. The CUDA backend shares these
-    kernels (cupy_kernels.py); for NumPy arrays this is always `np`, so CPU behaviour is as
-    written."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy  # type: ignore[import-not-found]
-
-        return cupy
-    return np
+# Registered beside these kernels, from modules of their own (same table, one name each).
+for _name, _fn in (*OPTIM_KERNELS.items(), ("all_reduce", all_reduce_kernel)):
+    kernel(_name)(_fn)
 
 
 def _contig(a, dtype=None):
@@ -646,13 +643,3 @@ def _cross_entropy_backward(g, logits, target, ignore_index, label_smoothing):
     scale = g.astype(grad.dtype) / xp.maximum(valid.sum(), 1).astype(grad.dtype)
     grad *= (valid.astype(grad.dtype) * scale)[..., None]
     return grad
-
-
-# Collectives: one kernel for every backend (engine/collective); the group member moves the
-# bytes, through the host or NCCL, whatever the arrays are.
-from ..collective import all_reduce_kernel  # noqa: E402
-
-KERNELS["all_reduce"] = all_reduce_kernel
-
-# The optimizers' update kernels live beside these (registered into the same table).
-from . import numpy_optim_kernels  # noqa: E402, F401

@@ -1,15 +1,15 @@
-"""The optimizers' fused update kernels (``adam_update``, ``sgd_update``), registered into
-``numpy_kernels.KERNELS`` (NumPy and, through ``_mod``, CuPy arrays): one call per parameter
-per step, so each is written for the fewest passes over memory."""
+"""The optimizers' fused update kernels (``adam_update``, ``sgd_update``), which
+``numpy_kernels`` registers into its ``KERNELS`` (NumPy and, through ``array_module``, CuPy
+arrays): one call per parameter per step, so each is written for the fewest passes over
+memory."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .numpy_kernels import _mod, kernel
+from .array_module import array_module as _mod
 
 
-@kernel("adam_update")
 def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled):
     """Written with one scratch buffer and in-place updates, scalars folded on the host: this
     runs once per parameter per step, so its per-call cost is most of an optimizer step."""
@@ -45,7 +45,6 @@ def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, deco
     return p2, m2, v2
 
 
-@kernel("sgd_update")
 def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
     lr = lr.astype(p.dtype)
     if weight_decay:
@@ -57,3 +56,7 @@ def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
     else:
         buf2, step = buf, g
     return p - lr * step, buf2
+
+
+OPTIM_KERNELS = {"adam_update": _adam_update, "sgd_update": _sgd_update}
+"""Op name -> kernel, for ``numpy_kernels.KERNELS``."""

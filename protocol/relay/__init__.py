@@ -10,6 +10,7 @@ from ._agent import (
     RelayAgent,
     configured_relay,
     is_relay_tunnel,
+    resolve_peer,
     resolve_via_relay,
     serve_via_relay,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "configured_relay",
     "is_relay_tunnel",
     "observe_address",
+    "resolve_peer",
     "resolve_via_relay",
     "serve_via_relay",
 ]

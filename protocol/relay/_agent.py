@@ -29,6 +29,7 @@ from ..transport import (
     PeerId,
     PeerRejected,
     TransportError,
+    ask_resolvers,
     default_address_book_path,
     default_key_path,
 )
@@ -272,6 +273,12 @@ def tunnel_path(address: tuple) -> str | None:
     return None
 
 
+def resolve_peer(peer: str, key_path: str | Path | None = None) -> tuple[str, int] | None:
+    """The address to dial ``peer`` at: the transport's resolver hooks first, then the
+    configured relay; None if nobody knows."""
+    return ask_resolvers(peer) or resolve_via_relay(peer, key_path=key_path)
+
+
 def resolve_via_relay(
     peer: str, relay: str | None = None, key_path: str | Path | None = None
 ) -> tuple[str, int] | None:
@@ -304,6 +311,7 @@ __all__ = [
     "RelayAgent",
     "configured_relay",
     "is_relay_tunnel",
+    "resolve_peer",
     "resolve_via_relay",
     "serve_via_relay",
     "tunnel_path",

@@ -26,7 +26,7 @@ from ._endpoint import Endpoint
 from ._errors import FrameTooLarge, KeyFileError, PeerGone, PeerRejected, TransportError
 from ._identity import PEER_ID_LENGTH, Identity, PeerId
 from ._paths import default_address_book_path, default_authorized_peers_path, default_key_path
-from ._resolver import PeerLookup, add_resolver, remove_resolver, resolve_peer
+from ._resolver import PeerLookup, add_resolver, ask_resolvers, remove_resolver
 from ._streams import FRAME_PREFIX_SIZE, FrameStream
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "ResolverHook",
     "TransportError",
     "add_resolver",
+    "ask_resolvers",
     "default_address_book_path",
     "format_peer_address",
     "default_authorized_peers_path",
@@ -64,5 +65,4 @@ __all__ = [
     "parse_host_port",
     "parse_peer_address",
     "remove_resolver",
-    "resolve_peer",
 ]

@@ -2,8 +2,9 @@
 
 Resolvers are tried in the order added; the first address wins. After them, a configured
 relay (``$BURN_REMOTE_RELAY`` or ``relay = "host:port"`` in the address book) is asked, so a
-client needs no code to find a server that publishes its record there. Kept here, beside the
-transport, so that the client and the relay package need not know about each other. (The
+client needs no code to find a server that publishes its record there: that whole order is
+``burn_remote.protocol.relay.resolve_peer``, above both packages. The hooks are kept here,
+beside the transport, so that code adding one need not load the relay package. (The
 async `Resolver` of _addressing serves `Endpoint.dial`; these synchronous lookups serve
 `RemoteDevice`, which resolves before it dials.)
 """
@@ -11,7 +12,6 @@ async `Resolver` of _addressing serves `Endpoint.dial`; these synchronous lookup
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 PeerLookup = Callable[[str], "tuple[str, int] | None"]
 """Peer id text -> (host, port) to dial, or None when this resolver does not know it."""
@@ -26,19 +26,18 @@ def add_resolver(fn: PeerLookup) -> None:
 
 
 def remove_resolver(fn: PeerLookup) -> None:
+    """Stop trying ``fn`` (no error when it was never added)."""
     if fn in _resolvers:
         _resolvers.remove(fn)
 
 
-def resolve_peer(peer: str, key_path: str | Path | None = None) -> tuple[str, int] | None:
-    """The address to dial ``peer`` at, from the hooks then the relay; None if nobody knows."""
+def ask_resolvers(peer: str) -> tuple[str, int] | None:
+    """The first address a hook knows for ``peer`` (hooks in the order added), else None."""
     for fn in list(_resolvers):
         addr = fn(peer)
         if addr is not None:
             return addr
-    from ..relay import resolve_via_relay  # lazy: only clients that need a relay load it
-
-    return resolve_via_relay(peer, key_path=key_path)
+    return None
 
 
-__all__ = ["PeerLookup", "add_resolver", "remove_resolver", "resolve_peer"]
+__all__ = ["PeerLookup", "add_resolver", "ask_resolvers", "remove_resolver"]

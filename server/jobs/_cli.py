@@ -149,10 +149,11 @@ _ACTIONS = {
 }
 
 
-def add_jobs(sub: argparse._SubParsersAction) -> None:
-    """Register ``jobs`` and its actions (no heavy imports here: ``--help`` stays instant)."""
-    from burn_remote.server.cli import TARGET_HELP
+def add_jobs(sub: argparse._SubParsersAction, target_help: str) -> None:
+    """Register ``jobs`` and its actions (no heavy imports here: ``--help`` stays instant).
 
+    ``target_help`` is the CLI's one wording of a server address, passed down so this module
+    does not import the CLI that imports it."""
     p = sub.add_parser(
         "jobs",
         help="submit and follow long-running jobs on a server",
@@ -162,7 +163,7 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
 
     def action(name: str, help: str) -> argparse.ArgumentParser:
         a = acts.add_parser(name, help=help, description=help)
-        a.add_argument("--peer", required=True, metavar="PEER", help=TARGET_HELP)
+        a.add_argument("--peer", required=True, metavar="PEER", help=target_help)
         a.add_argument("--key", metavar="FILE", help="this client's key file")
         a.add_argument("--json", action="store_true", help="print JSON instead of text")
         a.set_defaults(func=cmd_jobs)
