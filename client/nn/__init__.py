@@ -10,6 +10,7 @@ from ._attention import (
     causal_mask,
     scaled_dot_product_attention,
 )
+from ._auto import AutoModelForCausalLM
 from ._gpt import GPT, GPTConfig
 from ._hf import HFConfigError
 from ._init import seed
@@ -27,11 +28,18 @@ from ._layers import (
     ReLU,
     RMSNorm,
 )
+from ._llama import LlamaForCausalLM
+from ._llm_config import DecoderConfig
+from ._llm_io import CheckpointError
 from ._module import Module, ModuleList, Sequential
 from ._serialize import load_arrays as load_safetensors
 from ._serialize import save_arrays as save_safetensors
 
 __all__ = [
+    "AutoModelForCausalLM",
+    "CheckpointError",
+    "DecoderConfig",
+    "LlamaForCausalLM",
     "GELU",
     "BatchNorm1d",
     "BatchNorm2d",

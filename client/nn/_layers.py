@@ -36,6 +36,15 @@ class Linear(Module):
         else:
             self.bias = None
 
+    @classmethod
+    def from_tensors(cls, weight: Tensor, bias: Tensor | None = None) -> Linear:
+        """A Linear around existing tensors (weight (out, in)), with no initialisation: a
+        loaded checkpoint then never sits next to a random copy of itself in memory."""
+        self = cls.__new__(cls)
+        self.out_features, self.in_features = weight.shape
+        self.weight, self.bias = weight, bias
+        return self
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -55,6 +64,14 @@ class Embedding(Module):
         dev = device or Device.cpu()
         self.num_embeddings, self.dim = num_embeddings, dim
         self.weight = dev.tensor(_init.normal((num_embeddings, dim), std), requires_grad=True)
+
+    @classmethod
+    def from_weight(cls, weight: Tensor) -> Embedding:
+        """An Embedding around an existing (num, dim) table, with no initialisation."""
+        self = cls.__new__(cls)
+        self.num_embeddings, self.dim = weight.shape
+        self.weight = weight
+        return self
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.dim}"
