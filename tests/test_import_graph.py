@@ -49,7 +49,9 @@ KNOWN_CYCLES: dict[str, list[set[str]]] = {
             f"burn_remote.{m}"
             for m in (
                 "lora lora._adapter lora._layer lora._model nn nn._attention nn._gpt nn._gpt2 "
-                "nn._hf nn._layers nn._module"
+                "nn._hf nn._layers nn._module "
+                # in it only through nn._module -> lora (#32's Llama family; see #37)
+                "nn._auto nn._llama nn._llm_config nn._llm_io nn._llm_save"
             ).split()
         },
     ],

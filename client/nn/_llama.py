@@ -264,7 +264,7 @@ class LlamaForCausalLM(Module):
     def save_pretrained(self, directory: Any) -> None:
         """config.json + model.safetensors that transformers' class loads (LoRA left out;
         merge first to keep it)."""
-        from ._llm_io import save_pretrained
+        from ._llm_save import save_pretrained
 
         save_pretrained(self, directory)
 

@@ -21,15 +21,13 @@ from burn_remote.protocol import dtypes
 
 from .._device import Device
 from .._tensor import Tensor
-from ._hf import CONFIG, WEIGHTS, WEIGHTS_INDEX, HFConfigError, read_config
+from ._hf import CONFIG, WEIGHTS, WEIGHTS_INDEX, read_config
+from ._llama import LlamaForCausalLM
 from ._llm_config import DecoderConfig, decoder_config
 
 STREAM_SYNC_BYTES = 256 << 20
 """While loading, the device is synced after this many bytes of weights: a RemoteDevice's
 uploads then never pile up in the client beyond it."""
-SHARD_BYTES = 4 << 30
-"""save_pretrained writes shards of at most about this size (transformers' own default is
-larger; 4 GiB keeps one shard's arrays modest while saving from a remote device)."""
 FLOAT_STORAGE = ("float32", "float16", "bfloat16")
 """dtypes a checkpoint's weights may be stored in, and `dtype=` may ask for."""
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
@@ -168,8 +166,6 @@ def storage_dtype(ckpt: Checkpoint, dtype: Any, where: Path) -> str:
 
 def load_pretrained(directory: str | Path, device: Device | None, dtype: Any) -> Any:
     """A LlamaForCausalLM from a transformers directory, streamed onto `device`."""
-    from ._llama import LlamaForCausalLM
-
     directory = Path(directory)
     doc = read_config(directory)
     config = decoder_config(doc, directory / CONFIG)
@@ -207,67 +203,6 @@ def load_pretrained(directory: str | Path, device: Device | None, dtype: Any) ->
 
 def from_config(doc: dict[str, Any], device: Device | None, dtype: str) -> Any:
     """A freshly initialised LlamaForCausalLM for a config.json document."""
-    from ._llama import LlamaForCausalLM
-
     model = LlamaForCausalLM(decoder_config(doc), device, dtypes.normalize(dtype))
     model.hf_config = dict(doc)
     return model
-
-
-def export_state(model: Any) -> dict[str, Any]:
-    """transformers' tensors of `model`, without adapters (NF4 bases dequantised), as
-    device tensors (read one shard at a time by the writer)."""
-    out: dict[str, Any] = {}
-    for name, t in model.named_tensors():
-        if ".lora_" not in name and name.endswith((".weight", ".bias")):
-            out[name] = t
-    for path, mod in model.named_modules():
-        if getattr(mod, "quantized", False):
-            out[f"{path}.weight"] = mod.dense_weight().cast(model.dtype)
-    return out
-
-
-def _shards(state: dict[str, Any]) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name, t in state.items():
-        n = t.size * dtypes.to_numpy(t.dtype).itemsize
-        if shards[-1] and size + n > SHARD_BYTES:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += n
-    return shards
-
-
-def save_pretrained(model: Any, directory: str | Path) -> None:
-    """config.json + model.safetensors (or shards and their index) as transformers writes."""
-    from ._serialize import save_arrays
-
-    if model.hf_config is None:
-        raise HFConfigError(
-            "save_pretrained: this model has no config.json document; build it with "
-            "AutoModelForCausalLM.from_config(...) or from_pretrained(...)"
-        )
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    state = export_state(model)
-    shards = _shards(state)
-    names = [WEIGHTS] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
-    ]  # fmt: skip
-    weight_map: dict[str, str] = {}
-    for file, keys in zip(names, shards):
-        save_arrays({k: state[k].numpy() for k in keys}, directory / file, {"format": "pt"})
-        weight_map.update(dict.fromkeys(keys, file))
-    if len(shards) > 1:
-        total = sum(t.size * dtypes.to_numpy(t.dtype).itemsize for t in state.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (directory / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-        (directory / WEIGHTS).unlink(missing_ok=True)
-    else:
-        (directory / WEIGHTS_INDEX).unlink(missing_ok=True)
-    doc = dict(model.hf_config)
-    doc.pop("torch_dtype", None)
-    doc.update({"architectures": [model.hf_class], "dtype": model.dtype})
-    (directory / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
