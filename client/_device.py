@@ -33,9 +33,7 @@ class LocalRuntime:
 
         self.backend = get_backend(spec)
         self.copies_uploads = spec != "cpu"  # GPU backends copy into device memory
-        session = getattr(self.backend, "session", None)
-        if session is not None:  # GPU backends: a stream of this runtime's own
-            self.backend = session()
+        self.backend = self.backend.session()  # GPU backends: a stream of this runtime's own
         self.executor = Executor(self.backend)
         self._execution_error = ExecutionError
         self.store: dict[int, Any] = {}
@@ -46,7 +44,7 @@ class LocalRuntime:
         self.memory = _memory_hook(spec, memory_limit) if pooled else None
         self.executor.memory = self.memory
         self.accounting = None
-        if self.memory is None and getattr(self.backend, "memory_stats", None) is None:
+        if self.memory is None and not self.backend.reports_memory:
             from burn_remote.engine.memory import Accounting
 
             self.accounting = Accounting(spec)

@@ -1,68 +1,69 @@
-"""Backends chosen by device string at run time; GPU stacks load only when asked for."""
+"""The backend registry: device kind -> factory; GPU stacks load only when asked for.
+
+`get_backend("cuda:1")` parses the string, finds the kind's factory in `FACTORIES`, creates
+the backend once per process and gives it the extension kernels registered so far. A new
+backend is one factory here and one kind in `backend_base.BACKEND_KINDS`.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+
+from .backend_base import BACKEND_KINDS, Backend, BackendUnavailable, parse_device
 
 
-class Backend(Protocol):
-    name: str
-    kernels: dict[str, Any]
+def _numpy(index: int) -> Backend:
+    from .backends.numpy_backend import NumpyBackend
 
-    def from_numpy(self, array: Any) -> Any: ...
-    def to_numpy(self, array: Any) -> Any: ...
-    def scalar(self, value: Any, dtype: str) -> Any: ...
-    def conform(self, array: Any, dtype: Any) -> Any: ...
-    def synchronize(self) -> None: ...
+    return NumpyBackend()
 
 
-class BackendUnavailable(RuntimeError):
-    """The device string names a backend this machine cannot run (no GPU, no driver)."""
-
-
-def parse_device(spec: str) -> tuple[str, int]:
-    """'cpu' -> ('cpu', 0); 'cuda:1' -> ('cuda', 1); 'opencl' -> ('opencl', 0)."""
-    kind, _, index = spec.strip().lower().partition(":")
-    if kind not in ("cpu", "cuda", "opencl"):
-        raise ValueError(f"unknown device {spec!r}: expected cpu, cuda[:N] or opencl[:N]")
+def _cupy(index: int) -> Backend:
     try:
-        n = int(index) if index else 0
-    except ValueError:
-        raise ValueError(f"bad device index in {spec!r}") from None
-    if n < 0:
-        raise ValueError(f"bad device index in {spec!r}")
-    return kind, n
+        from .backends.cupy_backend import CupyBackend
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"cuda:{index}: the CuPy backend is not available ({exc})"
+        ) from None
+    return CupyBackend(index)
 
+
+def _opencl(index: int) -> Backend:
+    try:
+        from .backends.opencl_backend import OpenCLBackend
+    except ImportError as exc:
+        raise BackendUnavailable(f"opencl: the PyOpenCL backend is not available ({exc})") from None
+    return OpenCLBackend(index)
+
+
+FACTORIES: dict[str, Callable[[int], Backend]] = {"cpu": _numpy, "cuda": _cupy, "opencl": _opencl}
+"""Device kind -> the function that creates its backend for a device index."""
 
 _CACHE: dict[tuple[str, int], Backend] = {}
 
 
 def get_backend(spec: str) -> Backend:
-    """The backend for a device string, created once per process."""
-    key = parse_device(spec)
-    if key not in _CACHE:
-        kind, index = key
-        if kind == "cpu":
-            from .backends.numpy_backend import NumpyBackend
+    """The backend for a device string, created once per process.
 
-            _CACHE[key] = NumpyBackend()
-        elif kind == "cuda":
-            try:
-                from .backends.cupy_backend import CupyBackend  # type: ignore[import-not-found]
-            except ImportError as exc:
-                raise BackendUnavailable(
-                    f"cuda:{index}: the CuPy backend is not available ({exc})"
-                ) from None
-            _CACHE[key] = CupyBackend(index)
-        else:
-            try:
-                from .backends.opencl_backend import OpenCLBackend  # type: ignore[import-not-found]
-            except ImportError as exc:
-                raise BackendUnavailable(
-                    f"opencl: the PyOpenCL backend is not available ({exc})"
-                ) from None
-            _CACHE[key] = OpenCLBackend(index)
+    Raises:
+        ValueError: not a device string of a local backend.
+        BackendUnavailable: this machine cannot run that backend (no GPU, no driver).
+    """
+    key = parse_device(spec)
+    backend = _CACHE.get(key)
+    if backend is None:
         from .extensions import install
 
-        install(_CACHE[key])  # extension kernels registered so far, and later ones
-    return _CACHE[key]
+        backend = _CACHE[key] = FACTORIES[key[0]](key[1])
+        install(backend)  # extension kernels registered so far, and later ones
+    return backend
+
+
+__all__ = [
+    "BACKEND_KINDS",
+    "FACTORIES",
+    "Backend",
+    "BackendUnavailable",
+    "get_backend",
+    "parse_device",
+]

@@ -18,7 +18,7 @@ from ..protocol import dtypes
 from ..protocol.graph import Graph, GraphError
 from ..protocol.ops import COLLECTIVE
 from ..protocol.registry import OPS
-from .backend import Backend
+from .backend_base import Backend
 
 PLAN_CACHE_SIZE = 256
 """Compiled plans kept per executor; the least recently used is evicted past this."""
@@ -98,10 +98,9 @@ def compile_graph(graph: Graph, backend: Backend) -> Plan:
     waited for before the plan is returned: plans are shared by sessions that run on other
     streams, which must never read a constant that is still being written.
     """
-    activate = getattr(backend, "activate", None)
-    if activate is None:
+    if not backend.activates:
         return _compile(graph, backend)
-    with activate():
+    with backend.activate():
         plan = _compile(graph, backend)
         if plan.constants:
             backend.synchronize()
@@ -175,10 +174,7 @@ def _compile(graph: Graph, backend: Backend) -> Plan:
     plan.collective = any(step.op in COLLECTIVE for step in steps)
     # a backend may rewrite the plan once per compiled graph (GPU backends fuse elementwise
     # chains into generated kernels; engine/fusion.py)
-    optimize = getattr(backend, "optimize_plan", None)
-    if optimize is None:
-        return plan
-    optimized = optimize(plan)
+    optimized = backend.optimize_plan(plan)
     optimized.collective = plan.collective  # a rewritten plan still waits for its ranks
     return optimized
 
@@ -235,10 +231,11 @@ class Executor:
         parameters and moments): their memory is freed at their last use inside the graph,
         so the step's results can take it instead of adding to the peak.
         """
-        activate = getattr(self.backend, "activate", None)
-        if activate is None:
+        if not self.backend.activates:
             return self._run(plan, inputs, values, donated)
-        with activate(plan):  # GPU backends: the session's device and stream (and dry run)
+        with self.backend.activate(
+            plan
+        ):  # GPU backends: the session's device and stream (and dry run)
             return self._run(plan, inputs, values, donated)
 
     def _run(

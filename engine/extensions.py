@@ -14,10 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .backend import Backend, parse_device
-
-BACKEND_KINDS = ("cpu", "cuda", "opencl")
-HOST_KIND = "cpu"
+from .backend_base import BACKEND_KINDS, HOST_KIND, Backend, parse_device
 
 _KERNELS: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in BACKEND_KINDS}
 """Backend kind -> wire op name -> kernel."""

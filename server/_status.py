@@ -24,10 +24,9 @@ def memory(state: Any) -> dict[str, Any]:
             "tensors": state.tensors,
         }
     pools = []
-    stats_of = getattr(state.backend, "memory_stats", None)
-    if stats_of is not None:
+    if state.backend.reports_memory:
         try:
-            stats = stats_of()
+            stats = state.backend.memory_stats()
             pools = [
                 {"pool": r.name, "reserved": r.reserved, "in_use": r.in_use} for r in stats.rows
             ]

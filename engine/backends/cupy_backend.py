@@ -34,6 +34,7 @@ import numpy as np
 
 from ...protocol import dtypes
 from ...protocol.registry import OPS
+from ..backend_base import Backend, BackendUnavailable
 from . import cexpr
 from .numpy_kernels import KERNELS as NUMPY_KERNELS
 
@@ -92,8 +93,6 @@ def _bfloat16_in_float32(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _import_cupy(index: int) -> Any:
-    from ..backend import BackendUnavailable
-
     try:
         import cupy
     except ImportError as exc:
@@ -103,7 +102,7 @@ def _import_cupy(index: int) -> Any:
     return cupy
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     """One CUDA device through CuPy.
 
     Args:
@@ -111,9 +110,10 @@ class CupyBackend:
         cupy: the CuPy module (tests pass a stand-in; default: ``import cupy``).
     """
 
-    def __init__(self, index: int = 0, cupy: Any = None) -> None:
-        from ..backend import BackendUnavailable
+    activates = True  # kernels run on this backend's device and stream
+    reports_memory = True  # the adaptive pools are CuPy's allocator
 
+    def __init__(self, index: int = 0, cupy: Any = None) -> None:
         cupy = _import_cupy(index) if cupy is None else cupy
         try:
             count = cupy.cuda.runtime.getDeviceCount()

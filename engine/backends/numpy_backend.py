@@ -7,10 +7,11 @@ from typing import Any
 import numpy as np
 
 from ...protocol import dtypes
+from ..backend_base import Backend
 from .numpy_kernels import KERNELS
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     """Arrays are NumPy arrays; moving to and from the host is a no-op."""
 
     name = "cpu"

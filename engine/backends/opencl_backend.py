@@ -25,8 +25,10 @@ import numpy as np
 
 from ...protocol import dtypes
 from ...protocol.registry import OPS
-from . import cexpr
+from ..backend_base import Backend
+from .opencl_arrays import CLArray, View, view
 from .opencl_codegen import elementwise_source, op_body
+from .opencl_kernels import build_kernels
 
 try:
     import pyopencl as cl
@@ -35,51 +37,6 @@ except ImportError as exc:  # the backend module imports only where PyOpenCL is 
     raise ImportError(
         f"PyOpenCL is not installed ({exc}); pip install 'burn-remote[opencl]'"
     ) from None
-
-
-class CLArray:
-    """A contiguous device array: buffer (None when empty), shape, NumPy dtype."""
-
-    __slots__ = ("data", "shape", "dtype", "size", "name")
-
-    def __init__(self, data: Any, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.data = data
-        self.shape = tuple(shape)
-        self.dtype = dtype
-        self.size = math.prod(self.shape)
-        self.name = dtypes.from_numpy(dtype)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-    def __repr__(self) -> str:
-        return f"CLArray(shape={self.shape}, dtype={self.name})"
-
-
-class View(NamedTuple):
-    """A strided read (or write) of a CLArray, in elements."""
-
-    array: CLArray
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return tuple(reversed(out))
-
-
-def view(a: CLArray) -> View:
-    return View(a, a.shape, contiguous_strides(a.shape), 0)
 
 
 class _Spec(NamedTuple):
@@ -104,7 +61,7 @@ def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
     return tuple(out_shape), [tuple(s) for s in out_strides]
 
 
-class OpenCLBackend:
+class OpenCLBackend(Backend):
     """One OpenCL device; `index` counts devices across all platforms (GPUs first)."""
 
     def __init__(self, index: int = 0) -> None:
@@ -127,8 +84,6 @@ class OpenCLBackend:
         self._specs: dict[tuple, _Spec] = {}
         self.fusion = os.environ.get("BURN_REMOTE_FUSION", "1") != "0"
         self._dummy = cl.Buffer(self.context, cl.mem_flags.READ_ONLY, 8)
-        from .opencl_ops import build_kernels
-
         self.kernels: dict[str, Any] = build_kernels(self)
 
     # --- the Backend protocol --------------------------------------------------------------
@@ -293,9 +248,6 @@ def _bstrides(v: View, shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(0 if d == 1 and full != 1 else s)
     return tuple(out)
 
-
-TABLE_OPS = frozenset(cexpr.UNARY) | frozenset(cexpr.BINARY) | frozenset(cexpr.TERNARY)
-"""Ops whose kernels come straight from the expression table."""
 
 HOST_FALLBACK: dict[str, str] = {}
 """Ops that would run on the host (name -> why). Empty: every primitive has a device kernel."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyopencl as cl
@@ -18,8 +18,11 @@ import pyopencl as cl
 from ...protocol import dtypes
 from ...protocol.ops_nn import pool_params
 from .numpy_kernels import _conv_geometry, _mix32
-from .opencl_backend import CLArray, OpenCLBackend, View, view
+from .opencl_arrays import CLArray, View, view
 from .opencl_ops import defs
+
+if TYPE_CHECKING:
+    from .opencl_backend import OpenCLBackend
 
 _P = "#define P(k) p[k]\n"
 

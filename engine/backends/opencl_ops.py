@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...protocol import dtypes
-from .opencl_backend import TABLE_OPS, CLArray, OpenCLBackend, View, contiguous_strides, view
+from .opencl_arrays import TABLE_OPS, CLArray, View, contiguous_strides, view
 from .opencl_codegen import COMPUTE, HEADER, STORAGE, load, store
+
+if TYPE_CHECKING:
+    from .opencl_backend import OpenCLBackend
 
 
 def defs(be: OpenCLBackend, acc: str | None = None, **arrays: tuple[str, str]) -> str:
@@ -340,11 +343,8 @@ def _slice_view(x: CLArray, shape: Any, starts: Any, stops: Any, steps: Any) -> 
 # --- the registry ----------------------------------------------------------------------------
 
 
-def build_kernels(be: OpenCLBackend) -> dict[str, Any]:
-    """Every primitive op's kernel for one OpenCL backend."""
-    from .opencl_losses import loss_kernels
-    from .opencl_nn import nn_kernels
-
+def ops_kernels(be: OpenCLBackend) -> dict[str, Any]:
+    """The elementwise, reduction, matmul and movement kernels of one OpenCL backend."""
     kernels: dict[str, Any] = {}
     for name in TABLE_OPS:
         kernels[name] = _table_kernel(be, name)
@@ -360,11 +360,6 @@ def build_kernels(be: OpenCLBackend) -> dict[str, Any]:
     kernels["log_softmax"] = _softmax(be, "log_softmax")
     kernels["matmul"] = _matmul(be)
     kernels.update(_movement(be))
-    kernels.update(nn_kernels(be))
-    kernels.update(loss_kernels(kernels))
-    from ..collective import all_reduce_kernel  # the bytes leave the device anyway
-
-    kernels["all_reduce"] = all_reduce_kernel
     return kernels
 
 

@@ -9,14 +9,17 @@ as NumPy's weak Python scalars are (e.g. `1 - beta1` in float64, then to the par
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...protocol import dtypes
 from ...protocol.ops_nn import NF4_CODEBOOK
-from .opencl_backend import CLArray, OpenCLBackend
+from .opencl_arrays import CLArray
 from .opencl_ops import defs
+
+if TYPE_CHECKING:
+    from .opencl_backend import OpenCLBackend
 
 _NF4 = np.asarray(NF4_CODEBOOK, dtype=np.float32)
 _MIDS = (_NF4[1:] + _NF4[:-1]) / 2
