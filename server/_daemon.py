@@ -84,6 +84,8 @@ class ServeOptions:
     """Seconds a session outlives its dead connection, waiting for its client to resume."""
     http: tuple[str, int] | None = None
     """Where to serve ``/healthz`` and ``/metrics`` (None: no operator port)."""
+    http_token: str | None = None
+    """The operator port's bearer token (``--http-token-file``, ``$BURN_REMOTE_HTTP_TOKEN``)."""
     data_dir: str | None = None
     """The data directory (shown in the banner)."""
     ring_port: int | None = 0
@@ -575,10 +577,11 @@ def run(opts: ServeOptions, device: str) -> int:
 
     port_http = None
     if opts.http is not None:
-        from ._http import OperatorPort
+        from ._http import OperatorPort, warn_if_open
 
+        warn_if_open(opts.http, opts.http_token, "burn-remote serve")
         try:
-            port_http = OperatorPort(opts.state, opts.http)
+            port_http = OperatorPort(opts.state, opts.http, token=opts.http_token)
         except OSError as exc:
             where = format_host_port(*opts.http)
             print(f"burn-remote serve: cannot serve --http on {where}: {exc}", file=sys.stderr)

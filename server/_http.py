@@ -1,25 +1,50 @@
-"""The optional operator port (``serve --http HOST:PORT``): ``/healthz`` and Prometheus
-``/metrics``, served by a small threaded WSGI server beside the QUIC endpoint.
+"""The optional operator port (``serve --http [HOST:]PORT``, ``relay --http``): ``/healthz``
+and Prometheus ``/metrics`` over HTTP/1.1, beside the QUIC endpoint.
 
 Metrics are read from the server's state when scraped (a ``prometheus_client`` collector),
 so the hot paths only bump plain counters. prometheus_client is imported here only, when
 the port is asked for.
+
+Bounded against whoever can reach it: one thread and one selector loop serve every
+connection (``_listener``), parsed by h11 (sans-I/O HTTP/1.1), at most
+``HTTP_MAX_CONNECTIONS`` in flight (``HTTP_MAX_PER_HOST`` per IP), each answered and closed
+within ``HTTP_DEADLINE`` of its accept however slowly it sends, with a request head of at
+most ``HTTP_MAX_HEAD`` bytes. It binds 127.0.0.1 unless told a host. With a token
+(``--http-token-file`` or ``BURN_REMOTE_HTTP_TOKEN``) every path but ``/healthz`` wants
+``Authorization: Bearer TOKEN``; ``/healthz`` stays open because orchestrators' probes
+(Kubernetes ``httpGet``) cannot read a secret, and it tells only ok or stalled.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import selectors
 import socket
-import threading
 from collections.abc import Callable, Iterator
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import h11
 
 from . import _status
+from ._listener import BoundedListener, Slot
 
 log = logging.getLogger("burn_remote.server")
+
+HTTP_MAX_CONNECTIONS = 32
+"""Connections the operator port serves at once (a newer one closes the oldest unfinished)."""
+HTTP_MAX_PER_HOST = 8
+"""Of those, how many one IP address may hold."""
+HTTP_DEADLINE = 10.0
+"""Seconds from accept by which a connection's request must have arrived and its answer
+been sent (one request per connection); a scrape of /metrics takes milliseconds."""
+HTTP_MAX_HEAD = 8 * 1024
+"""Bytes of request line and headers accepted (more: 431)."""
+HTTP_TOKEN_ENV = "BURN_REMOTE_HTTP_TOKEN"
+"""The environment variable that holds the operator port's bearer token, if any."""
+OPEN_PATHS = ("/healthz",)
+"""Paths served without the token (see the module's docstring for why)."""
 
 
 class _Collector:
@@ -93,19 +118,6 @@ class _Collector:
         yield gauge("uptime_seconds", "Seconds since the server started.", snap["uptime_s"])
 
 
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (stdlib's name)
-        log.debug("http: " + format, *args)
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
 class _RelayCollector:
     """The relay's counters and record count at every scrape."""
 
@@ -143,32 +155,44 @@ def relay_health(relay: Any, heartbeat: Any) -> Callable[[], tuple[bool, dict[st
     return health
 
 
-def _app(health: Callable[[], tuple[bool, Any]], collector: Any) -> Callable[..., Any]:
-    from prometheus_client import CollectorRegistry, make_wsgi_app
+Answer = tuple[int, str, bytes]
+"""(status, content type, body)."""
+
+
+def _pages(health: Callable[[], tuple[bool, Any]], collector: Any) -> Callable[[str], Answer]:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     registry = CollectorRegistry()
     registry.register(collector)
-    metrics = make_wsgi_app(registry)
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        path = environ.get("PATH_INFO", "")
+    def page(path: str) -> Answer:
         if path == "/metrics":
-            return metrics(environ, start_response)
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
         if path == "/healthz":
             ok, body = health()
-            status = "200 OK" if ok else "503 Service Unavailable"
-            start_response(status, [("Content-Type", "application/json")])
-            return [json.dumps(body).encode()]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"burn-remote: /healthz and /metrics live here\n"]
+            return (200 if ok else 503), "application/json", json.dumps(body).encode()
+        return 404, "text/plain", b"burn-remote: /healthz and /metrics live here\n"
 
-    return app
+    return page
 
 
-class OperatorPort:
-    """The running HTTP server; ``address`` is where it listens (port 0 picks one).
+class _Exchange:
+    """One connection's request and answer (h11's state, and the bytes still to send)."""
+
+    __slots__ = ("h", "out")
+
+    def __init__(self) -> None:
+        self.h = h11.Connection(h11.SERVER, max_incomplete_event_size=HTTP_MAX_HEAD)
+        self.out = b""
+
+
+class OperatorPort(BoundedListener):
+    """The running HTTP port; ``address`` is where it listens (port 0 picks one).
     ``OperatorPort(state, bind)`` serves a compute server; a relay passes its own
-    ``health`` and ``collector``."""
+    ``health`` and ``collector``. ``token``: the bearer token every path but /healthz wants
+    (None: none)."""
+
+    name = "http port"
 
     def __init__(
         self,
@@ -176,22 +200,115 @@ class OperatorPort:
         bind: tuple[str, int],
         health: Callable[[], tuple[bool, Any]] | None = None,
         collector: Any = None,
+        token: str | None = None,
     ) -> None:
         if health is None:
             health = lambda: _status.health(state)  # noqa: E731
-        app = _app(health, collector if collector is not None else _Collector(state))
-        cls = _ThreadingServer6 if ":" in bind[0] else _ThreadingServer
-        self._server = make_server(bind[0], bind[1], app, server_class=cls, handler_class=_Quiet)
-        self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="burn-remote-http", daemon=True
-        )
-        self._thread.start()
+        self.page = _pages(health, collector if collector is not None else _Collector(state))
+        self.token = token.encode() if token else None
+        super().__init__(bind[0], bind[1], HTTP_MAX_CONNECTIONS, HTTP_MAX_PER_HOST)
+        self.start("burn-remote-http")
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
+    def deadline_s(self) -> float:
+        return HTTP_DEADLINE
+
+    def ready(self, slot: Slot, events: int) -> None:
+        ex: _Exchange = slot.state if slot.state is not None else _Exchange()
+        slot.state = ex
+        if ex.out:
+            self._flush(slot, ex)
+            return
+        try:
+            data = slot.conn.recv(HTTP_MAX_HEAD)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.drop(slot)
+            return
+        try:
+            ex.h.receive_data(data)
+            event = ex.h.next_event()
+            if event is h11.NEED_DATA:
+                if not data:
+                    self.drop(slot)
+                return
+            if not isinstance(event, h11.Request):
+                self.drop(slot)
+                return
+            status, kind, body = self._answer(event)
+        except h11.RemoteProtocolError as exc:
+            status, kind = exc.error_status_hint, "text/plain"  # h11 lets a server answer it
+            body = f"bad request: {exc}\n".encode()
+        head = [("Content-Type", kind), ("Content-Length", str(len(body))),
+                ("Connection", "close")]  # fmt: skip
+        if status == 401:
+            head.append(("WWW-Authenticate", 'Bearer realm="burn-remote"'))
+        ex.out = ex.h.send(h11.Response(status_code=status, headers=head)) or b""
+        ex.out += (ex.h.send(h11.Data(data=body)) or b"") + (ex.h.send(h11.EndOfMessage()) or b"")
+        self.watch(slot, selectors.EVENT_WRITE)
+        self._flush(slot, ex)
+
+    def _answer(self, request: h11.Request) -> Answer:
+        path = request.target.decode("ascii", "replace").partition("?")[0]
+        if request.method not in (b"GET", b"HEAD"):
+            return 405, "text/plain", b"GET only\n"
+        if self.token is not None and path not in OPEN_PATHS:
+            given = dict(request.headers).get(b"authorization", b"")
+            if not hmac.compare_digest(given, b"Bearer " + self.token):
+                return 401, "text/plain", b"this path wants Authorization: Bearer TOKEN\n"
+        try:
+            status, kind, body = self.page(path)
+        except Exception as exc:  # noqa: BLE001 - a scrape's failure is the scraper's answer
+            log.exception("http port: %s failed", path)
+            return 500, "text/plain", f"{path} failed: {exc}\n".encode()
+        return status, kind, b"" if request.method == b"HEAD" else body
+
+    def _flush(self, slot: Slot, ex: _Exchange) -> None:
+        try:
+            sent = slot.conn.send(ex.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.drop(slot)
+            return
+        ex.out = ex.out[sent:]
+        if not ex.out:
+            try:
+                slot.conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            self.drop(slot)
 
 
-__all__ = ["OperatorPort", "relay_health"]
+def read_token(path: str | None) -> str | None:
+    """The operator port's bearer token: the file's first line if ``path``, else
+    ``$BURN_REMOTE_HTTP_TOKEN``, else None. Raises ValueError naming what is wrong."""
+    import os
+
+    if path:
+        try:
+            with open(path) as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise ValueError(f"--http-token-file {path}: {exc.strerror or exc}") from None
+        if not token:
+            raise ValueError(f"--http-token-file {path}: the file is empty")
+        return token
+    return os.environ.get(HTTP_TOKEN_ENV, "").strip() or None
+
+
+def warn_if_open(bind: tuple[str, int], token: str | None, program: str) -> None:
+    """Say so on stderr when the port is reachable beyond this host with no token."""
+    import ipaddress
+    import sys
+
+    try:
+        loopback = ipaddress.ip_address(bind[0]).is_loopback
+    except ValueError:
+        loopback = bind[0] == "localhost"
+    if not loopback and token is None:
+        print(f"{program}: warning: --http {bind[0]} serves /metrics to anyone who reaches it; "
+              f"set --http-token-file or {HTTP_TOKEN_ENV}", file=sys.stderr)  # fmt: skip
+
+
+__all__ = ["HTTP_TOKEN_ENV", "OperatorPort", "read_token", "relay_health", "warn_if_open"]

@@ -285,18 +285,23 @@ def run_relay(
     capture: str | None = None,
     http: tuple[str, int] | None = None,
     limits: RelayLimits | None = None,
+    http_token: str | None = None,
 ) -> int:
     """``burn-remote relay``: serve until SIGINT/SIGTERM, printing the peer id and address;
-    ``http``: also serve /healthz and /metrics there."""
+    ``http``: also serve /healthz and /metrics there (``http_token``: the bearer token
+    /metrics wants)."""
     cap = open(capture, "ab", buffering=0) if capture else None  # noqa: SIM115
     state = RelayState(identity, capture=cap, limits=limits or RelayLimits())
     beat = Heartbeat()
     port_http = None
     if http is not None:
-        from ._http import OperatorPort, _RelayCollector, relay_health
+        from ._http import OperatorPort, _RelayCollector, relay_health, warn_if_open
 
+        warn_if_open(http, http_token, "burn-remote relay")
         try:
-            port_http = OperatorPort(None, http, relay_health(state, beat), _RelayCollector(state))
+            port_http = OperatorPort(
+                None, http, relay_health(state, beat), _RelayCollector(state), http_token
+            )
         except OSError as exc:
             print(f"burn-remote relay: cannot serve --http on {w.addr_text(http)}: {exc}",
                   file=sys.stderr)  # fmt: skip

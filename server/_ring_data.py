@@ -32,10 +32,8 @@ carries only byte counts).
 from __future__ import annotations
 
 import logging
-import selectors
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable
 
@@ -44,6 +42,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..protocol import messages as m
 from . import _ring_shm as shm
+from ._listener import BoundedListener, Slot
 
 log = logging.getLogger("burn_remote.server")
 
@@ -322,52 +321,38 @@ RING_PENDING_MAX = 64
 server has one predecessor per group, so a handful in flight is already many."""
 RING_PENDING_PER_HOST = 8
 """Of those, how many one IP address may hold (a newer one closes that address's oldest)."""
-RING_ACCEPT_PAUSE = 0.1
-"""Seconds the listener stops accepting after ``accept`` failed (out of file descriptors),
-instead of spinning on a listening socket that stays readable."""
-RING_EVICTION_LOG_INTERVAL = 10.0
-"""Seconds between two log lines about unfinished connections closed to make room."""
 
 
-class _Pending:
-    """A data link whose preamble is still arriving: read without a thread, in the
-    listener's one selector loop, until ``deadline`` (one for the whole preamble)."""
+class _Preamble:
+    """What has arrived of one link's preamble, and what it proved so far."""
 
-    __slots__ = ("conn", "addr", "host", "deadline", "buf", "need", "found", "ask")
+    __slots__ = ("buf", "need", "found", "ask")
 
-    def __init__(self, conn: socket.socket, addr: tuple, deadline: float) -> None:
-        self.conn, self.addr, self.host = conn, addr, addr[0]
-        self.deadline = deadline
+    def __init__(self) -> None:
         self.buf = bytearray()
         self.need = PREAMBLE.size + HELLO_RECORD
-        """Bytes of preamble expected so far (grows by the trailer when mode 2 is asked)."""
-        self.found: tuple[bytes, Callable[[DataIn], None], _Sealer, _Sealer] | None = None
+        """Bytes expected in all (grows by the trailer when mode 2 is asked)."""
+        self.found: tuple[Callable[[DataIn], None], _Sealer, _Sealer] | None = None
+        """The hand-over and both directions' sealers, once the group and rank are known."""
         self.ask = b""
 
-    @property
-    def where(self) -> str:
-        return f"{self.addr[0]}:{self.addr[1]}"
 
-
-class RingListener:
+class RingListener(BoundedListener):
     """This server's TCP data-plane listener: one thread that accepts predecessors' data
-    links, reads and checks every link's preamble in one selector loop (no thread per
-    connection), and hands each authenticated link to its group member.
+    links, reads and checks every link's preamble in one selector loop (``_listener``: no
+    thread per connection), and hands each authenticated link to its group member.
 
     Bounded against strangers (the port admits anyone until the hello proves the key): at
     most ``RING_PENDING_MAX`` preambles in flight, ``RING_PENDING_PER_HOST`` from one IP,
     each with one deadline (``m.RING_CONNECT_TIMEOUT``) for the whole preamble however
-    slowly it trickles; past a cap the oldest unfinished one is closed (see ``_evict``),
-    and no exception ends the loop before ``close``. Its thread count is one, whatever
-    connects."""
+    slowly it trickles."""
+
+    name = "ring data listener"
 
     def __init__(
         self, host: str, port: int, lookup: Lookup, plain_ok: bool = True, shared_ok: bool = True
     ) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.create_server((host, port), family=family, backlog=64)
-        self.sock.setblocking(False)
-        self.address = self.sock.getsockname()[:2]
+        super().__init__(host, port, RING_PENDING_MAX, RING_PENDING_PER_HOST)
         self.lookup = lookup
         self.plain_ok = plain_ok
         """Grant a same-host dialler's ask for plain records (``--ring-seal-loopback``
@@ -375,124 +360,31 @@ class RingListener:
         self.shared_ok = shared_ok
         """Take a same-host dialler's shared-memory segment (``--ring-loopback-tcp`` turns
         it off: plain records over loopback TCP)."""
-        self.evicted = 0
-        """Unfinished connections closed to make room for newer ones (a cap was reached)."""
-        self._pending: dict[socket.socket, _Pending] = {}
-        self._per_host: dict[str, int] = {}
-        self._eviction_logged = float("-inf")
-        self._closed = False
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.sock, selectors.EVENT_READ)
-        self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._paused_until = 0.0
-        self._thread = threading.Thread(target=self._run, name="ring-listener", daemon=True)
-        self._thread.start()
+        self.start("ring-listener")
 
-    def pending(self) -> int:
-        """Preambles in flight now."""
-        return len(self._pending)
+    def deadline_s(self) -> float:
+        return m.RING_CONNECT_TIMEOUT
 
-    # --- the loop --------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._closed:
-            try:
-                self._turn()
-            except Exception:  # noqa: BLE001 - the loop outlives anything one turn meets
-                log.exception("ring data listener: unexpected error (it keeps listening)")
-                time.sleep(RING_ACCEPT_PAUSE)
-        for p in list(self._pending.values()):
-            self._drop(p)
-        self._sel.close()
+    def expired(self, slot: Slot) -> None:
+        p: _Preamble = slot.state
+        self._refused(slot, f"sent {len(p.buf)} of {p.need} preamble bytes in "
+                            f"{m.RING_CONNECT_TIMEOUT:g} s")  # fmt: skip
 
-    def _turn(self) -> None:
-        now = time.monotonic()
-        if self._paused_until and now >= self._paused_until:
-            self._paused_until = 0.0
-            self._sel.register(self.sock, selectors.EVENT_READ)
-        wake = min((p.deadline for p in self._pending.values()), default=now + 60.0)
-        if self._paused_until:
-            wake = min(wake, self._paused_until)
-        for key, _ in self._sel.select(max(0.0, wake - now)):
-            if key.fileobj is self.sock:
-                self._accept_all()
-            elif key.fileobj is self._wake_r:
-                return
-            elif (p := self._pending.get(key.fileobj)) is not None:  # type: ignore[arg-type]
-                self._advance(p)
-        now = time.monotonic()
-        for p in [p for p in self._pending.values() if now >= p.deadline]:
-            got = len(p.buf)
-            self._refuse(
-                p, f"sent {got} of {p.need} preamble bytes in {m.RING_CONNECT_TIMEOUT:g} s"
-            )
-
-    def _accept_all(self) -> None:
-        while not self._closed:
-            try:
-                conn, addr = self.sock.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:  # out of file descriptors (EMFILE), or closed
-                if self._closed:
-                    return
-                log.warning(
-                    "ring data listener: accept failed: %s (pausing %g s)",
-                    exc.strerror or exc,
-                    RING_ACCEPT_PAUSE,
-                    extra={"event": "ring_accept_failed"},
-                )
-                self._sel.unregister(self.sock)
-                self._paused_until = time.monotonic() + RING_ACCEPT_PAUSE
-                return
-            host = addr[0]
-            if self._per_host.get(host, 0) >= RING_PENDING_PER_HOST:
-                self._evict([p for p in self._pending.values() if p.host == host])
-            elif len(self._pending) >= RING_PENDING_MAX:
-                self._evict(list(self._pending.values()))
-            p = _Pending(conn, addr, time.monotonic() + m.RING_CONNECT_TIMEOUT)
-            try:
-                conn.setblocking(False)
-                _tune(conn)
-                self._sel.register(conn, selectors.EVENT_READ)
-            except (OSError, ValueError):
-                conn.close()
-                continue
-            self._pending[conn] = p
-            self._per_host[host] = self._per_host.get(host, 0) + 1
-
-    def _evict(self, among: list[_Pending]) -> None:
-        """Make room for a new connection by closing the oldest of ``among``: a real dialler
-        sends its whole preamble with its first segment and is through in microseconds, so
-        the oldest is a slow one; refusing the newcomer instead would let a few slow
-        connections lock everyone out."""
-        oldest = min(among, key=lambda p: p.deadline)
-        self._drop(oldest)
-        self.evicted += 1
-        now = time.monotonic()
-        if now - self._eviction_logged >= RING_EVICTION_LOG_INTERVAL:
-            self._eviction_logged = now
-            log.warning(
-                "ring data link from %s closed unfinished to make room (at most %d preambles "
-                "in flight, %d per address); %d closed so far",
-                oldest.where,
-                RING_PENDING_MAX,
-                RING_PENDING_PER_HOST,
-                self.evicted,
-                extra={"event": "ring_link_evicted"},
-            )
-
-    def _advance(self, p: _Pending) -> None:
-        """Read what has arrived of ``p``'s preamble; check each part once it is whole."""
+    def ready(self, slot: Slot, events: int) -> None:
+        """Read what has arrived of the preamble; check each part once it is whole."""
+        if slot.state is None:
+            slot.state = _Preamble()
+            _tune(slot.conn)
+        p: _Preamble = slot.state
         try:
-            chunk = p.conn.recv(p.need - len(p.buf))
+            chunk = slot.conn.recv(p.need - len(p.buf))
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._refuse(p, f"its connection broke: {exc.strerror or exc}")
+            self._refused(slot, f"its connection broke: {exc.strerror or exc}")
             return
         if not chunk:
-            self._refuse(p, "closed the data link")
+            self._refused(slot, "closed the data link")
             return
         before = len(p.buf)
         p.buf += chunk
@@ -502,11 +394,12 @@ class RingListener:
             if p.found is not None and len(p.buf) == PREAMBLE.size + HELLO_RECORD and not p.ask:
                 self._check_hello(p)
             if p.ask and len(p.buf) == p.need:
-                self._finish(p)
+                self.release(slot)
+                self._finish(slot, p)
         except LinkBroken as exc:
-            self._refuse(p, str(exc))
+            self._refused(slot, str(exc))
 
-    def _check_preamble(self, p: _Pending) -> None:
+    def _check_preamble(self, p: _Preamble) -> None:
         magic, gid, rank = PREAMBLE.unpack_from(p.buf)
         if magic != m.RING_MAGIC:
             raise LinkBroken("not a ring data link (bad magic)")
@@ -514,11 +407,11 @@ class RingListener:
         if isinstance(found, str):
             raise LinkBroken(f"group {gid:016x} rank {rank}: {found}")
         key, deliver = found
-        p.found = (key, deliver, _Sealer(key, TO_SUCCESSOR, gid), _Sealer(key, TO_DIALLER, gid))
+        p.found = (deliver, _Sealer(key, TO_SUCCESSOR, gid), _Sealer(key, TO_DIALLER, gid))
 
-    def _check_hello(self, p: _Pending) -> None:
+    def _check_hello(self, p: _Preamble) -> None:
         assert p.found is not None
-        inn = p.found[2]
+        inn = p.found[1]
         _, gid, rank = PREAMBLE.unpack_from(p.buf)
         try:
             ok = inn.aead.decrypt(inn.nonce(), bytes(p.buf[PREAMBLE.size :]), inn.aad)
@@ -533,12 +426,11 @@ class RingListener:
         if ask == SHARED:
             p.need += shm.TRAILER.size
 
-    def _finish(self, p: _Pending) -> None:
+    def _finish(self, slot: Slot, p: _Preamble) -> None:
         """The whole preamble is in and proved the key: hand the link over, answer."""
         assert p.found is not None
-        self._forget(p)
-        _, deliver, inn, back = p.found
-        conn = p.conn
+        deliver, inn, back = p.found
+        conn = slot.conn
         try:
             offer = bytes(p.buf[PREAMBLE.size + HELLO_RECORD :])
             plain = p.ask != SEALED and self.plain_ok and same_host(conn)
@@ -549,13 +441,12 @@ class RingListener:
                 if seg is None:
                     log.info(
                         "ring data link from %s: plain TCP, not shared memory: %s",
-                        p.where,
+                        slot.where,
                         why,
                         extra={"event": "ring_link_unshared"},
                     )
                 else:
                     end, mode = shm.SharedPipe(conn, seg), SHARED
-            conn.setblocking(True)
             conn.settimeout(m.RING_CONNECT_TIMEOUT)  # the answer fits any socket buffer
             # handed over before the answer: the dialler's RingPlane follows the answer
             deliver(DataIn(end, inn, sealed=not plain))
@@ -564,49 +455,20 @@ class RingListener:
         except Exception as exc:  # noqa: BLE001 - one connection's failure, logged
             log.warning(
                 "ring data link from %s refused: %s",
-                p.where,
+                slot.where,
                 exc,
                 extra={"event": "ring_link_refused"},
             )
             conn.close()
 
-    def _forget(self, p: _Pending) -> None:
-        """``p`` leaves the loop (its slot and its host's count are free again)."""
-        if self._pending.pop(p.conn, None) is None:
-            return
-        try:
-            self._sel.unregister(p.conn)
-        except (KeyError, ValueError, OSError):
-            pass
-        left = self._per_host.get(p.host, 1) - 1
-        if left > 0:
-            self._per_host[p.host] = left
-        else:
-            self._per_host.pop(p.host, None)
-
-    def _drop(self, p: _Pending) -> None:
-        self._forget(p)
-        p.conn.close()
-
-    def _refuse(self, p: _Pending, why: str) -> None:
+    def _refused(self, slot: Slot, why: str) -> None:
         log.warning(
             "ring data link from %s refused: %s",
-            p.where,
+            slot.where,
             why,
             extra={"event": "ring_link_refused"},
         )
-        self._drop(p)
-
-    def close(self) -> None:
-        self._closed = True
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
-        self._thread.join(5)
-        _close(self.sock)
-        self._wake_r.close()
-        self._wake_w.close()
+        self.drop(slot)
 
 
 __all__ = ["HELLO_RECORD", "LENGTH", "DataIn", "DataOut", "LinkBroken", "RingListener", "dial",

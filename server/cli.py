@@ -88,7 +88,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return fail("--quic-engine qh3 needs the qh3 package (pip install 'burn-remote[qh3]')")
     try:
         bind = _host_port("--listen", args.listen, parse_host_port)
-        http = _host_port("--http", args.http, parse_host_port) if args.http else None
+        http = _http_bind(args.http)
+        http_token = _http_token(args.http_token_file) if http else None
         if args.data_dir:  # before anything is written there: keys, job store, artifacts
             make_private(args.data_dir)
         if not args.allow_any:
@@ -138,6 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         resume_grace=args.resume_grace,
         http=http,
+        http_token=http_token,
         data_dir=args.data_dir,
         ring_port=args.ring_port,
         ring_advertise=args.ring_advertise,
@@ -177,6 +179,23 @@ def _host_port(flag: str, text: str, parse: Callable[..., tuple[str, int]]) -> t
         return parse(text, listen=True)
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc}") from None
+
+
+def _http_bind(text: str | None) -> tuple[str, int] | None:
+    """``--http``: a bare PORT (or ``:PORT``) is 127.0.0.1, so the operator port is local
+    unless a host is named."""
+    if not text:
+        return None
+    from burn_remote.protocol.addressing import parse_host_port
+
+    text = text.strip()
+    return _host_port("--http", f":{text}" if text.isdigit() else text, parse_host_port)
+
+
+def _http_token(path: str | None) -> str | None:
+    from burn_remote.server._http import read_token
+
+    return read_token(path)
 
 
 def _authorized_peers_file(given: str | None) -> str:
@@ -313,8 +332,16 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--http",
         metavar="HOST:PORT",
-        help="serve /healthz and Prometheus /metrics over HTTP here (off by default; "
-        "port 0 picks one, printed as `http:`)",
+        help="serve /healthz and Prometheus /metrics over HTTP here (off by default; a bare "
+        "PORT binds 127.0.0.1, port 0 picks one, printed as `http:`). Bounded: 32 connections, "
+        "8 per address, 10 s each. Another host (0.0.0.0) is reachable beyond this machine: "
+        "give it a token",
+    )
+    p.add_argument(
+        "--http-token-file",
+        metavar="FILE",
+        help="the --http port wants `Authorization: Bearer TOKEN` (TOKEN: the file's first "
+        "line) on every path but /healthz; default: $BURN_REMOTE_HTTP_TOKEN, else no token",
     )
     p.add_argument(
         "--log-level",
@@ -423,12 +450,15 @@ def cmd_relay(args: argparse.Namespace) -> int:
     try:
         identity = Identity.load_or_create(key)
         bind = _host_port("--listen", args.listen, parse_host_port)
-        http = _host_port("--http", args.http, parse_host_port) if args.http else None
+        http = _http_bind(args.http)
+        http_token = _http_token(args.http_token_file) if http else None
     except (KeyFileError, ValueError) as exc:
         print(f"burn-remote relay: {exc}", file=sys.stderr)
         return 1
     limits = RelayLimits(args.peer_bandwidth * MIB, args.peer_datagrams, args.control_rate)
-    return run_relay(identity, bind, capture=args.capture, http=http, limits=limits)
+    return run_relay(
+        identity, bind, capture=args.capture, http=http, http_token=http_token, limits=limits
+    )
 
 
 def _rate(text: str) -> float:
@@ -459,7 +489,14 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--http",
         metavar="HOST:PORT",
-        help="serve /healthz and Prometheus /metrics over HTTP here (off by default)",
+        help="serve /healthz and Prometheus /metrics over HTTP here (off by default; a bare "
+        "PORT binds 127.0.0.1; bounded as serve's)",
+    )
+    p.add_argument(
+        "--http-token-file",
+        metavar="FILE",
+        help="as serve's: /metrics wants `Authorization: Bearer TOKEN` (default: "
+        "$BURN_REMOTE_HTTP_TOKEN, else no token)",
     )
     from burn_remote.server._relay_limits import (
         CONTROL_RATE,

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from burn_remote.server._http import HTTP_TOKEN_ENV
 from burn_remote.server.cli import build_parser
 
 yaml = pytest.importorskip("yaml")
@@ -107,6 +108,10 @@ def test_k8s_manifests_agree_with_the_cli() -> None:
         for probe in ("livenessProbe", "readinessProbe"):
             get = container[probe]["httpGet"]
             assert get["path"] == "/healthz" and get["port"] == http["name"], probe
+        if not ns.http.startswith("127.0.0.1:"):  # reachable beyond the pod: a token guards it
+            env = {e["name"]: e for e in container.get("env", [])}
+            token = env[HTTP_TOKEN_ENV]["valueFrom"]["secretKeyRef"]
+            assert token["name"] and token["key"], kind
         if kind == "serve":
             assert ns.data_dir and ns.log_format == "json"
             assert container["resources"]["requests"]["nvidia.com/gpu"] == 1

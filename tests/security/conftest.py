@@ -284,3 +284,37 @@ def raw() -> Iterator[Callable[..., RawClient]]:
     for c in made:
         if not c.conn.is_closed:
             c.close()
+
+
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
+PIDS_HEADROOM = 40
+"""Tasks a pids-limited server may start beyond those it has when the limit is set: far
+fewer than the hundreds of connections the listener tests open, enough for a session."""
+
+
+@pytest.fixture
+def pids_limited() -> Iterator[Path]:
+    """A fresh pids cgroup (v1, as docker's ``--pids-limit`` makes one) to move a server
+    into; skipped where there is none or it is not writable (not root)."""
+    import os
+
+    if not PIDS_CGROUP.is_dir() or not os.access(PIDS_CGROUP, os.W_OK):
+        pytest.skip("no writable pids cgroup (v1) here")
+    group = PIDS_CGROUP / f"burn-remote-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (PIDS_CGROUP / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # it ended meanwhile
+        group.rmdir()
+
+
+def threads_of(pid: int) -> int:
+    """Threads (tasks) of process ``pid`` now."""
+    import os
+
+    return len(os.listdir(f"/proc/{pid}/task"))

@@ -20,16 +20,14 @@ from burn_remote.protocol import messages as m
 from burn_remote.server import _ring_data as rd
 from burn_remote.server.testing import Daemon, start_server
 
+from .conftest import PIDS_HEADROOM, threads_of
+
 GROUP = 0x5EED
 SLOW = 300
 """Slow connections the tests hold open (the issue's attack used 600 and 2000)."""
 THREAD_SLACK = 8
 """Threads a process may gain while the slow connections are open (none per connection:
 the listener reads every preamble in its one selector loop)."""
-PIDS_CGROUP = Path("/sys/fs/cgroup/pids")
-PIDS_HEADROOM = 40
-"""Tasks the pids-limited server may start beyond those it has when the limit is set: far
-fewer than SLOW, enough for what a session needs."""
 
 
 def _slow_connections(address: tuple, count: int) -> list[socket.socket]:
@@ -77,7 +75,7 @@ def test_slow_connections_take_no_thread_each_and_a_real_dialler_still_gets_thro
     try:
         time.sleep(0.5)  # the old listener started a thread per connection by now
         assert threading.active_count() <= before + THREAD_SLACK
-        assert lis.pending() <= rd.RING_PENDING_PER_HOST
+        assert lis.open_count() <= rd.RING_PENDING_PER_HOST
         # while they sit there, the real predecessor (same address) proves the key
         out = rd.dial(lis.address, GROUP, 0, key)
         assert isinstance(out, rd.DataOut) and len(delivered) == 1
@@ -107,32 +105,10 @@ def test_one_deadline_covers_the_whole_preamble(listener, monkeypatch):
     assert not delivered
 
 
-@pytest.fixture
-def pids_limited() -> Iterator[Path]:
-    """A fresh pids cgroup (v1 here; skipped where there is none or it is not writable)."""
-    if not PIDS_CGROUP.is_dir() or not os.access(PIDS_CGROUP, os.W_OK):
-        pytest.skip("no writable pids cgroup (v1) here")
-    group = PIDS_CGROUP / f"burn-remote-test-{os.getpid()}"
-    group.mkdir()
-    try:
-        yield group
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            try:
-                (PIDS_CGROUP / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass  # it ended meanwhile
-        group.rmdir()
-
-
 def _free_tcp_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
 
 
 def test_under_a_thread_limit_the_ring_port_keeps_accepting(
@@ -153,11 +129,11 @@ def test_under_a_thread_limit_the_ring_port_keeps_accepting(
         (pids_limited / "cgroup.procs").write_text(str(pid))
         limit = int((pids_limited / "pids.current").read_text()) + PIDS_HEADROOM
         (pids_limited / "pids.max").write_text(str(limit))
-        before = _threads(pid)
+        before = threads_of(pid)
         conns = _slow_connections(("127.0.0.1", port), SLOW)
         try:
             time.sleep(0.5)
-            assert _threads(pid) <= before + THREAD_SLACK
+            assert threads_of(pid) <= before + THREAD_SLACK
             # a connection that is not a ring link is answered (closed) at once: the
             # listener is alive
             with socket.create_connection(("127.0.0.1", port), timeout=5) as probe:
@@ -167,7 +143,7 @@ def test_under_a_thread_limit_the_ring_port_keeps_accepting(
         finally:
             for c in conns:
                 c.close()
-        assert _threads(pid) <= before + THREAD_SLACK
+        assert threads_of(pid) <= before + THREAD_SLACK
         assert "not a ring data link (bad magic)" in server.output()
         assert "Traceback" not in server.output()
         dev.close()
