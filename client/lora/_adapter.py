@@ -33,10 +33,26 @@ def key_prefix(model: Module, hf_class: str | None = None) -> str:
     if cls is None:
         return PREFIX
     from ..nn._hf import CLASSES
+    from ..nn._llm_config import CLASSES as LLM_CLASSES
 
+    if cls in LLM_CLASSES.values():  # our tree is the class's own: model.layers.N...
+        if hf_class is not None and hf_class != getattr(model, "hf_class", None):
+            raise ValueError(f"save_adapter: this model is a {model.hf_class}, not {hf_class}")
+        return PREFIX
     if cls not in CLASSES:
-        raise ValueError(f"save_adapter: hf_class {cls!r} is not one of {sorted(CLASSES)}")
+        supported = sorted(CLASSES) + sorted(LLM_CLASSES.values())
+        raise ValueError(f"save_adapter: hf_class {cls!r} is not one of {supported}")
     return PREFIX + CLASSES[cls]
+
+
+def parent_library(hf_class: str) -> str:
+    """The transformers module that defines `hf_class` (`AutoPeftModel*` imports it)."""
+    from ..nn._llm_config import CLASSES as LLM_CLASSES
+
+    for model_type, cls in LLM_CLASSES.items():
+        if cls == hf_class:
+            return f"transformers.models.{model_type}.modeling_{model_type}"
+    return HF_GPT2_LIBRARY
 
 
 def adapter_state(model: Module, hf_class: str | None = None) -> dict[str, Any]:
@@ -82,7 +98,7 @@ def save_adapter(
     }
     cls = hf_class or getattr(model, "hf_class", None)
     if config.task_type is None and cls is not None:  # what PEFT writes for task_type None
-        doc["auto_mapping"] = {"base_model_class": cls, "parent_library": HF_GPT2_LIBRARY}
+        doc["auto_mapping"] = {"base_model_class": cls, "parent_library": parent_library(cls)}
     doc.update(config_fields)
     (directory / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 

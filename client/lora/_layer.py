@@ -30,6 +30,7 @@ class LoraLinear(Module):
         self.r, self.scaling = config.r, config.scaling
         self.merged = False
         self.nf4: NF4Weight | None = None
+        self.base_dtype = base.weight.dtype
         base.weight.requires_grad_(False)
         if config.quantize == "nf4":
             self.nf4 = NF4Weight.quantize(base.weight)
@@ -53,18 +54,26 @@ class LoraLinear(Module):
         return self.nf4 is not None
 
     def dense_weight(self) -> Tensor:
-        """The base weight as floats (dequantised under QLoRA), without the adapter."""
-        return self.nf4.dequantize() if self.nf4 is not None else self.weight
+        """The base weight as floats (dequantised under QLoRA, in the dtype the layer was
+        stored in), without the adapter."""
+        if self.nf4 is None:
+            return self.weight
+        return self.nf4.dequantize(self.base_dtype)
 
     def delta_weight(self) -> Tensor:
-        """scaling * B @ A, the (out, in) update the adapter adds to W."""
+        """scaling * B @ A, the (out, in) update the adapter adds to W (in the adapter's
+        float32, as PEFT keeps adapters of a bf16/fp16 base)."""
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
     def forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.dense_weight(), self.bias)
         if self.merged:
             return y
-        return y + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+        a = self.lora_A.weight
+        update = self.lora_B(self.lora_A(self.lora_dropout(x.cast(a.dtype)))) * self.scaling
+        if update.dtype == y.dtype:
+            return y + update
+        return (y.cast(a.dtype) + update).cast(y.dtype)  # PEFT: added in float32, cast back
 
     def merge(self) -> None:
         """W += scaling B A, so inference runs one matmul; `unmerge` takes it back out."""
@@ -72,14 +81,25 @@ class LoraLinear(Module):
             raise ValueError("merge: an NF4 base cannot absorb the adapter without requantising")
         if not self.merged:
             with no_grad():
-                self.weight._assign(self.weight + self.delta_weight())
+                w = self.weight
+                self.weight._assign((w.cast("float32") + self.delta_weight()).cast(w.dtype))
             self.merged = True
 
     def unmerge(self) -> None:
         if self.merged:
             with no_grad():
-                self.weight._assign(self.weight - self.delta_weight())
+                w = self.weight
+                self.weight._assign((w.cast("float32") - self.delta_weight()).cast(w.dtype))
             self.merged = False
+
+    def merged_linear(self) -> Linear:
+        """A plain Linear holding W + scaling B A (dequantised first under QLoRA), for
+        `merge_and_unload`."""
+        with no_grad():
+            w = self.dense_weight()
+            if not self.merged:
+                w = (w.cast("float32") + self.delta_weight()).cast(self.base_dtype)
+        return Linear.from_tensors(w.detach(), self.bias)
 
     def base_nbytes(self) -> int:
         if self.nf4 is not None:

@@ -14,6 +14,16 @@ from ..nn import Linear, Module
 from ._config import LoraConfig
 from ._layer import LoraLinear
 
+ALL_LINEAR = "all-linear"
+"""PEFT's shorthand: every Linear layer but the model's output layer (the LM head)."""
+
+
+def output_layer(model: Module) -> str | None:
+    """The path of the output layer that "all-linear" leaves out, as PEFT does for
+    transformers models (their `lm_head`); None when the model has none as a Linear."""
+    head = model.__dict__.get("_children", {}).get("lm_head")
+    return "lm_head" if isinstance(head, Linear) else None
+
 
 def _suffix_match(path: str, name: str) -> bool:
     return path == name or path.endswith("." + name)
@@ -24,10 +34,13 @@ def find_targets(model: Module, target: Any) -> list[str]:
     from ..optim import ParamGroup
 
     out = []
+    head = output_layer(model)
     for path, mod in model.named_modules():
         if not path or not isinstance(mod, Linear) or ".lora_" in f".{path}":
             continue
-        if isinstance(target, ParamGroup):
+        if isinstance(target, str) and target.lower() == ALL_LINEAR:
+            hit = path != head
+        elif isinstance(target, ParamGroup):
             hit = target.matches(f"{path}.weight", mod.weight)
         elif isinstance(target, re.Pattern):
             hit = target.fullmatch(path) is not None
@@ -62,6 +75,19 @@ def apply_lora(model: Module, config: LoraConfig) -> Module:
         setattr(parent, attr, LoraLinear(getattr(parent, attr), config))
     object.__setattr__(model, "lora_config", config)
     object.__setattr__(model, "lora_targets", targets)
+    return model
+
+
+def merge_and_unload(model: Module) -> Module:
+    """Fold every adapter into its base weight and put plain Linear layers back, as PEFT's
+    `merge_and_unload`: the model is then the base architecture again (`save_pretrained`
+    writes a checkpoint transformers loads). An NF4 base is dequantised first, so the merged
+    layer is dense in the model's compute dtype."""
+    for path, layer in lora_layers(model):
+        parent_path, _, attr = path.rpartition(".")
+        setattr(model.get_submodule(parent_path), attr, layer.merged_linear())
+    for name in ("lora_config", "lora_targets"):
+        model.__dict__.pop(name, None)
     return model
 
 

@@ -203,6 +203,12 @@ class Module:
 
         merge(self)
 
+    def merge_and_unload(self) -> Module:
+        """Fold the adapters into the base weights and drop them (PEFT's name)."""
+        from ..lora import merge_and_unload
+
+        return merge_and_unload(self)
+
     def unmerge_lora(self) -> None:
         from ..lora import unmerge
 

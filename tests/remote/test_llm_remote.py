@@ -41,3 +41,50 @@ def test_four_models_load_onto_a_remote_device_with_transformers_logits(server, 
         model(dev.tensor(ids)).numpy(), local(local.device.tensor(ids)).numpy()
     )
     dev.close()
+
+
+def _lora_run(dev, base, quantize=None, steps: int = 5):
+    """LoRA (or QLoRA) steps captured with br.compile; the adapter tensors and losses."""
+    import burn_remote as br
+    from burn_remote import lora, optim
+
+    model = nn.AutoModelForCausalLM.from_pretrained(base, device=dev)
+    nn.seed(0)  # the same lora_A draws on both devices
+    model.apply_lora(lora.LoraConfig(r=4, alpha=8, target_modules="all-linear", quantize=quantize))
+    opt = optim.AdamW(model, lr=0.02)
+
+    @br.compile
+    def step(ids):
+        loss = model.loss(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    batch = dev.tensor(token_ids(seed=7, length=17))
+    losses = [step(batch).item() for _ in range(steps)]
+    return model, losses
+
+
+def test_lora_and_qlora_on_a_remote_device_equal_the_cpu_and_load_in_peft(server, tmp_path):
+    from burn_remote import Device
+
+    peft = pytest.importorskip("peft")
+    dev = RemoteDevice(server.target)
+    base = make_llm(tmp_path / "base", "qwen2")
+    ids = token_ids()
+    for quantize in (None, "nf4"):
+        remote, remote_losses = _lora_run(dev, base, quantize)
+        local, local_losses = _lora_run(Device.cpu(), base, quantize)
+        assert remote_losses[-1] < remote_losses[0]
+        np.testing.assert_allclose(remote_losses, local_losses, rtol=1e-6)
+        got = remote.eval()(dev.tensor(ids)).numpy()
+        np.testing.assert_allclose(got, local.eval()(local.device.tensor(ids)).numpy(), atol=1e-6)
+        out = tmp_path / f"adapter-{quantize}"
+        remote.save_adapter(out)
+        remote.save_pretrained(tmp_path / f"base-{quantize}")  # NF4 dequantised, or as loaded
+        tuned = peft.PeftModel.from_pretrained(hf_model(tmp_path / f"base-{quantize}"), out)
+        with torch.no_grad():
+            expected = tuned(torch.from_numpy(ids)).logits.numpy()
+        np.testing.assert_allclose(got, expected, atol=TOL)
+    dev.close()
