@@ -106,6 +106,7 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
     policy = opts.authorized_peers
     if not isinstance(policy, AuthorizedPeers):
         policy = AuthorizedPeers(policy, allow_any=opts.allow_any)
+    policy.owner = opts.identity.peer_id  # the server's own key is always admitted, as admin
     opts.state.authorized = policy  # jobs and artifacts ask it for the peer's role
     config = EndpointConfig(
         max_frame_size=opts.state.limits.max_frame,
@@ -638,7 +639,8 @@ def run(opts: ServeOptions, device: str) -> int:
             raise
         host, port = opts.bind
         why = bind_error.strerror or str(bind_error)
-        print(f"burn-remote serve: cannot listen on {host}:{port}: {why}", file=sys.stderr)
+        hint = " (another server there? give this one --listen HOST:PORT)" if port else ""
+        print(f"burn-remote serve: cannot listen on {host}:{port}: {why}{hint}", file=sys.stderr)
         return 1
     finally:
         if port_http is not None:

@@ -15,24 +15,45 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+DEFAULT_SERVE_PORT = 7000
+"""UDP port `serve` listens on without --listen: fixed, so that the address in a client's
+address book still holds after a restart (port 0 would pick a new one each time)."""
+DEFAULT_SERVE_LISTEN = f"127.0.0.1:{DEFAULT_SERVE_PORT}"
+"""Loopback by default: reaching a server from another machine is a choice made with
+``--listen 0.0.0.0:7000`` (and a firewall rule), not an accident."""
+DEFAULT_RELAY_LISTEN = "127.0.0.1:7400"
+
 SERVER_QUIC_ENGINES = ("aioquic", "qh3")
 """``serve --quic-engine`` choices: ``protocol.transport._config.QUIC_ENGINES``, written
 out here so that ``--help`` imports no QUIC library (a test keeps them equal)."""
 
 
-def cmd_id(args: argparse.Namespace) -> int:
-    """Create the key on first use, then print this node's peer id."""
-    from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+def node_key_path(key: str | None, data_dir: str | None) -> Path:
+    """The key file a node uses: ``--key``, else ``DATA_DIR/key`` with ``--data-dir``, else
+    the node key (``$BURN_REMOTE_KEY``, ``$BURN_REMOTE_HOME/key``...). One rule for ``serve``
+    and ``id``, so that ``id`` with serve's flags prints the id ``serve`` will present."""
+    from burn_remote.protocol.transport import default_key_path
 
-    path = args.key or default_key_path()
+    if key:
+        return Path(key)
+    if data_dir:
+        return Path(data_dir) / "key"
+    return Path(default_key_path())
+
+
+def cmd_id(args: argparse.Namespace) -> int:
+    """Create the key on first use, then print this node's peer id (stdout, alone, so that
+    ``burn-remote id > authorized_peers`` works) and the key file it lives in (stderr)."""
+    from burn_remote.protocol.transport import Identity, KeyFileError
+
+    path = node_key_path(args.key, args.data_dir)
     try:
         ident = Identity.load_or_create(path)
     except KeyFileError as exc:
         print(f"burn-remote id: {exc}", file=sys.stderr)
         return 1
     print(ident.peer_id)
-    if args.verbose:
-        print(f"key file: {path}", file=sys.stderr)
+    print(f"key file: {path}", file=sys.stderr)
     return 0
 
 
@@ -42,14 +63,24 @@ def _add_id(sub: argparse._SubParsersAction) -> None:
         help="create/show this node's key and print its peer id",
         description=(
             "Print this node's peer id (its Ed25519 public key in lowercase unpadded base32, "
-            "52 characters). The key file is created with mode 0600 on first use; a key file "
-            "readable by group or others is refused. Default key file: $BURN_REMOTE_KEY, else "
-            "$BURN_REMOTE_HOME/key, else $XDG_CONFIG_HOME/burn-remote/key, else "
-            "~/.config/burn-remote/key."
+            "52 characters) on stdout and its key file on stderr. The key file is created with "
+            "mode 0600 on first use; a key file readable by group or others is refused. The "
+            "key is chosen as `serve` chooses it: --key, else DATA_DIR/key with --data-dir, "
+            "else $BURN_REMOTE_KEY, else $BURN_REMOTE_HOME/key, else "
+            "$XDG_CONFIG_HOME/burn-remote/key, else ~/.config/burn-remote/key. So a server's "
+            "id is `burn-remote id --data-dir DIR` with the DIR it serves from."
         ),
     )
     p.add_argument("--key", metavar="FILE", help="key file to use instead of the default")
-    p.add_argument("-v", "--verbose", action="store_true", help="also print the key path")
+    p.add_argument(
+        "--data-dir", metavar="DIR", help="a server's data directory: its key is DIR/key"
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="(kept for scripts: the key path is always printed on stderr)",
+    )
     p.set_defaults(func=cmd_id)
 
 
@@ -64,7 +95,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         Identity,
         KeyFileError,
         TransportError,
-        default_key_path,
     )
     from burn_remote.server._daemon import ServeOptions, run
     from burn_remote.server._files import DataDirError, make_private
@@ -78,7 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
 
     configure(args.log_level, args.log_format)
-    key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
+    key = node_key_path(args.key, args.data_dir)
     if args.quic_engine not in SERVER_QUIC_ENGINES:  # from $BURN_REMOTE_QUIC_ENGINE
         return fail(
             f"QUIC engine {args.quic_engine!r} (from $BURN_REMOTE_QUIC_ENGINE): expected one "
@@ -104,6 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"extensions: {format_extensions(extensions)}", flush=True)
     try:
         identity = Identity.load_or_create(key)
+        print(f"key file: {key}", flush=True)
         limits = Limits(
             memory_limit=args.memory_limit,
             session_memory=args.session_memory or args.memory_limit,
@@ -234,10 +265,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda:N or opencl (default cpu)")
     p.add_argument(
         "--listen",
-        default="127.0.0.1:0",
+        default=DEFAULT_SERVE_LISTEN,
         metavar="HOST:PORT",
-        help="UDP address to serve QUIC on ([v6]:port for IPv6; port 0 picks one; "
-        "default 127.0.0.1:0)",
+        help=f"UDP address to serve QUIC on (default {DEFAULT_SERVE_LISTEN}: this machine "
+        "only, on a port that stays the same across restarts; 0.0.0.0:PORT for other "
+        "machines, [v6]:port for IPv6, port 0 picks a free one)",
     )
     p.add_argument(
         "--quic-engine",
@@ -440,13 +472,13 @@ def _add_jobs(sub: argparse._SubParsersAction) -> None:
 def cmd_relay(args: argparse.Namespace) -> int:
     """Run the discovery and relay node until SIGINT/SIGTERM."""
     from burn_remote.protocol.addressing import parse_host_port
-    from burn_remote.protocol.transport import Identity, KeyFileError, default_key_path
+    from burn_remote.protocol.transport import Identity, KeyFileError
     from burn_remote.server._logging import configure
     from burn_remote.server._relay import run_relay
     from burn_remote.server._relay_limits import MIB, RelayLimits
 
     configure("info", "text")
-    key = args.key or (Path(args.data_dir) / "key" if args.data_dir else default_key_path())
+    key = node_key_path(args.key, args.data_dir)
     try:
         identity = Identity.load_or_create(key)
         bind = _host_port("--listen", args.listen, parse_host_port)
@@ -482,7 +514,12 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
             "each other directly. Peers prove their key by signing a challenge."
         ),
     )
-    p.add_argument("--listen", default="127.0.0.1:7400", metavar="HOST:PORT")
+    p.add_argument(
+        "--listen",
+        default=DEFAULT_RELAY_LISTEN,
+        metavar="HOST:PORT",
+        help=f"UDP address to relay on (default {DEFAULT_RELAY_LISTEN})",
+    )
     p.add_argument("--key", metavar="FILE", help="key file (default: DATA_DIR/key or the node key)")
     p.add_argument("--data-dir", metavar="DIR", help="relay state directory (holds the key)")
     p.add_argument("--capture", metavar="FILE", help="append every forwarded datagram (tests)")

@@ -160,12 +160,15 @@ def start_daemon(
     timeout: float = START_TIMEOUT,
 ) -> Daemon:
     """Run ``burn-remote COMMAND --data-dir DATA_DIR ARGS...`` and wait until it listens.
+    A server without ``--listen`` in ARGS gets a free port (``127.0.0.1:0``).
 
     `prefix` goes before the program (``ip netns exec NAME``). Raises RuntimeError with the
     daemon's output when it exits or stays silent instead.
     """
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).with_name("burn-remote")
+    if command == "serve" and "--listen" not in args:  # not the fixed default port: tests
+        args = ("--listen", "127.0.0.1:0", *args)  # run many servers side by side
     proc = subprocess.Popen(
         [*prefix, str(exe), command, "--data-dir", str(data_dir), *args],
         stdout=subprocess.PIPE,

@@ -81,6 +81,10 @@ class AuthorizedPeers:
         """Raises TransportError when a file given here cannot be parsed (at start-up a bad
         file is an error; later, a bad edit keeps the last good list)."""
         self.allow_any = allow_any
+        self.owner: PeerId | None = None
+        """The server's own peer id: always admitted, as ``admin`` (its operator runs
+        ``burn-remote status --key DATA_DIR/key``), whatever the file says. Set by the server
+        once its key is loaded; not counted in ``admitted()``."""
         self._path: Path | None = None
         self._stamp: tuple[float, int] | None = None
         self._peers: dict[PeerId, str] = {}
@@ -118,7 +122,7 @@ class AuthorizedPeers:
 
     def check(self, peer: PeerId) -> str | None:
         """``None`` to admit ``peer``, else the reason sent to it."""
-        if self.allow_any:
+        if self.allow_any or peer == self.owner:
             return None
         if self._path is not None:
             self._reload()
@@ -141,7 +145,7 @@ class AuthorizedPeers:
 
     def is_guest_only(self, peer: PeerId | None) -> bool:
         """Admitted only as a group neighbour (not authorised, not open mode)."""
-        if peer is None or self.allow_any or peer not in self._guests:
+        if peer is None or self.allow_any or peer == self.owner or peer not in self._guests:
             return False
         if self._path is not None:
             self._reload()
@@ -156,13 +160,16 @@ class AuthorizedPeers:
         return len(self._peers)
 
     def role(self, peer: PeerId | str) -> str:
-        """The peer's role: ``admin`` only where the file says so, else ``user``."""
+        """The peer's role: ``admin`` where the file says so and for the server's own key,
+        else ``user``."""
         if self._path is not None:
             self._reload()
         try:
             key = PeerId.parse(peer) if isinstance(peer, str) else peer
         except ValueError:
             return "user"
+        if key == self.owner:
+            return "admin"
         return self._peers.get(key, "user")
 
 
