@@ -354,8 +354,7 @@ class ClientProtocol:
                 else:
                     self._complete(msg, early)
             else:
-                self.counters.data_bytes_received += len(msg.data)
-                self._complete(msg, msg.data)
+                self._complete(msg, msg.data)  # (which counts its bytes)
         elif isinstance(
             msg,
             m.Ack

@@ -11,9 +11,11 @@ from ._attention import (
     scaled_dot_product_attention,
 )
 from ._auto import AutoModelForCausalLM
+from ._generate import GenerationMixin
 from ._gpt import GPT, GPTConfig
 from ._hf import HFConfigError
 from ._init import seed
+from ._kv_cache import CacheSpec, CacheStep, KVCache, LayerCache, cached_attention
 from ._layers import (
     GELU,
     BatchNorm1d,
@@ -43,6 +45,8 @@ __all__ = [
     "GELU",
     "BatchNorm1d",
     "BatchNorm2d",
+    "CacheSpec",
+    "CacheStep",
     "GPT",
     "MLP",
     "CausalSelfAttention",
@@ -51,7 +55,10 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GPTConfig",
+    "GenerationMixin",
     "HFConfigError",
+    "KVCache",
+    "LayerCache",
     "LayerNorm",
     "Linear",
     "MaxPool2d",
@@ -62,6 +69,7 @@ __all__ = [
     "ReLU",
     "Sequential",
     "TransformerBlock",
+    "cached_attention",
     "causal_mask",
     "functional",
     "init",

@@ -14,6 +14,7 @@ import numpy as np
 from .. import functional as F
 from .._device import Device
 from .._tensor import Tensor
+from ._kv_cache import LayerCache
 from ._layers import Dropout, LayerNorm, Linear
 from ._module import Module
 
@@ -79,12 +80,15 @@ class CausalSelfAttention(_CausalBase):
         self.attn_dropout = Dropout(dropout)
         self.resid_dropout = Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
+        """`cache`: this layer's view of a generation step (KV cache written and read)."""
         q, k, v = F.split(self.c_attn(x), self.d_model, axis=-1)
         h = self.n_head
-        y = scaled_dot_product_attention(
-            _heads(q, h), _heads(k, h), _heads(v, h), self._mask(x.shape[1]), self.attn_dropout
-        )
+        q, k, v = _heads(q, h), _heads(k, h), _heads(v, h)
+        if cache is not None:
+            y = cache.attend(q, k, v)
+        else:
+            y = scaled_dot_product_attention(q, k, v, self._mask(x.shape[1]), self.attn_dropout)
         return self.resid_dropout(self.c_proj(_merge_heads(y)))
 
 
@@ -108,10 +112,13 @@ class MultiHeadAttention(_CausalBase):
         self.o_proj = Linear(d_model, d_model, bias, device=dev)
         self.attn_dropout = Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
         h = self.n_head
         q, k, v = (_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
-        y = scaled_dot_product_attention(q, k, v, self._mask(x.shape[1]), self.attn_dropout)
+        if cache is not None:
+            y = cache.attend(q, k, v)
+        else:
+            y = scaled_dot_product_attention(q, k, v, self._mask(x.shape[1]), self.attn_dropout)
         return self.o_proj(_merge_heads(y))
 
 
@@ -156,6 +163,6 @@ class TransformerBlock(Module):
         self.ln_2 = LayerNorm(d_model, eps, bias, device=dev)
         self.mlp = MLP(d_model, dropout, bias, device=dev, approximate=approximate)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))

@@ -17,6 +17,8 @@ from .._device import Device
 from .._tensor import Tensor
 from . import _init
 from ._attention import TransformerBlock
+from ._generate import GenerationMixin
+from ._kv_cache import CacheSpec, CacheStep
 from ._layers import Dropout, Embedding, LayerNorm
 from ._module import Module, ModuleList
 
@@ -34,7 +36,7 @@ class GPTConfig:
     """config.json's activation_function: gelu_new / gelu_pytorch_tanh (tanh form) or gelu."""
 
 
-class GPT(Module):
+class GPT(GenerationMixin, Module):
     """Decoder-only transformer; `forward(ids (B, T) int64) -> logits (B, T, vocab)`.
 
     `hf_class` is the Hugging Face class its checkpoints and adapters are keyed for
@@ -97,6 +99,22 @@ class GPT(Module):
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
+        return x @ self.wte.weight.transpose(0, 1)
+
+    # --- generation (GenerationMixin) ----------------------------------------------------
+    def cache_spec(self) -> CacheSpec:
+        c = self.config
+        return CacheSpec(
+            c.n_layer, c.n_head, c.d_model // c.n_head, c.context, self.wte.weight.dtype
+        )
+
+    def forward_cached(self, ids: Tensor, step: CacheStep) -> Tensor:
+        """Logits (B, vocab) of the last of `ids` (B, T), which go into the KV cache at
+        `step`'s slots, embedded at `step.positions`."""
+        x = self.drop(self.wte(ids) + self.wpe(step.positions))
+        for i, block in enumerate(self.h):
+            x = block(x, step.layer(i))
+        x = self.ln_f(x[:, -1])
         return x @ self.wte.weight.transpose(0, 1)
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:

@@ -1,0 +1,312 @@
+"""`generate`: prefill, then a captured decode step replayed until EOS or the length.
+
+A causal LM plugs in by subclassing `GenerationMixin` and providing the two methods the KV
+cache module describes (`_kv_cache.py`):
+
+- `cache_spec() -> CacheSpec` (layers, kv heads, head size, most positions, dtype);
+- `forward_cached(ids (B, T), step: CacheStep) -> logits (B, vocab)` of the last position,
+  where each attention layer `i` calls `step.layer(i).attend(q, k, v)`.
+
+The loop, and why it is shaped so:
+
+1. The cache is preallocated for prompt + max_new_tokens slots, so every decode step has the
+   same shapes and records the same graph. The step (model forward, logits processors, the
+   choice of token, the EOS and repetition bookkeeping) is one `br.compile`d function whose
+   arguments are the previous token (a device tensor) and two Python ints (the slot and the
+   token's index) that become bindings: after two recordings it replays, and on a remote
+   device each step is one small ExecuteGraph.
+2. The chosen token stays on the device and is the next step's argument, so nothing waits
+   for it. The client reads tokens in blocks of TOKEN_BLOCK (the prefill's token alone, for a
+   fast first token), one block behind the steps it has queued, so the device always has
+   work; a block that shows every row done ends the loop, and the tokens past the last EOS
+   are cut off (at most two blocks of steps are wasted).
+3. Batches are left-padded: position ids count only real tokens (the attention mask's
+   cumulative sum, as transformers), and a slot is readable when the mask says it holds a
+   real token. A finished row keeps emitting `pad_token_id`, as transformers does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import functional as F
+from .._autograd import no_grad
+from .._compile import compile as capture
+from .._tensor import Tensor
+from . import _sampling
+from ._kv_cache import KVCache, prefill_mask
+
+TOKEN_BLOCK = 8
+"""Tokens read from the device in one read (after the first, which is read alone)."""
+
+
+class GenerationMixin:
+    """`generate` for a causal LM that has `cache_spec` and `forward_cached`."""
+
+    generation_stats: dict[str, int] | None = None
+    """The last `generate` call's counts: new tokens (per row, before trimming), decode
+    steps queued, of them recorded and replayed, token reads, and the cache's bytes."""
+
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = 50,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        attention_mask: Any = None,
+        key: int | None = None,
+        streamer: Any = None,
+    ) -> np.ndarray:
+        """Continue each prompt by up to `max_new_tokens` tokens; returns (B, T + new) int64,
+        the prompts followed by the new tokens, as transformers' `generate`.
+
+        Args:
+            input_ids: (B, T) or (T,) token ids (array, list or tensor), left-padded.
+            do_sample: draw from the processed distribution (else greedy, the argmax).
+            temperature, top_k, top_p: transformers' warpers, when sampling (top_k 0 or
+                None: no top-k; top_p < 1 then needs a top_k, see `_sampling`).
+            repetition_penalty: transformers' penalty on every token already in a row.
+            eos_token_id: one id or several; a row ends at its first. Default: the
+                model's config (`eos_token_id`), if any.
+            pad_token_id: what a finished row emits; default the first EOS id.
+            attention_mask: (B, T), 0 on the left padding; default all ones.
+            key: the sampling key; the same key draws the same tokens on every device.
+                Default: the next key of the seeded generator (`burn_remote.manual_seed`).
+            streamer: an object with `put(ids)` and `end()` (transformers' TextStreamer and
+                TextIteratorStreamer qualify): given the prompts first, then each new token
+                (B,) in order as blocks arrive, then `end()`.
+        Raises:
+            ValueError: a bad argument, right padding, or more tokens than the model's
+                context holds.
+        """
+        gen = _Generation(
+            self, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
+            top_p, repetition_penalty, eos_token_id, pad_token_id, key,
+        )  # fmt: skip
+        with no_grad():
+            out = gen.run(streamer)
+        self.generation_stats = gen.stats
+        return out
+
+
+def _as_ids(input_ids: Any) -> np.ndarray:
+    ids = input_ids.numpy() if isinstance(input_ids, Tensor) else np.asarray(input_ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] == 0 or ids.dtype.kind not in "iu":
+        raise ValueError(f"generate: input_ids must be (batch, tokens) integers, got {ids.shape}")
+    return ids.astype(np.int64)
+
+
+def _as_mask(attention_mask: Any, shape: tuple[int, ...]) -> np.ndarray:
+    if attention_mask is None:
+        return np.ones(shape, bool)
+    m = attention_mask.numpy() if isinstance(attention_mask, Tensor) else attention_mask
+    mask = np.asarray(m)
+    if mask.ndim == 1:
+        mask = mask[None]
+    if mask.shape != shape:
+        raise ValueError(f"generate: attention_mask is {mask.shape}, input_ids {shape}")
+    mask = mask.astype(bool)
+    if not mask[:, -1].all():
+        raise ValueError(
+            "generate: right padding (attention_mask 0 at the end of a row): a decoder-only "
+            "model continues from the last token, so pad on the left"
+        )
+    if (np.diff(mask.astype(np.int8), axis=1) < 0).any():
+        raise ValueError("generate: attention_mask has a 0 after a 1; pad on the left only")
+    return mask
+
+
+class _Generation:
+    """One `generate` call: its inputs checked, its device state, its loop."""
+
+    def __init__(
+        self, model: Any, input_ids: Any, attention_mask: Any, max_new_tokens: int,
+        do_sample: bool, temperature: float, top_k: int | None, top_p: float,
+        repetition_penalty: float, eos_token_id: Any, pad_token_id: int | None, key: int | None,
+    ) -> None:  # fmt: skip
+        self.model = model
+        self.ids = _as_ids(input_ids)
+        self.mask = _as_mask(attention_mask, self.ids.shape)
+        if max_new_tokens < 1:
+            raise ValueError(f"generate: max_new_tokens must be at least 1, got {max_new_tokens}")
+        spec = model.cache_spec()
+        b, t = self.ids.shape
+        self.length = t + max_new_tokens
+        if self.length > spec.max_positions:
+            raise ValueError(
+                f"generate: {t} prompt tokens + {max_new_tokens} new exceed the model's "
+                f"context of {spec.max_positions} positions"
+            )
+        self.max_new = max_new_tokens
+        vocab = self._vocab()
+        if (self.ids < 0).any() or (self.ids >= vocab).any():
+            raise ValueError(f"generate: input_ids outside the vocabulary [0, {vocab})")
+        self.do_sample = do_sample
+        if do_sample:
+            if not temperature > 0:
+                raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+            if not 0 < top_p <= 1:
+                raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+            top_k = top_k or 0
+            if top_k > _sampling.MAX_TOP_K or (top_k == 0 and top_p < 1):
+                raise ValueError(
+                    f"generate: top_k={top_k} with top_p={top_p}: top-k and top-p run on the "
+                    f"device without a sort, for top_k of 1..{_sampling.MAX_TOP_K} (top_p "
+                    "needs one); use top_k <= that"
+                )
+        if not repetition_penalty > 0:
+            raise ValueError(f"generate: repetition_penalty must be > 0, got {repetition_penalty}")
+        self.temperature, self.top_k, self.top_p = temperature, top_k or 0, top_p
+        self.penalty = repetition_penalty
+        self.eos = _eos_ids(model, eos_token_id)
+        self.pad = pad_token_id if pad_token_id is not None else (self.eos[0] if self.eos else 0)
+        self.key = key
+        self.dev = _device_of(model)
+        self.spec = spec
+        self.reads = 0
+        self.stats: dict[str, int] = {}
+
+    def _vocab(self) -> int:
+        return int(self.model.config.vocab)
+
+    # --- device state ---------------------------------------------------------------------
+    def _setup(self) -> None:
+        dev, (b, t) = self.dev, self.ids.shape
+        self.cache = KVCache(self.spec, b, self.length, dev)
+        real = self.mask.sum(axis=1, keepdims=True)
+        readable = np.ones((b, self.length), bool)
+        readable[:, :t] = self.mask
+        self.readable = dev.tensor(readable)
+        self.offset = dev.tensor((real - t).astype(np.int64))
+        vocab = self._vocab()
+        self.seen = None
+        if self.penalty != 1.0:
+            seen = np.zeros((b, vocab), bool)
+            np.put_along_axis(seen, self.ids, True, axis=1)  # padding too, as transformers
+            self.seen = dev.tensor(seen)
+            self.vocab_ids = dev.tensor(np.arange(vocab, dtype=np.int64)[None])
+        self.done = dev.tensor(np.zeros((b, 1), bool)) if self.eos else None
+        if self.do_sample:
+            from ._init import next_key
+
+            base = next_key(dev) if self.key is None else dev.tensor(np.int64(self.key))
+            self.base_key = base
+
+    def _choose(self, logits: Tensor, index: Tensor | int) -> Tensor:
+        """The next token (B, 1) int64 from the last position's logits (B, vocab); updates
+        the finished rows and the tokens seen. `index`: which new token this is (0 first)."""
+        b = logits.shape[0]
+        if self.seen is not None:
+            logits = _sampling.repetition_penalty(logits, self.seen, self.penalty)
+        if self.do_sample:
+            if self.temperature != 1.0:
+                logits = logits * (1.0 / self.temperature)
+            if self.top_k:
+                logits = _sampling.top_k_top_p(logits, self.top_k, self.top_p)
+            token = _sampling.gumbel_argmax(logits, self.base_key + index)
+        else:
+            token = logits.argmax(axis=-1)
+        token = token.reshape(b, 1)
+        if self.done is not None:
+            token = F.where(self.done, self.pad, token)
+            ended = self.done
+            for e in self.eos:
+                ended = ended | (token == e)
+            self.done._assign(ended)
+        if self.seen is not None:
+            self.seen._assign(self.seen | (self.vocab_ids == token))
+        return token
+
+    def _decode(self, token: Tensor, slot: Tensor, index: Tensor) -> Tensor:
+        """One decode step (the captured function): `token` (B, 1) at cache slot `slot`."""
+        step = self.cache.decode(slot, slot + self.offset, self.readable)
+        return self._choose(self.model.forward_cached(token, step), index)
+
+    # --- the loop -------------------------------------------------------------------------
+    def run(self, streamer: Any) -> np.ndarray:
+        self._setup()
+        dev, (b, t) = self.dev, self.ids.shape
+        if streamer is not None:
+            streamer.put(self.ids.copy())
+        positions = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int64)
+        step = self.cache.prefill(
+            dev.tensor(positions), dev.tensor(prefill_mask(self.mask, self.length))
+        )
+        token = self._choose(self.model.forward_cached(dev.tensor(self.ids), step), 0)
+        decode = capture(self._decode)
+        out: list[np.ndarray] = []
+        pending: list[Tensor] = [token]
+        queued: list[Tensor] = []
+        finished = np.zeros(b, bool)
+        block = 1  # the prefill's token is read as soon as the next step is queued
+        for index in range(1, self.max_new + 1):
+            if index < self.max_new:
+                token = decode(token, t + index - 1, index)
+                queued.append(token)
+            if len(queued) >= block or index == self.max_new:
+                # read what was queued one block ago: the device has the new block meanwhile
+                if pending and self._take(pending, out, finished, streamer):
+                    break
+                pending, queued, block = queued, [], TOKEN_BLOCK
+        else:
+            if pending:
+                self._take(pending, out, finished, streamer)
+        if streamer is not None:
+            streamer.end()
+        self.stats = {
+            "new_tokens": sum(o.shape[1] for o in out),
+            "decode_steps": decode.recordings + decode.replays,
+            "decode_recordings": decode.recordings,
+            "decode_replays": decode.replays,
+            "reads": self.reads,
+            "cache_bytes": self.cache.nbytes,
+        }
+        new = np.concatenate(out, axis=1) if out else np.zeros((b, 0), np.int64)
+        return np.concatenate([self.ids, new], axis=1)
+
+    def _take(
+        self, block: list[Tensor], out: list[np.ndarray], finished: np.ndarray, streamer: Any
+    ) -> bool:
+        """Read a block of tokens into `out` (cut after the step where the last row ended);
+        True when every row has ended."""
+        tokens = (F.cat(block, axis=1) if len(block) > 1 else block[0]).numpy()
+        self.reads += 1
+        for col in range(tokens.shape[1]):
+            column = tokens[:, col]
+            out.append(column[:, None])
+            if streamer is not None:
+                streamer.put(column.copy())
+            if self.eos:
+                finished |= np.isin(column, self.eos)
+                if finished.all():
+                    return True
+        return False
+
+
+def _eos_ids(model: Any, eos_token_id: Any) -> list[int]:
+    if eos_token_id is None:
+        eos_token_id = (getattr(model, "hf_config", None) or {}).get("eos_token_id")
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, int | np.integer):
+        return [int(eos_token_id)]
+    return [int(e) for e in eos_token_id]
+
+
+def _device_of(model: Any) -> Any:
+    for _, t in model.named_tensors():
+        return t.device
+    raise ValueError("generate: the model has no tensors")
+
+
+__all__ = ["TOKEN_BLOCK", "GenerationMixin"]

@@ -1,0 +1,179 @@
+"""The KV cache of a causal LM: preallocated on the device, static in shape.
+
+Each layer keeps its keys and values as two device tensors of shape
+(batch, n_kv_heads, max_len, head_dim), zeros at first and written in place (`_assign`) as
+tokens arrive. The shape never changes during a generation, so a decode step records the
+same graph at every position and `br.compile` replays it with the position as a binding; on
+a remote device the cache never leaves the server.
+
+How a model uses it (what `generate` needs from a causal LM; see `_generate.py`):
+
+- `cache_spec() -> CacheSpec`: layers, kv heads, head size, most positions, dtype.
+- `forward_cached(ids (B, T) int64, step: CacheStep) -> logits (B, vocab)` of the last
+  position: embeddings at `step.positions` (B, T) (or rope angles at them), then for each
+  layer `i` its attention calls `step.layer(i).attend(q, k, v)` with q (B, H, T, D) and
+  k, v (B, H_kv, T, D) after any rope; `attend` writes k and v at the step's slots and
+  returns the attention output (B, H, T, D) over every slot the mask lets each query see.
+
+Everything a layer needs (slots to write, the mask) is made once per step here, shared by
+all layers, so each attention's cache path is the one call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import functional as F
+from .._tensor import Tensor
+from ..protocol import dtypes
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """The cache a model needs: `n_layer` x (keys, values) of (B, n_kv_head, L, head_dim)."""
+
+    n_layer: int
+    n_kv_head: int
+    head_dim: int
+    max_positions: int
+    """The most positions the model can embed (its context); a cache is never longer."""
+    dtype: str = "float32"
+
+    def nbytes(self, batch: int, max_len: int) -> int:
+        """Device bytes of a cache for `batch` rows of `max_len` slots."""
+        per = math.prod((batch, self.n_kv_head, max_len, self.head_dim))
+        return 2 * self.n_layer * per * dtypes.itemsize(self.dtype)
+
+
+class KVCache:
+    """Keys and values of every layer for `batch` rows of `max_len` slots, on `device`.
+
+    `slots` is arange(max_len) on the device, uploaded once: steps compare it with their
+    position to find the slot they write and the slots they may read.
+    """
+
+    def __init__(self, spec: CacheSpec, batch: int, max_len: int, device: Any) -> None:
+        if max_len > spec.max_positions:
+            raise ValueError(
+                f"KV cache: {max_len} positions exceed the model's {spec.max_positions}"
+            )
+        self.spec, self.batch, self.max_len, self.device = spec, batch, max_len, device
+        shape = (batch, spec.n_kv_head, max_len, spec.head_dim)
+        self.keys = [device.zeros(shape, spec.dtype) for _ in range(spec.n_layer)]
+        self.values = [device.zeros(shape, spec.dtype) for _ in range(spec.n_layer)]
+        self.slots = device.tensor(np.arange(max_len, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.nbytes(self.batch, self.max_len)
+
+    def prefill(self, positions: Tensor, mask: Tensor) -> CacheStep:
+        """A step writing slots [0, T) for ids (B, T): `positions` (B, T) int64 position
+        ids, `mask` (B, 1, T, max_len) bool (True: query t may read slot l)."""
+        return CacheStep(self, 0, positions, mask, None)
+
+    def decode(self, position: Tensor, position_ids: Tensor, readable: Tensor) -> CacheStep:
+        """A one-token step at slot `position` (0-d int64, a binding in a captured step).
+
+        Args:
+            position_ids: (B, 1) int64 position ids of the token.
+            readable: (B, max_len) bool, the slots that hold real tokens once written (the
+                prompt's attention mask padded with True); the mask is these, up to and
+                including `position`.
+        """
+        here = self.slots == position
+        mask = ((self.slots <= position) & readable) | here
+        b = readable.shape[0]
+        return CacheStep(
+            self, position, position_ids, mask.reshape(b, 1, 1, self.max_len),
+            here.reshape(1, 1, self.max_len, 1),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CacheStep:
+    """What one forward over the cache passes to every layer: where its T tokens go
+    (`start`, a Python int for a prefill or a 0-d tensor for a decode step), their position
+    ids, the read mask (B, 1, T, L) and, for a decode step, the one-hot slot (1, 1, L, 1)."""
+
+    cache: KVCache
+    start: int | Tensor
+    positions: Tensor
+    mask: Tensor
+    slot: Tensor | None
+
+    def layer(self, index: int) -> LayerCache:
+        return LayerCache(self, index)
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """One layer's view of a step; attention calls `attend`."""
+
+    step: CacheStep
+    index: int
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Write k, v (B, H_kv, T, D) at the step's slots, then attention of q (B, H, T, D)
+        over the whole cache under the step's mask -> (B, H, T, D)."""
+        return cached_attention(q, k, v, self.step, self.index)
+
+
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, step: CacheStep, layer: int) -> Tensor:
+    """The cache write and read of one attention layer (see the module docstring).
+
+    Grouped-query attention (H = g * H_kv) reads the cache as it lies: the g query heads of
+    a kv head become g * T rows of one matmul, so no kv head is ever repeated in memory.
+    """
+    cache = step.cache
+    keys = _write(cache.keys[layer], k, step)
+    values = _write(cache.values[layer], v, step)
+    cache.keys[layer]._assign(keys)
+    cache.values[layer]._assign(values)
+    b, h, t, d = q.shape
+    h_kv, slots = keys.shape[1], keys.shape[2]
+    if h % h_kv:
+        raise ValueError(f"attention: {h} query heads are not a multiple of {h_kv} kv heads")
+    g = h // h_kv
+    qg = q.reshape(b, h_kv, g * t, d)
+    scores = (qg @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    scores = scores.reshape(b, h_kv, g, t, slots)
+    scores = F.where(step.mask.reshape(b, 1, 1, t, slots), scores, float("-inf"))
+    weights = F.softmax(scores, axis=-1).reshape(b, h_kv, g * t, slots)
+    return (weights @ values).reshape(b, h, t, d)
+
+
+def _write(cache: Tensor, new: Tensor, step: CacheStep) -> Tensor:
+    """`cache` with `new` (B, H_kv, T, D) in slots [start, start + T)."""
+    if step.slot is not None:  # a decode step: one token at a slot the device knows
+        if new.shape[2] != 1:
+            raise ValueError(f"KV cache: a decode step writes one token, got {new.shape[2]}")
+        return F.where(step.slot, new, cache)
+    start, t, slots = int(step.start), new.shape[2], cache.shape[2]
+    if start + t > slots:
+        raise ValueError(f"KV cache: {start + t} positions exceed its {slots} slots")
+    if start == 0 and t == slots:
+        return new
+    parts = [p for p in (cache[:, :, :start] if start else None, new) if p is not None]
+    if start + t < slots:
+        parts.append(cache[:, :, start + t :])
+    return F.cat(parts, axis=2)
+
+
+def prefill_mask(attention_mask: np.ndarray, max_len: int) -> np.ndarray:
+    """(B, 1, T, max_len) bool for a prompt at slots [0, T): query t reads slot l <= t when
+    l holds a real token, and always its own slot (so a padding row attends to itself and
+    stays finite instead of a softmax over nothing)."""
+    b, t = attention_mask.shape
+    real = np.zeros((b, max_len), bool)
+    real[:, :t] = attention_mask.astype(bool)
+    causal = np.arange(max_len)[None, :] <= np.arange(t)[:, None]
+    own = np.arange(max_len)[None, :] == np.arange(t)[:, None]
+    return ((causal[None] & real[:, None, :]) | own[None])[:, None]
+
+
+__all__ = ["CacheSpec", "CacheStep", "KVCache", "LayerCache", "cached_attention", "prefill_mask"]

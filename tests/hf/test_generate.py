@@ -1,0 +1,160 @@
+"""`generate` against transformers' `generate` on the same GPT-2 checkpoint (random init,
+saved with save_pretrained): greedy token for token, EOS and the repetition penalty; the
+top-k/top-p filters against transformers' warpers; draws reproducible by key on every
+backend; the decode step one captured graph replayed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from burn_remote import Device, nn
+from burn_remote.nn import _sampling
+from conftest import BACKENDS
+
+VOCAB, PROMPT, NEW = 300, 12, 32
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A GPT-2 whose logits are spread wide (initializer_range 0.2), so greedy choices are
+    not near-ties that float rounding could flip between two correct implementations."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=4, n_embd=64, vocab_size=VOCAB, n_positions=64,
+        bos_token_id=0, eos_token_id=0, initializer_range=0.2,
+    )  # fmt: skip
+    directory = tmp_path_factory.mktemp("gpt2")
+    GPT2LMHeadModel(config).eval().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def hf_model(gpt2_dir):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(gpt2_dir).eval()
+
+
+def _prompts(batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """`batch` prompts of PROMPT tokens, rows after the first left-padded (with id 0)."""
+    ids = np.random.default_rng(1).integers(1, VOCAB, (batch, PROMPT))
+    mask = np.ones_like(ids)
+    for row, pad in zip(range(1, batch), (3, 7)):
+        mask[row, :pad] = 0
+    ids[mask == 0] = 0
+    return ids, mask
+
+
+def _hf_generate(hf_model, ids, mask, **kw) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = hf_model.generate(torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), **kw)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_32_tokens_equal_transformers(gpt2_dir, hf_model, batch) -> None:
+    ids, mask = _prompts(batch)
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    got = model.generate(ids, NEW, attention_mask=mask, eos_token_id=None, pad_token_id=0)
+    want = _hf_generate(
+        hf_model, ids, mask, max_new_tokens=NEW, do_sample=False, eos_token_id=None,
+        pad_token_id=0,
+    )  # fmt: skip
+    assert got.shape == (batch, PROMPT + NEW)
+    np.testing.assert_array_equal(got, want)
+    stats = model.generation_stats
+    # one captured decode graph: recorded twice (until two recordings agree), then replayed
+    assert stats["decode_steps"] == NEW - 1
+    assert stats["decode_recordings"] == 2 and stats["decode_replays"] == NEW - 3
+    assert stats["reads"] <= 2 + NEW // 8
+
+
+def test_eos_stops_and_repetition_penalty_equal_transformers(gpt2_dir, hf_model) -> None:
+    ids, mask = _prompts(3)
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    kw = dict(repetition_penalty=1.3, eos_token_id=29, pad_token_id=5)
+    got = model.generate(ids, NEW, attention_mask=mask, **kw)
+    want = _hf_generate(hf_model, ids, mask, max_new_tokens=NEW, do_sample=False, **kw)
+    assert want.shape[1] < PROMPT + NEW  # EOS ended every row early here...
+    np.testing.assert_array_equal(got, want)  # ...at the same length, pads after each EOS
+    assert model.generation_stats["decode_steps"] < NEW - 1  # the loop stopped early too
+
+
+def test_top_k_top_p_equal_transformers_warpers(cpu) -> None:
+    import torch
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(4, 500)).astype(np.float32) * 3
+    logits[1, :40] = logits[1, 0]  # a tie across the k-th place: all of it kept
+    for k, p in [(1, 1.0), (10, 1.0), (50, 1.0), (50, 0.9), (20, 0.5), (200, 0.95)]:
+        got = _sampling.top_k_top_p(cpu.tensor(logits), k, p).numpy()
+        want = TopKLogitsWarper(k)(None, torch.from_numpy(logits))
+        if p < 1:
+            want = TopPLogitsWarper(p)(None, want)
+        np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want.numpy()), f"{k} {p}")
+        np.testing.assert_array_equal(got[np.isfinite(got)], logits[np.isfinite(got)])
+
+
+def test_gumbel_draws_follow_softmax(cpu) -> None:
+    logits = np.array([2.0, 1.0, 0.0, -1.0, float("-inf")], np.float32)
+    rows = 20000
+    draws = _sampling.gumbel_argmax(cpu.tensor(np.tile(logits, (rows, 1))), cpu.tensor(np.int64(5)))
+    counts = np.bincount(draws.numpy(), minlength=5) / rows
+    want = np.exp(logits - logits.max())
+    want /= want.sum()
+    np.testing.assert_allclose(counts, want, atol=0.015)
+    assert counts[4] == 0
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "cpu"])
+def test_sampling_is_reproducible_by_key_on_every_backend(gpt2_dir, backend) -> None:
+    ids, mask = _prompts(3)
+    kw = dict(do_sample=True, top_k=20, top_p=0.9, temperature=0.8, repetition_penalty=1.1)
+    cpu = nn.GPT.from_pretrained(gpt2_dir)
+    first = cpu.generate(ids, NEW, attention_mask=mask, key=7, **kw)
+    again = cpu.generate(ids, NEW, attention_mask=mask, key=7, **kw)
+    other = cpu.generate(ids, NEW, attention_mask=mask, key=8, **kw)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    model = nn.GPT.from_pretrained(gpt2_dir, device=Device.parse(backend))
+    np.testing.assert_array_equal(model.generate(ids, NEW, attention_mask=mask, key=7, **kw), first)
+
+
+def test_streamer_gets_the_prompt_then_each_token_in_order_then_end(gpt2_dir) -> None:
+    events: list = []
+
+    class Recorder:
+        def put(self, value):
+            events.append(np.array(value))
+
+        def end(self):
+            events.append("end")
+
+    ids, mask = _prompts(3)
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    out = model.generate(ids, NEW, attention_mask=mask, eos_token_id=29, streamer=Recorder())
+    assert events[-1] == "end"
+    np.testing.assert_array_equal(events[0], ids)
+    np.testing.assert_array_equal(np.stack(events[1:-1], axis=1), out[:, PROMPT:])
+
+
+def test_bad_arguments_are_refused_by_name(gpt2_dir) -> None:
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    ids = np.ones((2, 5), np.int64)
+    right = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    with pytest.raises(ValueError, match="right padding"):
+        model.generate(ids, 4, attention_mask=right)
+    with pytest.raises(ValueError, match="context of 64"):
+        model.generate(ids, 60)
+    with pytest.raises(ValueError, match="top_p"):
+        model.generate(ids, 4, do_sample=True, top_k=0, top_p=0.9)
+    with pytest.raises(ValueError, match="vocabulary"):
+        model.generate(np.full((1, 3), VOCAB), 4)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(ids, 4, do_sample=True, temperature=0.0)
