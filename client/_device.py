@@ -222,9 +222,15 @@ class Device:
         return (Device.parse, (self.spec,))
 
     # --- tensors --------------------------------------------------------------------------
-    def tensor(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        """Upload array-like data. Python floats default to float32, ints to int64."""
-        if type(data) is np.ndarray and dtype is None:  # the common case: a host batch
+    def tensor(
+        self, data: Any, dtype: Any = None, requires_grad: bool = False, *, copy: bool = True
+    ) -> Tensor:
+        """Upload array-like data. Python floats default to float32, ints to int64.
+
+        `copy=False` hands a NumPy array over (torch.from_numpy's contract: the caller must
+        not change it afterwards), sparing a copy of it: a streamed checkpoint then never
+        holds a tensor twice."""
+        if type(data) is np.ndarray and dtype is None and copy:  # the common case: a batch
             name = dtypes.from_numpy(data.dtype)  # refuses unsupported dtypes (object too)
             rec = self._rec
             if data.flags.c_contiguous and getattr(rec.runtime, "copies_uploads", False):
@@ -244,7 +250,8 @@ class Device:
             name = dtypes.from_numpy(arr.dtype)
         rec = self._rec
         if not arr.flags.c_contiguous or (
-            not getattr(rec.runtime, "copies_uploads", False)
+            copy
+            and not getattr(rec.runtime, "copies_uploads", False)
             and (arr is data or not arr.flags.owndata)
         ):
             # a copy, as torch.tensor makes: changing the caller's array later must not

@@ -1,7 +1,7 @@
 """Llama-family checkpoints in transformers' directory layout, both ways, streamed.
 
-Loading reads one tensor at a time (`safetensors.safe_open`) and hands it to the device at
-once, so the client holds the model plus one tensor, never a second copy of the model: on
+Loading reads one tensor at a time (plain file reads, see `Checkpoint`) and hands it to the
+device at once, so the client holds the model plus one tensor, never a second copy: on
 `Device.cpu()` the peak stays near the file size, and a `RemoteDevice` gets the weights
 while the client holds at most `STREAM_SYNC_BYTES` of them in flight. Before any weight is
 read, the names and shapes in the file are checked against what the config implies:
@@ -10,7 +10,6 @@ missing, extra and misshapen tensors are refused, naming each.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
@@ -31,6 +30,8 @@ uploads then never pile up in the client beyond it."""
 FLOAT_STORAGE = ("float32", "float16", "bfloat16")
 """dtypes a checkpoint's weights may be stored in, and `dtype=` may ask for."""
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+MAX_HEADER_BYTES = 100 << 20
+"""The safetensors format's own bound on a header."""
 _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
 """Old checkpoints stored RoPE's frequencies; transformers recomputes them, and so do we."""
 
@@ -41,17 +42,25 @@ class CheckpointError(ValueError):
 
 class Checkpoint:
     """The tensors of a `save_pretrained` directory (one file or an index of shards), read
-    one at a time; shapes and dtypes come from the headers without reading any data."""
+    one at a time; shapes and dtypes come from the headers without reading any data.
+
+    Not `safetensors.safe_open`: it maps the whole file, and every page a read touches
+    stays in this process's resident memory while the file is open, so the model's copy
+    plus the mapping made the peak twice the file. Here each tensor is read with plain file
+    I/O (`np.fromfile` at its offset, the layout of the safetensors format: an 8-byte
+    little-endian header length, a JSON header of dtype, shape and data offsets, the data)
+    into an array that goes to the device as it is.
+    """
 
     def __init__(self, directory: Path) -> None:
         single, index = directory / WEIGHTS, directory / WEIGHTS_INDEX
         if single.is_file():
-            files = {single}
+            files = [single]
             located = None
         elif index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
             located = {k: directory / v for k, v in weight_map.items()}
-            files = set(located.values())
+            files = sorted(set(located.values()))
             for path in files:
                 if not path.is_file():
                     raise FileNotFoundError(f"{index} names {path.name}, which is missing")
@@ -62,36 +71,57 @@ class Checkpoint:
             )
         else:
             raise FileNotFoundError(f"{directory}: no {WEIGHTS} or {WEIGHTS_INDEX}")
-        from safetensors import safe_open
-
-        dtypes.to_numpy("bfloat16")  # registers ml_dtypes, so bf16 tensors read as NumPy
-        self._stack = contextlib.ExitStack()
-        self._handles: dict[str, Any] = {}
-        for path in sorted(files):
-            handle = self._stack.enter_context(safe_open(str(path), framework="numpy"))
-            for key in handle.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
-                if located is not None and located.get(key) != path:
-                    continue
-                self._handles[key] = handle
+        self._entries: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+        for path in files:
+            for key, entry in _read_header(path).items():
+                if located is None or located.get(key) == path:
+                    self._entries[key] = (path, *entry)
+        if located is not None and located.keys() - self._entries.keys():
+            lost = located.keys() - self._entries.keys()
+            raise CheckpointError(f"{index}: the shards lack {_few(lost)}, which it names")
         self.nbytes = sum(p.stat().st_size for p in files)
 
     def names(self) -> set[str]:
-        return set(self._handles)
+        return set(self._entries)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[name].get_slice(name).get_shape())
+        return self._entries[name][2]
 
     def dtype(self, name: str) -> str:
-        code = self._handles[name].get_slice(name).get_dtype()
+        path, code = self._entries[name][:2]
         if code not in _SAFETENSORS_DTYPES:
-            raise CheckpointError(f"{name} is stored as {code}, not a float dtype")
+            raise CheckpointError(f"{path}: {name} is stored as {code}, not a float dtype")
         return _SAFETENSORS_DTYPES[code]
 
     def read(self, name: str) -> np.ndarray:
-        return self._handles[name].get_tensor(name)
+        path, _, shape, start, end = self._entries[name]
+        dtype = dtypes.to_numpy(self.dtype(name))
+        count = int(np.prod(shape))
+        if end - start != count * dtype.itemsize:
+            raise CheckpointError(f"{path}: {name} holds {end - start} bytes, not {shape}")
+        with open(path, "rb") as f:
+            arr = np.fromfile(f, dtype=dtype.newbyteorder("<"), count=count, offset=start)
+        if arr.size != count:
+            raise CheckpointError(f"{path}: the file ends inside {name}")
+        return arr.reshape(shape)
 
-    def close(self) -> None:
-        self._stack.close()
+
+def _read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """name -> (dtype code, shape, start, end), offsets from the file's start."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        size = int.from_bytes(raw, "little") if len(raw) == 8 else -1
+        if not 0 < size <= MAX_HEADER_BYTES:
+            raise CheckpointError(f"{path}: not a safetensors file (header length {size})")
+        header = json.loads(f.read(size))
+    base = 8 + size
+    out = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        out[key] = (entry["dtype"], tuple(int(n) for n in entry["shape"]), base + begin, base + end)
+    return out
 
 
 def expected_tensors(c: DecoderConfig) -> dict[str, tuple[int, ...]]:
@@ -171,31 +201,28 @@ def load_pretrained(directory: str | Path, device: Device | None, dtype: Any) ->
     config = decoder_config(doc, directory / CONFIG)
     dev = device or Device.cpu()
     ckpt = Checkpoint(directory)
-    try:
-        expected = check_tensors(ckpt, config, directory)
-        target = storage_dtype(ckpt, dtype, directory)
-        numpy_target = dtypes.to_numpy(target)
-        pending = 0
+    expected = check_tensors(ckpt, config, directory)
+    target = storage_dtype(ckpt, dtype, directory)
+    numpy_target = dtypes.to_numpy(target)
+    pending = 0
 
-        def source(name: str, shape: tuple[int, ...], kind: str) -> Tensor:
-            nonlocal pending
-            if expected.get(name) != shape:  # the tree and expected_tensors disagree: a bug
-                raise AssertionError(f"{name}: built as {shape}, expected {expected.get(name)}")
-            arr = ckpt.read(name)
-            if arr.dtype != numpy_target:
-                arr = arr.astype(numpy_target)
-            pending += arr.nbytes
-            t = dev.tensor(arr, requires_grad=True)
-            del arr
-            if pending >= STREAM_SYNC_BYTES:
-                dev.sync()
-                pending = 0
-            return t
+    def source(name: str, shape: tuple[int, ...], kind: str) -> Tensor:
+        nonlocal pending
+        if expected.get(name) != shape:  # the tree and expected_tensors disagree: a bug
+            raise AssertionError(f"{name}: built as {shape}, expected {expected.get(name)}")
+        arr = ckpt.read(name)
+        if arr.dtype != numpy_target:
+            arr = arr.astype(numpy_target)
+        pending += arr.nbytes
+        t = dev.tensor(arr, requires_grad=True, copy=False)
+        del arr
+        if pending >= STREAM_SYNC_BYTES:
+            dev.sync()
+            pending = 0
+        return t
 
-        model = LlamaForCausalLM(config, dev, target, source)
-        dev.sync()
-    finally:
-        ckpt.close()
+    model = LlamaForCausalLM(config, dev, target, source)
+    dev.sync()
     model.hf_config = doc
     model.name_or_path = str(directory.resolve())
     return model

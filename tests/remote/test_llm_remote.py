@@ -88,3 +88,15 @@ def test_lora_and_qlora_on_a_remote_device_equal_the_cpu_and_load_in_peft(server
             expected = tuned(torch.from_numpy(ids)).logits.numpy()
         np.testing.assert_allclose(got, expected, atol=TOL)
     dev.close()
+
+
+def test_loading_onto_a_remote_device_never_holds_the_model_in_the_client(server, tmp_path):
+    """Stated margin: with the loader syncing every 16 MiB, the client's peak RSS grows by
+    less than half the ~160 MB file (it would grow by the whole file if it held the model)."""
+    from tests.hf.stream_load import write_checkpoint
+    from tests.hf.test_llm_streaming import run_load
+
+    size = write_checkpoint(tmp_path / "ckpt")
+    got = run_load(tmp_path / "ckpt", server.target, str(16 << 20))
+    assert got["dtype"] == "bfloat16"
+    assert got["growth"] < 0.5 * size, got
