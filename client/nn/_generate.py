@@ -27,7 +27,6 @@ The loop, and why it is shaped so:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +38,8 @@ from .._tensor import Tensor
 from . import _sampling
 from ._kv_cache import KVCache, prefill_mask
 
+FROM_CONFIG: Any = object()
+"""`eos_token_id`'s default: take it from the model's config.json (None means none)."""
 TOKEN_BLOCK = 8
 """Tokens read from the device in one read (after the first, which is read alone)."""
 
@@ -59,7 +60,7 @@ class GenerationMixin:
         top_k: int | None = 50,
         top_p: float = 1.0,
         repetition_penalty: float = 1.0,
-        eos_token_id: int | Sequence[int] | None = None,
+        eos_token_id: Any = FROM_CONFIG,
         pad_token_id: int | None = None,
         attention_mask: Any = None,
         key: int | None = None,
@@ -75,7 +76,7 @@ class GenerationMixin:
                 None: no top-k; top_p < 1 then needs a top_k, see `_sampling`).
             repetition_penalty: transformers' penalty on every token already in a row.
             eos_token_id: one id or several; a row ends at its first. Default: the
-                model's config (`eos_token_id`), if any.
+                model's config.json `eos_token_id`, if any; None: no EOS (as transformers).
             pad_token_id: what a finished row emits; default the first EOS id.
             attention_mask: (B, T), 0 on the left padding; default all ones.
             key: the sampling key; the same key draws the same tokens on every device.
@@ -294,7 +295,7 @@ class _Generation:
 
 
 def _eos_ids(model: Any, eos_token_id: Any) -> list[int]:
-    if eos_token_id is None:
+    if eos_token_id is FROM_CONFIG:
         eos_token_id = (getattr(model, "hf_config", None) or {}).get("eos_token_id")
     if eos_token_id is None:
         return []

@@ -22,7 +22,7 @@ all layers, so each attention's cache path is the one call.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,9 @@ class KVCache:
     def prefill(self, positions: Tensor, mask: Tensor) -> CacheStep:
         """A step writing slots [0, T) for ids (B, T): `positions` (B, T) int64 position
         ids, `mask` (B, 1, T, max_len) bool (True: query t may read slot l)."""
-        return CacheStep(self, 0, positions, mask, None)
+        t = positions.shape[1]
+        queries = self.device.tensor(np.arange(t, dtype=np.int64).reshape(t, 1))
+        return CacheStep(self, 0, positions, mask, None, queries)
 
     def decode(self, position: Tensor, position_ids: Tensor, readable: Tensor) -> CacheStep:
         """A one-token step at slot `position` (0-d int64, a binding in a captured step).
@@ -90,7 +92,7 @@ class KVCache:
         b = readable.shape[0]
         return CacheStep(
             self, position, position_ids, mask.reshape(b, 1, 1, self.max_len),
-            here.reshape(1, 1, self.max_len, 1),
+            here.reshape(1, 1, self.max_len, 1), position.reshape(1, 1),
         )  # fmt: skip
 
 
@@ -98,16 +100,30 @@ class KVCache:
 class CacheStep:
     """What one forward over the cache passes to every layer: where its T tokens go
     (`start`, a Python int for a prefill or a 0-d tensor for a decode step), their position
-    ids, the read mask (B, 1, T, L) and, for a decode step, the one-hot slot (1, 1, L, 1)."""
+    ids, the read mask (B, 1, T, L), for a decode step the one-hot slot (1, 1, L, 1), and
+    the slot of each query (T, 1) for sliding windows."""
 
     cache: KVCache
     start: int | Tensor
     positions: Tensor
     mask: Tensor
     slot: Tensor | None
+    queries: Tensor
+    windowed: dict[int, Tensor] = field(default_factory=dict)
+    """Masks narrowed to a sliding window, made once per window and step."""
 
     def layer(self, index: int) -> LayerCache:
         return LayerCache(self, index)
+
+    def mask_for(self, window: int | None) -> Tensor:
+        """The read mask, narrowed to slots l > q - window for a query at slot q (a
+        sliding-window layer, as transformers counts it: over cache slots)."""
+        if window is None or window >= self.cache.max_len:
+            return self.mask
+        if window not in self.windowed:
+            near = self.cache.slots > (self.queries - window)  # (T, L)
+            self.windowed[window] = self.mask & near
+        return self.windowed[window]
 
 
 @dataclass(frozen=True)
@@ -117,17 +133,21 @@ class LayerCache:
     step: CacheStep
     index: int
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, window: int | None = None) -> Tensor:
         """Write k, v (B, H_kv, T, D) at the step's slots, then attention of q (B, H, T, D)
-        over the whole cache under the step's mask -> (B, H, T, D)."""
-        return cached_attention(q, k, v, self.step, self.index)
+        over the whole cache under the step's mask -> (B, H, T, D). `window`: the layer's
+        sliding window, if it has one."""
+        return cached_attention(q, k, v, self.step, self.index, window)
 
 
-def cached_attention(q: Tensor, k: Tensor, v: Tensor, step: CacheStep, layer: int) -> Tensor:
+def cached_attention(
+    q: Tensor, k: Tensor, v: Tensor, step: CacheStep, layer: int, window: int | None = None
+) -> Tensor:
     """The cache write and read of one attention layer (see the module docstring).
 
     Grouped-query attention (H = g * H_kv) reads the cache as it lies: the g query heads of
     a kv head become g * T rows of one matmul, so no kv head is ever repeated in memory.
+    The softmax runs in float32 whatever the cache's dtype (transformers' eager attention).
     """
     cache = step.cache
     keys = _write(cache.keys[layer], k, step)
@@ -142,9 +162,13 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, step: CacheStep, layer: in
     qg = q.reshape(b, h_kv, g * t, d)
     scores = (qg @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(d))
     scores = scores.reshape(b, h_kv, g, t, slots)
-    scores = F.where(step.mask.reshape(b, 1, 1, t, slots), scores, float("-inf"))
-    weights = F.softmax(scores, axis=-1).reshape(b, h_kv, g * t, slots)
-    return (weights @ values).reshape(b, h, t, d)
+    mask = step.mask_for(window)
+    scores = F.where(mask.reshape(mask.shape[0], 1, 1, t, slots), scores, float("-inf"))
+    if scores.dtype == "float32":
+        weights = F.softmax(scores, axis=-1)
+    else:
+        weights = F.softmax(scores.cast("float32"), axis=-1).cast(q.dtype)
+    return (weights.reshape(b, h_kv, g * t, slots) @ values).reshape(b, h, t, d)
 
 
 def _write(cache: Tensor, new: Tensor, step: CacheStep) -> Tensor:

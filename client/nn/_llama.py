@@ -26,6 +26,8 @@ from .. import functional as F
 from .._device import Device
 from .._tensor import Tensor
 from . import _init
+from ._generate import GenerationMixin
+from ._kv_cache import CacheSpec, CacheStep, LayerCache
 from ._layers import Embedding, Linear
 from ._llm_config import DecoderConfig
 from ._module import Module, ModuleList
@@ -113,7 +115,16 @@ class LlamaAttention(Module):
         window = f", sliding_window={self.sliding_window}" if self.sliding_window else ""
         return f"heads={self.n_head}, kv_heads={self.n_kv_head}, head_dim={self.head_dim}{window}"
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        """`cache`: this layer's view of a generation step; keys and values then go into
+        the KV cache and the step's mask replaces `mask`."""
         b, t, _ = x.shape
         groups = self.n_head // self.n_kv_head
         # (B, kv_heads, group, T, d): each key/value head broadcasts over its query heads,
@@ -124,7 +135,14 @@ class LlamaAttention(Module):
         k = apply_rotary(k.transpose(1, 2).transpose(2, 3), cos, sin)
         v = self.v_proj(x).reshape(b, t, self.n_kv_head, 1, self.head_dim)
         v = v.transpose(1, 2).transpose(2, 3)
-        y = self.attend(q, k, v, mask)  # (B, kv_heads, group, T, d)
+        if cache is None:
+            y = self.attend(q, k, v, mask)  # (B, kv_heads, group, T, d)
+        else:
+            h, d = self.n_head, self.head_dim
+            y = cache.attend(
+                q.reshape(b, h, t, d), k.reshape(b, self.n_kv_head, t, d),
+                v.reshape(b, self.n_kv_head, t, d), self.sliding_window,
+            ).reshape(b, self.n_kv_head, groups, t, d)  # fmt: skip
         y = y.transpose(2, 3).transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)
         return self.o_proj(y)
 
@@ -170,8 +188,15 @@ class LlamaDecoderLayer(Module):
         self.post_attention_layernorm = norm("post_attention_layernorm")
         self.mlp = LlamaMLP(c, src, f"{prefix}.mlp")
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -207,7 +232,7 @@ class LlamaModel(Module):
         return self.norm(x)
 
 
-class LlamaForCausalLM(Module):
+class LlamaForCausalLM(GenerationMixin, Module):
     """A Llama-family causal LM; `forward(ids (B, T) int64) -> logits (B, T, vocab)`.
 
     With `tie_word_embeddings` the head is the embedding matrix itself: it is one tensor
@@ -241,6 +266,22 @@ class LlamaForCausalLM(Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.lm_head(self.model(ids))
+
+    # --- generation (GenerationMixin) ----------------------------------------------------
+    def cache_spec(self) -> CacheSpec:
+        c = self.config
+        return CacheSpec(c.n_layer, c.n_kv_head, c.head_dim, c.context, self.dtype)
+
+    def forward_cached(self, ids: Tensor, step: CacheStep) -> Tensor:
+        """Logits (B, vocab) of the last of `ids` (B, T), whose keys and values go into the
+        KV cache at `step`'s slots, rotated at `step.positions`."""
+        m, (b, t) = self.model, ids.shape
+        x = m.embed_tokens(ids)
+        cos, sin = rotary_tables(m.inv_freq, step.positions, x.dtype)  # (B, T, d)
+        cos, sin = cos.reshape(b, 1, 1, t, -1), sin.reshape(b, 1, 1, t, -1)
+        for i, layer in enumerate(m.layers):
+            x = layer(x, cos, sin, None, step.layer(i))
+        return self.lm_head(m.norm(x[:, -1]))
 
     def loss(self, ids: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
         """Mean next-token cross-entropy in float32; `targets` are `ids` shifted left by the

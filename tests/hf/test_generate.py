@@ -158,3 +158,36 @@ def test_bad_arguments_are_refused_by_name(gpt2_dir) -> None:
         model.generate(np.full((1, 3), VOCAB), 4)
     with pytest.raises(ValueError, match="temperature"):
         model.generate(ids, 4, do_sample=True, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def llm_dirs(tmp_path_factory):
+    """The Llama-family checkpoints of tests/hf/llm_tiny.py (GQA, MQA + llama3 RoPE, Qwen2's
+    biases, Mistral's sliding window of 5), with room for a prompt and 32 new tokens."""
+    from tests.hf.llm_tiny import configs, edit_config, make_llm
+
+    out = {}
+    for name in configs():
+        directory = make_llm(tmp_path_factory.mktemp(name), name)
+        edit_config(directory, max_position_embeddings=64)
+        out[name] = directory
+    return out
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("family", ["llama", "llama3", "qwen2", "mistral"])
+def test_llama_family_greedy_32_tokens_equal_transformers(llm_dirs, family, batch) -> None:
+    from tests.hf.llm_tiny import VOCAB as LLM_VOCAB
+    from tests.hf.llm_tiny import hf_model
+
+    ids, mask = _prompts(batch)
+    ids %= LLM_VOCAB
+    ids[mask == 0] = 0
+    model = nn.AutoModelForCausalLM.from_pretrained(llm_dirs[family])
+    got = model.generate(ids, NEW, attention_mask=mask, eos_token_id=None, pad_token_id=0)
+    want = _hf_generate(
+        hf_model(llm_dirs[family]), ids, mask, max_new_tokens=NEW, do_sample=False,
+        eos_token_id=None, pad_token_id=0,
+    )  # fmt: skip
+    np.testing.assert_array_equal(got, want)
+    assert model.generation_stats["decode_replays"] == NEW - 3
