@@ -101,9 +101,10 @@ def _spec(raw: Any) -> Spec:
         raise GraphError(f"bad tensor spec {raw!r}")
     if len(shape) > MAX_GRAPH_NDIM:
         raise GraphError(f"tensor of {len(shape)} dimensions; the limit is {MAX_GRAPH_NDIM}")
-    if math.prod(shape) > MAX_GRAPH_ELEMENTS:
-        raise GraphError(
-            f"tensor of shape {list(shape)} has more than {MAX_GRAPH_ELEMENTS} elements"
+    if math.prod(d or 1 for d in shape) > MAX_GRAPH_ELEMENTS:  # a 0 counts as 1: NumPy
+        raise GraphError(  # cannot make [2**40, 2**40, 0] although it holds nothing
+            f"tensor of shape {list(shape)} has more than {MAX_GRAPH_ELEMENTS} elements "
+            "(counting each 0 as 1)"
         )
     return tuple(shape), dtype
 

@@ -50,6 +50,13 @@ MAX_MAP = 64
 """Most entries in a msgpack map (only Welcome's limits use one)."""
 MAX_NDIM = 32
 """Most dimensions of a tensor shape."""
+MAX_DIM = 2**40
+"""Largest dimension of a tensor shape."""
+MAX_SHAPE_EXTENT = 2**48
+"""Largest product of a shape's dimensions with each 0 counted as 1 (its *extent*). NumPy
+refuses a shape whose extent passes its address space even when a dimension is 0
+([2**40, 2**40, 0] holds nothing, yet cannot be made), so such a shape is refused when the
+message is decoded, by name, instead of failing later inside the engine."""
 U64_MAX = 2**64 - 1
 BULK_THRESHOLD = 256 * 1024
 """Tensor bytes above this travel on a bulk stream instead of inline (both directions); a
@@ -891,10 +898,23 @@ def _ids(v: Any, name: str) -> tuple[int, ...]:
     return tuple(_u64(x, f"{name}[{i}]") for i, x in enumerate(v))
 
 
+def shape_extent(shape: tuple[int, ...] | list[int]) -> int:
+    """The product of ``shape``'s dimensions with each 0 counted as 1 (``MAX_SHAPE_EXTENT``)."""
+    extent = 1
+    for d in shape:
+        extent *= d or 1
+    return extent
+
+
 def _shape(v: Any, name: str) -> tuple[int, ...]:
     ids = _ids(v, name)
-    if len(ids) > MAX_NDIM or (ids and max(ids) > 2**40):
-        raise DecodeError(f"{name}: shape {list(ids)[:8]} is too large")
+    if len(ids) > MAX_NDIM or (
+        ids and (max(ids) > MAX_DIM or shape_extent(ids) > MAX_SHAPE_EXTENT)
+    ):
+        raise DecodeError(
+            f"{name}: shape {list(ids)[:8]} is too large (at most {MAX_NDIM} dimensions, "
+            f"each <= 2^40, multiplying to <= 2^48 with a 0 counted as 1)"
+        )
     return ids
 
 
@@ -1248,7 +1268,9 @@ __all__ = [
     "MAX_BIN",
     "MAX_FRAME",
     "MAX_MAP",
+    "MAX_DIM",
     "MAX_NDIM",
+    "MAX_SHAPE_EXTENT",
     "MAX_STR",
     "PROTOCOL_VERSION",
     "VersionMismatch",
@@ -1265,4 +1287,5 @@ __all__ = [
     "encode_one",
     "frame_of",
     "packer",
+    "shape_extent",
 ]

@@ -33,7 +33,7 @@ def test_bad_inputs_get_named_errors(server_engine, secure, peers, raw, guard_of
 
     # a shape whose product wraps past 2**64 to exactly the bytes sent (0)
     c.send(m.Upload(2, "float32", (2**32, 2**32, 4), b"", 0), m.Sync(2))
-    _error(c.replies(), m.MALFORMED, "needs")
+    _error(c.replies(), m.MALFORMED, "too large")
 
     # a graph input of 2**62 elements
     raw_graph = msgpack.packb([GRAPH_FORMAT, [[[2**62], "float32"]], [], [0]])
@@ -65,3 +65,38 @@ def test_bad_inputs_get_named_errors(server_engine, secure, peers, raw, guard_of
     got = c.call(m.Read(9, 1))
     assert isinstance(got, m.Data) and bytes(got.data) == b"\0" * 8
     guard.check()
+
+
+def test_absurd_shapes_and_dtypes_get_named_errors(secure, peers, raw):
+    """Shapes that hold nothing yet cannot be made ([2^40, 2^40, 0] was answered INTERNAL),
+    dimensions past 2^40, too many dimensions, an unknown dtype and bytes that do not match:
+    each gets MALFORMED (a graph's input BAD_GRAPH) naming what is wrong, and the session
+    goes on with what it had."""
+    server = secure()
+    c = raw(server, peers.attacker)
+    c.hello()
+    c.send(m.Upload(1, "float32", (2,), b"\0" * 8, 0), m.Sync(1))
+    assert c.replies() == [m.Ack(1)]
+    cases = [
+        (("float32", (2**40, 2**40, 0), b""), "too large"),
+        (("float32", (0, 2**40, 2**40, 2**40), b""), "too large"),
+        (("uint8", (2**41,), b""), "too large"),
+        (("float32", (1,) * (m.MAX_NDIM + 1), b"\0" * 4), "too large"),
+        (("float1024", (2,), b"\0" * 8), "float1024"),
+        (("float32", (3,), b"\0" * 8), "needs"),
+        (("bool", (2**20, 2**20, 2**8), b""), "needs"),
+    ]
+    for i, ((dtype, shape, data), words) in enumerate(cases, start=2):
+        c.send(m.Upload(i, dtype, shape, data, 0), m.Sync(i))
+        _error(c.replies(), m.MALFORMED, words)
+    # a graph declaring such an input is refused when it is registered
+    raw_graph = msgpack.packb([GRAPH_FORMAT, [[[2**40, 2**40, 0], "float32"]], [], [0]])
+    c.send(m.RegisterGraph(50, hashlib.sha256(raw_graph).digest(), raw_graph), m.Sync(50))
+    _error(c.replies(), m.BAD_GRAPH, "elements")
+    # an empty tensor of a shape that can be made is fine, and tensor 1 is still there
+    c.send(m.Upload(51, "float32", (2**20, 0, 2**20), b"", 0), m.Sync(51))
+    assert c.replies() == [m.Ack(51)]
+    got = c.call(m.Read(52, 51))
+    assert isinstance(got, m.Data) and tuple(got.shape) == (2**20, 0, 2**20)
+    got = c.call(m.Read(53, 1))
+    assert isinstance(got, m.Data) and bytes(got.data) == b"\0" * 8
