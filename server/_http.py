@@ -134,6 +134,10 @@ class _RelayCollector:
             ("accepted_records", "Signed address records accepted."),
             ("refused_records", "Address records refused (unsigned, stale, replayed)."),
             ("auth_failures", "Peers that failed the key challenge."),
+            (
+                "refused_registrations",
+                "Registrations refused: their IP address, network or the table was full.",
+            ),
             ("unroutable", "Datagrams for peers the relay does not know."),
             ("observed", "OBSERVE requests answered (peers learning their public address)."),
             ("limited", "Datagrams dropped: their sender was over a per-peer limit."),

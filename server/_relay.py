@@ -1,7 +1,10 @@
 """``burn-remote relay``: the discovery and relay node.
 
-It keeps signed address records (refusing unsigned, forged, stale and replayed ones), and
-forwards opaque datagrams between peers that proved their key by signing a challenge. What
+It keeps signed address records (refusing unsigned, forged, stale and replayed ones, and
+any but a registered peer's own), and forwards opaque datagrams between peers that proved
+their key by signing a challenge. Keys cost nothing to make, so every table entry and every
+budget is charged to its source IP address and network as well as to its id
+(``_relay_peers``): one host cannot fill the relay or take more than its share. What
 it forwards is QUIC, encrypted end to end between the peers; the relay has no session key
 and never parses a payload. Sans-I/O core (:class:`RelayState`: datagram in, datagrams out)
 under a thin trio loop, so tests can drive it without sockets.
@@ -25,20 +28,16 @@ from ..protocol.relay._records import AddressRecord, RecordRefused, RecordStore
 from ..protocol.transport import Identity, PeerId
 from ._relay_limits import (
     CONTROL_BURST,
+    HOST_CONTROL_BURST,
+    HOST_CONTROL_RATE,
     LIMIT_LOG_INTERVAL,
     MAX_CONTROL_SOURCES,
     RelayLimits,
     TokenBucket,
 )
+from ._relay_peers import REGISTRATION_TTL, Challenges, PeerTable, source_of
 
 log = logging.getLogger("burn_remote.relay")
-
-REGISTRATION_TTL = 60.0
-"""Seconds a peer stays registered without a PING or a SEND."""
-MAX_NONCES = 4096
-"""Outstanding challenges kept (oldest forgotten first)."""
-MAX_PEERS = 10_000
-"""Registered peers at once."""
 
 
 @dataclass
@@ -55,6 +54,8 @@ class RelayStats:
     """OBSERVE requests answered (peers learning their public address)."""
     limited: int = 0
     """Datagrams dropped because their sender was over a per-peer or per-address limit."""
+    refused_registrations: int = 0
+    """AUTHs that verified but were refused: their source (IP, network) or the table was full."""
     limited_bytes: int = 0
 
 
@@ -78,11 +79,13 @@ class RelayState:
     limits: RelayLimits = field(default_factory=RelayLimits)
 
     def __post_init__(self) -> None:
-        self._nonces: OrderedDict[tuple, bytes] = OrderedDict()
-        self._peers: dict[PeerId, tuple[tuple, float]] = {}
-        self._addrs: dict[tuple, PeerId] = {}
+        self.peers = PeerTable()
+        self._nonces = Challenges()
         self._budgets: dict[PeerId, _PeerBudget] = {}
+        self._host_budgets: dict[str, _PeerBudget] = {}
+        """Per IP address with registered peers (gone with its last peer)."""
         self._control: OrderedDict[tuple, TokenBucket] = OrderedDict()
+        self._host_control: OrderedDict[str, TokenBucket] = OrderedDict()
         self._control_logged: dict[tuple, float] = {}
 
     def handle(self, data: bytes, addr: tuple, now: float) -> list[tuple[bytes, tuple]]:
@@ -97,10 +100,7 @@ class RelayState:
                 return []
             if kind == w.HELLO and len(body) == 32:
                 nonce = secrets.token_bytes(32)
-                self._nonces[addr] = nonce
-                self._nonces.move_to_end(addr)
-                while len(self._nonces) > MAX_NONCES:
-                    self._nonces.popitem(last=False)
+                self._nonces.put(addr, nonce)
                 return [(bytes([w.CHALLENGE]) + self.identity.peer_id.raw + nonce, addr)]
             if kind == w.AUTH and len(body) == 96:
                 return [self._auth(body, addr, now)]
@@ -118,10 +118,10 @@ class RelayState:
                 self.stats.observed += 1
                 return [(reply, addr)]
             if kind == w.PING:
-                peer = self._addrs.get(addr)
+                peer = self.peers.at(addr)
                 if peer is None:
                     return [_err("not registered", addr)]
-                self._peers[peer] = (addr, now)
+                self.peers.touch(peer, now)
                 return [(bytes([w.OK]) + b"pong", addr)]
         except ValueError as exc:
             return [_err(f"malformed request: {exc}", addr)]
@@ -131,7 +131,7 @@ class RelayState:
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives.asymmetric import ed25519
 
-        nonce = self._nonces.pop(addr, None)
+        nonce = self._nonces.pop(addr)
         if nonce is None:
             self.stats.auth_failures += 1
             return _err("no challenge outstanding for this address (send HELLO first)", addr)
@@ -142,20 +142,29 @@ class RelayState:
         except (InvalidSignature, ValueError):
             self.stats.auth_failures += 1
             return _err("challenge signature does not verify", addr)
-        if peer not in self._peers and len(self._peers) >= MAX_PEERS:
-            self._expire(now)
-            if len(self._peers) >= MAX_PEERS:
-                return _err("relay is full", addr)
-        old = self._peers.get(peer)
-        if old is not None:
-            self._addrs.pop(old[0], None)
-        self._peers[peer] = (addr, now)
-        self._addrs[addr] = peer
+        why, removed = self.peers.register(peer, addr, now)
+        for gone, reg in removed:
+            self._forget(gone, reg.source.host)
+        if why:
+            self.stats.refused_registrations += 1
+            return _err(why, addr)
         return (bytes([w.OK]) + b"registered", addr)
 
     def _publish(self, body: bytes, addr: tuple, now: float) -> tuple[bytes, tuple]:
+        """Only a registered peer publishes, and only its own record: a record is charged
+        to the peer and the source that sent it, so ids made for nothing fill nothing."""
         try:
-            self.store.accept(AddressRecord.decode(body), now)
+            rec = AddressRecord.decode(body)
+            peer = self.peers.at(addr)
+            if peer is None or not self.peers.live(peer, now):
+                raise RecordRefused("not registered: HELLO and AUTH from this address first")
+            if rec.peer != peer:
+                raise RecordRefused(
+                    f"record of {str(rec.peer)[:12]}... sent by {str(peer)[:12]}...: a peer "
+                    "publishes only its own record"
+                )
+            src = source_of(addr)
+            self.store.accept(rec, now, (src.host, src.net), lambda p: not self.peers.live(p, now))
         except RecordRefused as exc:
             self.stats.refused_records += 1
             return _err(f"record refused: {exc}", addr)
@@ -163,34 +172,43 @@ class RelayState:
         return (bytes([w.OK]) + b"stored", addr)
 
     def _send(self, body: bytes, addr: tuple, now: float) -> list[tuple[bytes, tuple]]:
-        src = self._addrs.get(addr)
+        src = self.peers.at(addr)
         if src is None or len(body) <= 32:
             self.stats.unroutable += 1
             return [_err("not registered", addr)] if src is None else []
-        entry = self._peers.get(PeerId(body[:32]))
-        if entry is None or now - entry[1] > REGISTRATION_TTL:
+        entry = self.peers.get(PeerId(body[:32]))
+        if entry is None or now - entry.seen > REGISTRATION_TTL:
             self.stats.unroutable += 1
             return []
-        self._peers[src] = (addr, now)
+        self.peers.touch(src, now)
         payload = body[32:]
-        if not self._budget_allows(src, len(payload), now):
+        if not self._budget_allows(src, source_of(addr).host, len(payload), now):
             return []
         self.stats.forwarded += 1
         self.stats.forwarded_bytes += len(payload)
         if self.capture is not None:
             self.capture.write(len(payload).to_bytes(4, "big") + payload)
-        return [(bytes([w.RECV]) + src.raw + payload, entry[0])]
+        return [(bytes([w.RECV]) + src.raw + payload, entry.addr)]
 
-    def _budget_allows(self, peer: PeerId, size: int, now: float) -> bool:
-        """Charge one forwarded datagram to ``peer``; False (and counted) when over a limit."""
+    def _budget_allows(self, peer: PeerId, host: str, size: int, now: float) -> bool:
+        """Charge one forwarded datagram to ``peer`` and to its IP address ``host``; False
+        (and counted) when either is over a limit."""
+        lim = self.limits
         budget = self._budgets.get(peer)
         if budget is None:
-            lim = self.limits
             budget = _PeerBudget(
                 TokenBucket(lim.peer_bandwidth, now), TokenBucket(lim.peer_datagram_rate, now)
             )
             self._budgets[peer] = budget
-        if budget.datagrams.take(1, now) and budget.bytes.take(size, now):
+        shared = self._host_budgets.get(host)
+        if shared is None:
+            shared = _PeerBudget(
+                TokenBucket(lim.host_bandwidth, now), TokenBucket(lim.host_datagram_rate, now)
+            )
+            self._host_budgets[host] = shared
+        if _afford(budget, size, now) and _afford(shared, size, now):
+            _charge(budget, size)
+            _charge(shared, size)
             return True
         self.stats.limited += 1
         self.stats.limited_bytes += size
@@ -205,7 +223,8 @@ class RelayState:
         return False
 
     def _control_allowed(self, addr: tuple, size: int, now: float) -> bool:
-        """Charge one control request to its source address (bounded table, LRU)."""
+        """Charge one control request to its source address and to its IP over all ports
+        (bounded tables, LRU)."""
         if self.limits.control_rate <= 0:
             return True
         bucket = self._control.get(addr)
@@ -216,7 +235,15 @@ class RelayState:
                 old, _ = self._control.popitem(last=False)
                 self._control_logged.pop(old, None)
         self._control.move_to_end(addr)
-        if bucket.take(1, now):
+        host = source_of(addr).host
+        shared = self._host_control.get(host)
+        if shared is None:
+            shared = TokenBucket(HOST_CONTROL_RATE, now, HOST_CONTROL_BURST)
+            self._host_control[host] = shared
+            while len(self._host_control) > MAX_CONTROL_SOURCES:
+                self._host_control.popitem(last=False)
+        self._host_control.move_to_end(host)
+        if bucket.take(1, now) and shared.take(1, now):
             return True
         self.stats.limited += 1
         self.stats.limited_bytes += size
@@ -230,12 +257,21 @@ class RelayState:
             )
         return False
 
-    def _expire(self, now: float) -> None:
-        for peer, (addr, seen) in list(self._peers.items()):
-            if now - seen > REGISTRATION_TTL:
-                del self._peers[peer]
-                self._addrs.pop(addr, None)
-                self._budgets.pop(peer, None)
+    def _forget(self, peer: PeerId, host: str) -> None:
+        """``peer`` left the table: its budget goes, and its host's with its last peer."""
+        self._budgets.pop(peer, None)
+        if not self.peers.on_host(host):
+            self._host_budgets.pop(host, None)
+
+
+def _afford(budget: _PeerBudget, size: int, now: float) -> bool:
+    """Whether ``budget`` has room for one datagram of ``size`` (nothing taken yet)."""
+    return budget.datagrams.can(1, now) and budget.bytes.can(size, now)
+
+
+def _charge(budget: _PeerBudget, size: int) -> None:
+    budget.datagrams.take(1, budget.datagrams.last)
+    budget.bytes.take(size, budget.bytes.last)
 
 
 def _err(text: str, addr: tuple) -> tuple[bytes, tuple]:

@@ -487,7 +487,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
     except (KeyFileError, ValueError) as exc:
         print(f"burn-remote relay: {exc}", file=sys.stderr)
         return 1
-    limits = RelayLimits(args.peer_bandwidth * MIB, args.peer_datagrams, args.control_rate)
+    limits = RelayLimits(
+        args.peer_bandwidth * MIB,
+        args.peer_datagrams,
+        args.control_rate,
+        args.host_bandwidth * MIB,
+        args.host_datagrams,
+    )
     return run_relay(
         identity, bind, capture=args.capture, http=http, http_token=http_token, limits=limits
     )
@@ -537,6 +543,8 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
     )
     from burn_remote.server._relay_limits import (
         CONTROL_RATE,
+        HOST_BANDWIDTH,
+        HOST_DATAGRAM_RATE,
         MIB,
         PEER_BANDWIDTH,
         PEER_DATAGRAM_RATE,
@@ -556,6 +564,22 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
         default=PEER_DATAGRAM_RATE,
         metavar="N",
         help="datagrams/s one peer may send through the relay (default %(default)g; 0: none)",
+    )
+    p.add_argument(
+        "--host-bandwidth",
+        type=_rate,
+        default=HOST_BANDWIDTH / MIB,
+        metavar="MIB_S",
+        help="MiB/s all peers registered from one IP address may send through the relay "
+        "together (ids cost nothing to make; default %(default)g; 0: no limit)",
+    )
+    p.add_argument(
+        "--host-datagrams",
+        type=_rate,
+        default=HOST_DATAGRAM_RATE,
+        metavar="N",
+        help="datagrams/s all peers from one IP address may send through the relay "
+        "(default %(default)g; 0: none)",
     )
     p.add_argument(
         "--control-rate",

@@ -11,6 +11,7 @@ withhold records, never forge them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -142,18 +143,42 @@ class AddressRecord:
         return self.issued + self.ttl < now
 
 
-class RecordStore:
-    """The relay's table: newest valid record per peer, bounded in size."""
+MAX_RECORDS = 100_000
+"""Records a relay holds at once."""
+MAX_RECORDS_PER_HOST = 64
+"""Records one IP address may have published that a relay still holds."""
+MAX_RECORDS_PER_NET = 256
+"""Records one network (the relay's unit: a /24 or /64) may have published that it holds."""
 
-    def __init__(self, max_records: int = 100_000) -> None:
+
+class RecordStore:
+    """The relay's table: newest valid record per peer, bounded in size, in all and per
+    source. ``accept`` takes the publisher's source (its IP address and network, as opaque
+    strings) and charges the record to it; where a cap is reached, records of peers that
+    are no longer registered (``idle``) go first, oldest first, then the record is refused.
+    A record never displaces a live peer's."""
+
+    def __init__(self, max_records: int = MAX_RECORDS) -> None:
         self.max_records = max_records
         self._records: dict[PeerId, AddressRecord] = {}
+        """Oldest published first (a new record of a peer moves it to the end)."""
+        self._source: dict[PeerId, tuple[str, str]] = {}
+        self._by_host: dict[str, dict[PeerId, None]] = {}
+        self._by_net: dict[str, dict[PeerId, None]] = {}
 
     def __len__(self) -> int:
         return len(self._records)
 
-    def accept(self, rec: AddressRecord, now: float | None = None) -> None:
-        """Store ``rec`` or raise :class:`RecordRefused` (unsigned, forged, stale, replayed)."""
+    def accept(
+        self,
+        rec: AddressRecord,
+        now: float | None = None,
+        source: tuple[str, str] = ("", ""),
+        idle: Callable[[PeerId], bool] = lambda peer: True,
+    ) -> None:
+        """Store ``rec`` or raise :class:`RecordRefused` (unsigned, forged, stale, replayed,
+        or its source or the table is full of live peers' records). ``source``: (host,
+        network) of the publisher; ``idle(peer)``: whether a record's peer may lose it."""
         now = time.time() if now is None else now
         rec.verify(now)
         held = self._records.get(rec.peer)
@@ -162,11 +187,49 @@ class RecordStore:
                 f"record of {str(rec.peer)[:12]}... replayed: sequence {rec.seq} is not "
                 f"newer than {held.seq}"
             )
-        if held is None and len(self._records) >= self.max_records:
-            self.expire(now)
-            if len(self._records) >= self.max_records:
-                raise RecordRefused("relay record table is full")
-        self._records[rec.peer] = rec
+        held_source = self._source.get(rec.peer, source)
+        if held is not None:
+            self._drop(rec.peer)  # the newer record replaces it (and moves to the end)
+        host, net = source
+        for group, cap, what in (
+            (self._by_host.get(host, {}), MAX_RECORDS_PER_HOST, host),
+            (self._by_net.get(net, {}), MAX_RECORDS_PER_NET, net),
+            (self._records, self.max_records, ""),
+        ):
+            if len(group) >= cap and not self._make_room(list(group), now, idle):
+                if held is not None:
+                    self._put(rec.peer, held, held_source)
+                where = f" from {what}" if what else ""
+                raise RecordRefused(f"relay record table is full{where} (at most {cap})")
+        self._put(rec.peer, rec, source)
+
+    def _make_room(self, peers: list[PeerId], now: float, idle: Callable[[PeerId], bool]) -> bool:
+        """Forget one of ``peers``' records: an expired one, else the oldest whose peer is
+        idle; False if every one is live and valid."""
+        for peer in peers:
+            if self._records[peer].expired(now):
+                self._drop(peer)
+                return True
+        for peer in peers:
+            if idle(peer):
+                self._drop(peer)
+                return True
+        return False
+
+    def _put(self, peer: PeerId, rec: AddressRecord, source: tuple[str, str]) -> None:
+        self._records[peer] = rec
+        self._source[peer] = source
+        self._by_host.setdefault(source[0], {})[peer] = None
+        self._by_net.setdefault(source[1], {})[peer] = None
+
+    def _drop(self, peer: PeerId) -> None:
+        del self._records[peer]
+        host, net = self._source.pop(peer)
+        for table, key in ((self._by_host, host), (self._by_net, net)):
+            group = table[key]
+            del group[peer]
+            if not group:
+                del table[key]
 
     def get(self, peer: PeerId, now: float | None = None) -> AddressRecord | None:
         rec = self._records.get(peer)
@@ -177,7 +240,14 @@ class RecordStore:
     def expire(self, now: float) -> None:
         """Forget expired records (kept past expiry only to refuse replays until then)."""
         for peer in [p for p, r in self._records.items() if r.expired(now)]:
-            del self._records[peer]
+            self._drop(peer)
 
 
-__all__ = ["AddressRecord", "RecordRefused", "RecordStore"]
+__all__ = [
+    "MAX_RECORDS",
+    "MAX_RECORDS_PER_HOST",
+    "MAX_RECORDS_PER_NET",
+    "AddressRecord",
+    "RecordRefused",
+    "RecordStore",
+]

@@ -12,7 +12,7 @@ type  name       body                                             answer
 0x03  AUTH       peer(32) signature(64)                           OK / ERR
 0x04  OK         text                                             --
 0x05  ERR        text                                             --
-0x06  PUBLISH    record (see ``_records``)                        OK / ERR
+0x06  PUBLISH    its own record (``_records``), when registered   OK / ERR
 0x07  LOOKUP     peer(32)                                         RECORD / ERR
 0x08  RECORD     record                                           --
 0x09  PING       (none; refreshes a registration)                 OK

@@ -10,6 +10,8 @@ from burn_remote.protocol.relay import _wire as w
 from burn_remote.protocol.transport import Identity
 from burn_remote.server._relay import RelayState
 
+from .test_limits import _register
+
 NOW = 1_700_000_000.0
 
 
@@ -84,6 +86,9 @@ def test_relay_state_refuses_bad_publish_with_reason() -> None:
     st = RelayState(Identity.generate())
     me = Identity.generate()
     rec = AddressRecord.create(me, ["1.2.3.4:5"], seq=1, ttl=60, now=NOW)
+    ((err, _),) = st.handle(bytes([w.PUBLISH]) + rec.encode(), ("h", 1), NOW)
+    assert err[0] == w.ERR and b"not registered" in err  # HELLO and AUTH first
+    _register(st, me, ("h", 1), NOW)
     ((ok, _),) = st.handle(bytes([w.PUBLISH]) + rec.encode(), ("h", 1), NOW)
     assert ok[0] == w.OK
     ((err, _),) = st.handle(bytes([w.PUBLISH]) + rec.encode(), ("h", 1), NOW)
