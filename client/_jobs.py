@@ -32,6 +32,16 @@ _FILE_KEYS = (
 )
 
 
+def _relative_to(spec: dict[str, Any], base: Path) -> None:
+    """Local paths of a spec file, taken relative to the file's directory (as a user who
+    keeps the spec next to its data expects), not to wherever the command runs."""
+    for section, key in _FILE_KEYS:
+        table = spec.get(section)
+        value = table.get(key) if isinstance(table, dict) else None
+        if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):
+            table[key] = str(base / Path(value).expanduser())
+
+
 def _expand_pretrained(spec: dict[str, Any]) -> None:
     """model.weights naming a local save_pretrained directory: its weights and config.json
     travel as two files, and the directory's path is what the adapter names as its base."""
@@ -90,7 +100,9 @@ class Jobs:
         Raises:
             JobError: the spec was refused; the message starts with the key path.
         """
+        base: Path | None = None
         if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".toml")):
+            base = Path(spec).parent  # a spec file's local paths are relative to the file
             spec = Path(spec).read_text()
         if isinstance(spec, str):
             try:
@@ -98,6 +110,8 @@ class Jobs:
             except tomllib.TOMLDecodeError as exc:
                 raise JobError(f"spec: not valid TOML: {exc}") from None
         spec = json.loads(json.dumps(spec, default=str))  # a deep copy with paths as strings
+        if base is not None:
+            _relative_to(spec, base)
         _expand_pretrained(spec)
         local = []
         for section, key in _FILE_KEYS:

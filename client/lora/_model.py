@@ -53,6 +53,14 @@ def find_targets(model: Module, target: Any) -> list[str]:
     return out
 
 
+def _unmatched_names(model: Module, target: Any) -> list[str]:
+    """The names of a list of targets that select no Linear layer (a typo such as
+    ``c_atn``); a single string or pattern is one rule, checked as a whole above."""
+    if isinstance(target, str | re.Pattern) or not isinstance(target, list | tuple | set):
+        return []
+    return [t for t in target if not find_targets(model, [t])]
+
+
 def lora_layers(model: Module) -> list[tuple[str, LoraLinear]]:
     return [(p, m) for p, m in model.named_modules() if isinstance(m, LoraLinear)]
 
@@ -65,6 +73,13 @@ def apply_lora(model: Module, config: LoraConfig) -> Module:
     if not targets:
         raise ValueError(
             f"apply_lora: target_modules {config.target_modules!r} matches no Linear layer"
+        )
+    unmatched = _unmatched_names(model, config.target_modules)
+    if unmatched:  # PEFT trains the names that match; a typo would narrow training unseen
+        raise ValueError(
+            f"apply_lora: target_modules {', '.join(map(repr, unmatched))} match no Linear "
+            f"layer (the others would train alone); Linear layers: "
+            f"{', '.join(sorted({p.rsplit('.', 1)[-1] for p in find_targets(model, 'all-linear')}))}"
         )
     for _, t in model.named_parameters():
         t.requires_grad_(False)

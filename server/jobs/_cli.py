@@ -149,6 +149,20 @@ _ACTIONS = {
 }
 
 
+def cmd_template(args: argparse.Namespace) -> int:
+    """Print the annotated spec of a job kind (docs/jobs.md shows the same)."""
+    from ._templates import TEMPLATES
+
+    if args.kind not in TEMPLATES:
+        print(
+            f"burn-remote jobs template: no kind {args.kind!r}; kinds: {', '.join(TEMPLATES)}",
+            file=sys.stderr,
+        )
+        return 2
+    print(TEMPLATES[args.kind], end="")
+    return 0
+
+
 def add_jobs(sub: argparse._SubParsersAction, target_help: str) -> None:
     """Register ``jobs`` and its actions (no heavy imports here: ``--help`` stays instant).
 
@@ -191,6 +205,15 @@ def add_jobs(sub: argparse._SubParsersAction, target_help: str) -> None:
     a = action("fetch", "download a job's outputs, checksums verified")
     a.add_argument("job", type=int)
     a.add_argument("dir", help="destination directory")
+    t = acts.add_parser(
+        "template",
+        help="print an annotated spec of a job kind, to edit and submit",
+        description="Print an annotated TOML spec of a job kind (lora_finetune, train, "
+        "onnx_export): `burn-remote jobs template lora_finetune > lora.toml`. Every key is "
+        "described in docs/jobs.md.",
+    )
+    t.add_argument("kind", help="lora_finetune, train or onnx_export")
+    t.set_defaults(func=cmd_template)
 
 
 __all__ = ["add_jobs", "cmd_jobs"]

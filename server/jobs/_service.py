@@ -25,6 +25,7 @@ from ...protocol import messages as m
 from .._state import ServerState
 from ._checkpoint import choose, prune, seal
 from ._disk import NoRoom, check_room
+from ._preflight import preflight
 from ._spec import SpecError, refs, validate
 from ._store import TERMINAL, JobStore, StoreError
 
@@ -211,7 +212,13 @@ class JobService:
             spec = validate(spec)
             for key, ref in refs(spec):
                 self.resolve(ref, key, check_only=True, owner=owner, admin=admin)
+            spec = preflight(
+                spec, lambda ref, key: self.resolve(ref, key, owner=owner, admin=admin)
+            )
         except SpecError as exc:
+            log.warning(
+                "job refused: %s", str(exc).replace("\n", "; "), extra={"event": "job_refused"}
+            )
             raise JobRefused(str(exc)) from None
         total = spec.get("steps", 1)
         try:  # a job writes checkpoints, events and outputs: none while the disk is full

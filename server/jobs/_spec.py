@@ -46,7 +46,7 @@ LAYERS = ("linear", "relu", "gelu", "conv2d", "maxpool2d", "flatten", "layernorm
 
 
 class SpecError(ValueError):
-    """A spec did not validate; the message starts with the key path."""
+    """A spec did not validate; each line of the message starts with a key path."""
 
 
 Check = Callable[[Any, str], Any]
@@ -213,33 +213,60 @@ def opt(check: Check) -> Check:
     return lambda v, path: None if v is None else check(v, path)
 
 
-def table(fields: dict[str, tuple[Check, Any]]) -> Check:
-    """A TOML table: each field is (check, default); default ``_REQUIRED`` means required."""
+def table(fields: dict[str, tuple[Check, Any]], aliases: dict[str, str] | None = None) -> Check:
+    """A TOML table: each field is (check, default); default ``_REQUIRED`` means required.
+
+    Every problem of the table (and of the tables inside it) is reported at once, one line
+    each, so a spec is fixed in one edit rather than one submit per missing key. ``aliases``
+    maps the spellings users bring from other tools (``learning_rate``) to the field's name
+    (``lr``); the validated spec holds only the field's name."""
 
     def check(v: Any, path: str) -> dict[str, Any]:
         if type(v) is not dict:
             raise _fail(path or "spec", "a table", v)
         prefix = f"{path}." if path else ""
+        v, problems = _unalias(v, aliases or {}, prefix)
         for key in v:
             if key not in fields:
-                raise SpecError(_unknown(prefix + str(key), str(key), list(fields)))
+                problems.append(_unknown(prefix + str(key), str(key), list(fields), aliases))
         out = {}
         for key, (fcheck, default) in fields.items():
-            if key in v and v[key] is not None:
-                out[key] = fcheck(v[key], prefix + key)
-            elif default is _REQUIRED:
-                raise SpecError(f"{prefix}{key}: required key is missing")
-            else:
-                out[key] = default() if callable(default) else default
+            try:
+                if key in v and v[key] is not None:
+                    out[key] = fcheck(v[key], prefix + key)
+                elif default is _REQUIRED:
+                    problems.append(f"{prefix}{key}: required key is missing")
+                else:
+                    out[key] = default() if callable(default) else default
+            except SpecError as exc:
+                problems.extend(str(exc).splitlines())
+        if problems:
+            raise SpecError("\n".join(problems))
         return out
 
     return check
 
 
-def _unknown(path: str, key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.4)
+def _unalias(v: dict[str, Any], aliases: dict[str, str], prefix: str) -> tuple[dict, list[str]]:
+    """``v`` with aliased keys renamed to their field; a key given both ways is a problem."""
+    out, problems = dict(v), []
+    for alias, field in aliases.items():
+        if alias not in out:
+            continue
+        if field in out:
+            problems.append(f"{prefix}{alias}: the same as {prefix}{field}; give only one")
+            out.pop(alias)
+        else:
+            out[field] = out.pop(alias)
+    return out, problems
+
+
+def _unknown(path: str, key: str, valid: list[str], aliases: dict[str, str] | None = None) -> str:
+    """The closest valid key (an alias shown as the key it stands for)."""
+    aliases = aliases or {}
+    close = difflib.get_close_matches(key, [*valid, *aliases], n=1, cutoff=0.4)
     if close:
-        return f"{path}: unknown key; did you mean {close[0]!r}?"
+        return f"{path}: unknown key; did you mean {aliases.get(close[0], close[0])!r}?"
     return f"{path}: unknown key; valid keys: {', '.join(sorted(valid))}"
 
 
@@ -316,7 +343,8 @@ LORA = table(
         "use_rslora": (boolean, False),
         "quantize": (opt(one_of("nf4")), None),
         "task_type": (opt(string), None),
-    }
+    },
+    aliases={"rank": "r", "lora_alpha": "alpha", "lora_dropout": "dropout"},
 )
 
 GROUP = table(
@@ -337,7 +365,8 @@ OPTIMIZER = table(
         "eps": (pos_number, 1e-8),
         "momentum": (fraction, 0.0),
         "groups": (list_of(GROUP, 0, 64), list),
-    }
+    },
+    aliases={"learning_rate": "lr", "type": "name"},
 )
 
 SCHEDULE = table(
@@ -345,7 +374,8 @@ SCHEDULE = table(
         "kind": (one_of("constant", "cosine", "linear_warmup"), "constant"),
         "warmup_steps": (nonneg_int, 0),
         "min_ratio": (fraction, 0.0),
-    }
+    },
+    aliases={"type": "kind", "warmup": "warmup_steps"},
 )
 
 _COMMON = {
@@ -357,7 +387,8 @@ _TRAINING = {
     **_COMMON,
     "model": (MODEL, _REQUIRED),
     "data": (DATA, _REQUIRED),
-    "steps": (upto(BOUNDS["steps"]), _REQUIRED),
+    "steps": (upto(BOUNDS["steps"]), None),  # or `epochs`: one of the two (_cross_check)
+    "epochs": (opt(pos_number), None),
     "batch_size": (upto(BOUNDS["batch_size"]), 8),
     "checkpoint_every": (pos_int, 10),
     "clip": (opt(pos_number), 1.0),
@@ -366,9 +397,30 @@ _TRAINING = {
     "devices": (opt(list_of(target, 1, MAX_JOB_DEVICES)), None),
     "require_all_devices": (boolean, False),
 }
+TRAINING_ALIASES = {
+    "max_steps": "steps",
+    "num_train_epochs": "epochs",
+    "per_device_train_batch_size": "batch_size",
+    "save_steps": "checkpoint_every",
+    "max_grad_norm": "clip",
+}
+"""Top-level spellings of Hugging Face's TrainingArguments, taken as the spec's own keys."""
+
+TOP_LEVEL_MOVES = {
+    "learning_rate": ("optimizer", "lr"),
+    "lr": ("optimizer", "lr"),
+    "weight_decay": ("optimizer", "weight_decay"),
+    "warmup_steps": ("schedule", "warmup_steps"),
+    "lr_scheduler_type": ("schedule", "kind"),
+}
+"""Top-level keys users write for a field of a table (``learning_rate = 1e-4`` as in
+TrainingArguments): taken as that field, unless the table gives it too."""
+
 SCHEMAS: dict[str, Check] = {
-    "lora_finetune": table({**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}),
-    "train": table(_TRAINING),
+    "lora_finetune": table(
+        {**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}, aliases=TRAINING_ALIASES
+    ),
+    "train": table(_TRAINING, aliases=TRAINING_ALIASES),
     "onnx_export": table(
         {
             **_COMMON,
@@ -399,8 +451,40 @@ def validate(spec: dict[str, Any] | str) -> dict[str, Any]:
     if kind is None:
         raise SpecError("kind: required key is missing")
     one_of(*KINDS)(kind, "kind")
-    out = SCHEMAS[kind](spec, "")
+    if kind != "onnx_export":
+        spec = _move_top_level(spec)
+    try:
+        out = SCHEMAS[kind](spec, "")
+    except SpecError as exc:
+        lengths = (
+            "steps",
+            "epochs",
+            *(a for a, f in TRAINING_ALIASES.items() if f in ("steps", "epochs")),
+        )
+        if kind != "onnx_export" and not any(k in spec for k in lengths):
+            raise SpecError(f"{exc}\nsteps: required key is missing (or give epochs)") from None
+        raise
     _cross_check(out)
+    return out
+
+
+def _move_top_level(spec: dict[str, Any]) -> dict[str, Any]:
+    """``learning_rate = ...`` at the top becomes ``optimizer.lr`` (see TOP_LEVEL_MOVES)."""
+    out = dict(spec)
+    problems = []
+    for key, (section, field) in TOP_LEVEL_MOVES.items():
+        if key not in out:
+            continue
+        sub = out.get(section)
+        if sub is not None and type(sub) is not dict:
+            continue  # the table's own check names it
+        sub = dict(sub or {})
+        if field in sub:
+            problems.append(f"{key}: the same as {section}.{field}; give only one")
+        sub[field] = out.pop(key)
+        out[section] = sub
+    if problems:
+        raise SpecError("\n".join(problems))
     return out
 
 
@@ -435,7 +519,12 @@ def _cross_check(spec: dict[str, Any]) -> None:
                 f"batch_size: {spec['batch_size']} samples cannot be split across "
                 f"{len(devices)} devices (each replica needs at least one)"
             )
-    if "schedule" in spec:
+    if spec["kind"] != "onnx_export":
+        if spec["steps"] is None and spec["epochs"] is None:
+            raise SpecError("steps: required key is missing (or give epochs)")
+        if spec["steps"] is not None and spec["epochs"] is not None:
+            raise SpecError("epochs: give steps or epochs, not both")
+    if "schedule" in spec and spec["steps"] is not None:
         sched = spec["schedule"]
         if sched["warmup_steps"] > spec["steps"]:
             raise SpecError(

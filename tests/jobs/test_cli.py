@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+from safetensors.numpy import save_file
+
 from tests.jobs.conftest import wait_for
 from tests.jobs.models import lora_spec
 from tests.remote.conftest import env_with_home
@@ -15,10 +18,12 @@ from tests.remote.conftest import env_with_home
 EXE = str(Path(sys.executable).with_name("burn-remote"))
 
 
-def _jobs(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def _jobs(
+    home: Path, *args: str, timeout: float = 180, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [EXE, "jobs", *args], capture_output=True, text=True, env=env_with_home(home),
-        timeout=timeout,
+        timeout=timeout, cwd=cwd,
     )  # fmt: skip
 
 
@@ -63,6 +68,12 @@ def test_jobs_cli(base, spawn, tmp_path, client_home):  # type: ignore[no-untype
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"not safetensors")
     bad = dict(spec, model=dict(spec["model"], weights=str(garbage)))
+    refused = _jobs(client_home, "submit", str(_toml(bad, tmp_path / "bad.toml")), *peer)
+    assert refused.returncode == 1 and "model.weights: not a safetensors file" in refused.stderr
+    headless = tmp_path / "headless.safetensors"  # readable, but no GPT in it: fails running
+    save_file({"wte.weight": np.zeros((4, 4), np.float32)}, str(headless))
+    lora = dict(spec["lora"], target_modules="c_attn")
+    bad = dict(spec, model=dict(spec["model"], weights=str(headless)), lora=lora)
     failed = _jobs(client_home, "submit", str(_toml(bad, tmp_path / "bad.toml")), *peer, "--watch")
     assert failed.returncode == 1
     assert "failed:" in failed.stderr and "job 2" in failed.stderr, failed.stderr

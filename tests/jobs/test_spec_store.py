@@ -34,7 +34,10 @@ r = "8x"
     ("change", "message"),
     [
         (lambda s: s["lora"].update(r="8x"), 'lora.r: expected a positive integer, got "8x"'),
-        (lambda s: s["lora"].update(rank=8), "lora.rank: unknown key; did you mean 'r'?"),
+        (lambda s: s["lora"].update(rnk=8), "lora.rnk: unknown key; did you mean 'r'?"),
+        (lambda s: s["lora"].update(rank=8), "lora.rank: the same as lora.r; give only one"),
+        (lambda s: s.update(learning_rate=1), "learning_rate: the same as optimizer.lr; give"),
+        (lambda s: s.update(epochs=2), "epochs: give steps or epochs, not both"),
         (lambda s: s.update(stesp=3), "stesp: unknown key; did you mean 'steps'?"),
         (lambda s: s.pop("steps"), "steps: required key is missing"),
         (lambda s: s["optimizer"].update(betas=[0.9]), "optimizer.betas: expected an array"),
@@ -141,9 +144,8 @@ def test_corrupted_artifacts_fail_their_checksum(base, spawn, tmp_path):
     with pytest.raises(ChecksumError, match="failed its checksum"):
         jobs.download(ref, tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
-    job = jobs.submit(lora_spec(ref, base[1], steps=3))
-    info = job.watch(progress=False, timeout=60)
-    assert info["state"] == "failed" and "corrupted" in info["error"]
+    with pytest.raises(JobError, match="corrupted"):  # read at submit (the model's layers)
+        jobs.submit(lora_spec(ref, base[1], steps=3))
 
 
 def server_dir(server):

@@ -16,7 +16,7 @@ from burn_remote.server.jobs import JobService, JobStore
 from burn_remote.server.jobs import _service as service_module
 
 from tests.jobs.conftest import wait_for
-from tests.jobs.models import lora_spec
+from tests.jobs.models import lora_spec, make_base
 
 
 def _refs(service: JobService, base: tuple[Path, Path]) -> tuple[str, str]:
@@ -58,13 +58,15 @@ def test_runner_survives_write_errors_and_retries(base, tmp_path, monkeypatch):
 def test_submit_on_a_full_store_is_refused_whole(tmp_path, monkeypatch):
     service = JobService(tmp_path / "data")
     try:
-        ref = "sha256:" + service.store.put_artifact(b"x")
+        weights, data = make_base(tmp_path)  # real files: a submit reads their headers
+        w_ref = "sha256:" + service.store.put_artifact(weights.read_bytes())
+        d_ref = "sha256:" + service.store.put_artifact(data.read_bytes())
 
         def full(*a, **k):  # type: ignore[no-untyped-def]
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(JobStore, "add_job", full)
-        spec = lora_spec(ref, ref, steps=2)
+        spec = lora_spec(w_ref, d_ref, steps=2)
         with pytest.raises(Exception, match=r"cannot be written .*No space left.* nothing was"):
             service.submit(spec)
         assert service.list() == []
