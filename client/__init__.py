@@ -8,10 +8,24 @@ from typing import TYPE_CHECKING, Any
 
 # What creating a CPU tensor needs loads now; the rest on first use (see __getattr__).
 from ._autograd import no_grad
-from ._device import Device
+from ._device import DEVICE_KINDS, PEER_KIND, Device, DeviceKind
 from ._ops import RecordError
 from ._recorder import OpFailed
 from ._tensor import Tensor, matmul
+
+
+def _open_peer(target: str) -> Device:
+    """A server's device: its row in the device table is added here, at the package's
+    root, because the remote device sits above `Device` (which must not import it)."""
+    from ._remote import RemoteDevice
+
+    return RemoteDevice(target)
+
+
+DEVICE_KINDS[PEER_KIND] = DeviceKind(
+    "or a server: PEER@HOST:PORT or a peer id (an address-book name: RemoteDevice(name))",
+    _open_peer,
+)
 
 _LAZY = {
     # name: (module, attribute or None for the module itself)

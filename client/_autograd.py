@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from burn_remote.protocol.registry import NOT_DIFFERENTIABLE, OpDef
+
+from ._recorder import fmt_location
 
 _state = threading.local()
 
@@ -91,20 +93,21 @@ def backward_hook(hook: Any) -> Iterator[None]:
         _state.hook = prev
 
 
-def backward(root: Any, grad: Any = None) -> None:
+def backward(root: Any, grad: Any, builder: Callable[[Any, Any], Any]) -> None:
+    """Record the gradient ops of everything ``root`` depends on; leaves get ``.grad``.
+
+    ``builder(device, where)`` makes the recorder face that gradient rules write against
+    (`_tensor.Builder`): the tape lives below the tensor, so the tensor hands it down."""
     hook = getattr(_state, "hook", None)
     if hook is None:
-        _backward(root, grad)
+        _backward(root, grad, builder)
         return
     hook.before(root)
-    _backward(root, grad)
+    _backward(root, grad, builder)
     hook.after(root)
 
 
-def _backward(root: Any, grad: Any = None) -> None:
-    from ._ops import Builder, call
-    from ._recorder import fmt_location
-
+def _backward(root: Any, grad: Any, builder: Callable[[Any, Any], Any]) -> None:
     if not root.requires_grad:
         raise RuntimeError("backward(): this tensor does not require gradients")
     if grad is None:
@@ -112,7 +115,7 @@ def _backward(root: Any, grad: Any = None) -> None:
             raise RuntimeError(
                 f"backward(): give a gradient for non-scalar output of shape {root.shape}"
             )
-        grad = call("full", _device=root._dev, shape=root.shape, value=1.0, dtype=root.dtype)
+        grad = builder(root._dev, None).op("full", shape=root.shape, value=1.0, dtype=root.dtype)
     if root._node is None:  # a leaf
         _accumulate(root, grad)
         return
@@ -147,8 +150,8 @@ def _backward(root: Any, grad: Any = None) -> None:
             else:
                 out = node.outputs[0]()
                 g = gouts[0]
-            builder = Builder(node.inputs[0]._dev if node.inputs else out._dev, node.where)
-            gins = node.op.grad(builder, g, node.inputs, out, node.attrs)
+            face = builder(node.inputs[0]._dev if node.inputs else out._dev, node.where)
+            gins = node.op.grad(face, g, node.inputs, out, node.attrs)
             for inp, gi in zip(node.inputs, gins):
                 if gi is None or not inp.requires_grad:
                     continue

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import _autograd
+from ._bindings import binding, capturing, on_replay  # noqa: F401 (public here)
 from ._capture_analysis import (  # noqa: F401 (CaptureError is public here)
     _CONST,
     _GRAD,
@@ -59,29 +60,6 @@ MAX_CAPTURES = 8
 """Captures kept per compiled function (one per argument signature), least recent evicted."""
 MAX_RECORDINGS = 4
 """Recordings of one signature that may disagree before the function is declared uncapturable."""
-
-
-# --- bindings with sources (used by optimizers, dropout, and scalar arguments) ---------------
-def binding(dev: Any, source: Callable[[], Any], dtype: str) -> Tensor:
-    """`dev.scalar(source(), dtype)`, and on every replay of a compiled function `source()`
-    again, so the value follows Python state (a schedule, a counter) without re-recording."""
-    t = dev.scalar(source(), dtype)
-    log_ = dev._rec.log
-    if log_ is not None:
-        log_.actions.append((t._id, source))
-    return t
-
-
-def on_replay(effect: Callable[[], Any]) -> None:
-    """Run `effect()` on every replay of the step being captured now (no-op otherwise), in
-    recording order with the binding sources: how an optimizer advances its step counter."""
-    if CAPTURING and CAPTURING[0].log.thread == get_ident():
-        CAPTURING[0].log.actions.append((-1, effect))
-
-
-def capturing() -> bool:
-    """Whether a compiled function is recording its step right now, in this thread."""
-    return bool(CAPTURING) and CAPTURING[0].log.thread == get_ident()
 
 
 # --- argument and result trees ------------------------------------------------------------------

@@ -13,25 +13,13 @@ from ._tensor import Tensor
 
 
 def _dev(device: Any) -> Device:
-    return Device.cpu() if device is None else Device.parse(device)
+    return Device.cpu() if device is None else Device.resolve(device)
 
 
 def device(spec: Any) -> Device:
     """A device from its name: "cpu", "cuda:0", "opencl", or a server ("PEER@HOST:PORT",
-    or a peer id the address book knows), as `torch.device` is spelt."""
-    if isinstance(spec, Device):
-        return spec
-    if not isinstance(spec, str):
-        raise TypeError(f"device: expected a Device or a string, got {type(spec).__name__}")
-    if "@" in spec or len(spec.strip()) >= _PEER_ID_MIN:
-        from ._remote import RemoteDevice
-
-        return RemoteDevice(spec.strip())
-    return Device.parse(spec)  # "unknown device ..." names the local kinds for a typo
-
-
-_PEER_ID_MIN = 40
-"""A bare peer id (base32 of an Ed25519 key) is longer than any local device name."""
+    or a peer id the address book knows), as `torch.device` is spelt (`Device.resolve`)."""
+    return Device.resolve(spec)
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:

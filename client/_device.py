@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from burn_remote.protocol import dtypes
@@ -181,31 +181,62 @@ class Device:
         self._rec = Recorder(runtime)
 
     # --- construction -------------------------------------------------------------------
-    @classmethod
-    def parse(cls, spec: str | Device) -> Device:
-        """'cpu', 'cuda:0', 'opencl' (or a Device, returned as is)."""
+    @staticmethod
+    def resolve(spec: str | Device) -> Device:
+        """The device a name means, by the table of kinds (`DEVICE_KINDS`): "cpu", "cuda[:N]",
+        "opencl[:N]", or a server ("PEER@HOST:PORT", or a peer id or name the address book
+        knows); a Device is returned as it is. Every entry point resolves through here:
+        the constructors' ``device=``, ``Tensor.to``, `Device.parse`, ``br.device``.
+
+        Raises:
+            TypeError: ``spec`` is neither a string nor a Device.
+            ValueError: no kind matches, naming the spellings that would.
+        """
         if isinstance(spec, Device):
             return spec
-        from burn_remote.engine.backend import parse_device
+        if not isinstance(spec, str):
+            raise TypeError(f"device: expected a Device or a string, got {type(spec).__name__}")
+        text = spec.strip()
+        kind = DEVICE_KINDS.get(text.partition(":")[0].lower())
+        if kind is None and PEER_KIND in DEVICE_KINDS and _is_peer(text):
+            kind = DEVICE_KINDS[PEER_KIND]
+        if kind is None:
+            spellings = ", ".join(k.spelling for k in DEVICE_KINDS.values())
+            raise ValueError(f"unknown device {spec!r}: expected {spellings}")
+        return kind.open(text)
+
+    @staticmethod
+    def parse(spec: str | Device) -> Device:
+        """`Device.resolve` under its older name: every device spelling, peers included."""
+        return Device.resolve(spec)
+
+    @staticmethod
+    def _local(spec: str) -> Device:
+        """The one local device of ``spec`` (the engine's backend kinds), opened once."""
+        from burn_remote.engine.backend_base import parse_device
 
         kind, index = parse_device(spec)
         key = "cpu" if kind == "cpu" else f"{kind}:{index}"
-        dev = cls._instances.get(key)
+        dev = Device._instances.get(key)
         if dev is None:
-            dev = cls._instances[key] = cls(key, LocalRuntime(key))
+            dev = Device._instances[key] = Device(key, LocalRuntime(key))
         return dev
 
     @classmethod
     def cpu(cls) -> Device:
-        return cls.parse("cpu")
+        """The host's NumPy engine, in this process (the default device)."""
+        dev = Device._instances.get("cpu")
+        return dev if dev is not None else Device._local("cpu")
 
     @classmethod
     def cuda(cls, index: int = 0) -> Device:
-        return cls.parse(f"cuda:{index}")
+        """CUDA GPU ``index`` through CuPy, in this process."""
+        return Device.resolve(f"cuda:{index}")
 
     @classmethod
     def opencl(cls, index: int = 0) -> Device:
-        return cls.parse(f"opencl:{index}")
+        """OpenCL device ``index`` through PyOpenCL (GPUs first; PoCL on a CPU)."""
+        return Device.resolve(f"opencl:{index}")
 
     def __repr__(self) -> str:
         return f"Device({self.spec!r})"
@@ -219,7 +250,7 @@ class Device:
 
     def __reduce__(self) -> tuple:
         """Pickled by name: unpickling finds (or opens) the same local device."""
-        return (Device.parse, (self.spec,))
+        return (Device.resolve, (self.spec,))
 
     # --- tensors --------------------------------------------------------------------------
     def tensor(
@@ -409,4 +440,33 @@ class Device:
         return self._rec.runtime.memory_stats()
 
 
-__all__ = ["Device", "OpFailed"]
+class DeviceKind(NamedTuple):
+    """One row of the device table: how a kind is spelt and how it opens."""
+
+    spelling: str
+    """How a user writes it (listed in the error for a name no kind matches)."""
+    open: Callable[[str], Device]
+    """The device for a name of this kind (a local device is opened once per process)."""
+
+
+PEER_KIND = "peer"
+"""The key of servers in `DEVICE_KINDS`; its row is added by the package (`burn_remote`),
+which sits above the remote device: this module never imports it."""
+
+PEER_ID_MIN = 40
+"""A bare peer id (base32 of an Ed25519 key) is longer than any local device name."""
+
+DEVICE_KINDS: dict[str, DeviceKind] = {
+    "cpu": DeviceKind("cpu", Device._local),
+    "cuda": DeviceKind("cuda[:N]", Device._local),
+    "opencl": DeviceKind("opencl[:N]", Device._local),
+}
+"""Device kind -> its row: the one table `Device.resolve` reads. Local kinds are keyed by
+the name before ``:``; a name with ``@`` or as long as a peer id is a server (`PEER_KIND`)."""
+
+
+def _is_peer(text: str) -> bool:
+    return "@" in text or len(text) >= PEER_ID_MIN
+
+
+__all__ = ["DEVICE_KINDS", "Device", "DeviceKind", "OpFailed"]

@@ -7,11 +7,10 @@ from typing import Any
 import numpy as np
 from burn_remote.protocol.shapes import slice_len
 
-from . import _ops
-from ._tensor import Tensor
+from ._math import TensorMath  # every tensor is one (`_tensor.Tensor` builds on it)
 
 
-def getitem(x: Tensor, key: Any) -> Tensor:
+def getitem(x: TensorMath, key: Any) -> TensorMath:
     if not isinstance(key, tuple):
         key = (key,)
     key = tuple(_as_index(x, k) for k in key)
@@ -20,7 +19,7 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         raise IndexError("an index can only have a single ellipsis")
     if n_real > x.ndim:
         raise IndexError(f"too many indices for a tensor of shape {x.shape}: {n_real}")
-    if any(k is Ellipsis for k in key):  # identity: `in` would call Tensor.__eq__
+    if any(k is Ellipsis for k in key):  # identity: `in` would call TensorMath.__eq__
         at = next(i for i, k in enumerate(key) if k is Ellipsis)
         key = key[:at] + (slice(None),) * (x.ndim - n_real) + key[at + 1 :]
     else:
@@ -33,7 +32,7 @@ def getitem(x: Tensor, key: Any) -> Tensor:
             final.append(1)
             continue
         dim = x.shape[axis]
-        if isinstance(k, Tensor):
+        if isinstance(k, TensorMath):
             if tensor_index is not None:
                 raise IndexError("only one integer index tensor is supported per indexing")
             tensor_axis, tensor_index, tensor_pos = axis, k, len(final)
@@ -52,14 +51,14 @@ def getitem(x: Tensor, key: Any) -> Tensor:
         axis += 1
     y = x
     if tuple(starts) != (0,) * x.ndim or tuple(stops) != x.shape or any(s != 1 for s in steps):
-        y = _ops.call("slice", x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+        y = x._call("slice", x, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
     if tensor_index is not None:
-        y = _ops.call("index_select", y, tensor_index, axis=tensor_axis)
+        y = y._call("index_select", y, tensor_index, axis=tensor_axis)
     y = y.reshape(tuple(final)) if tuple(final) != y.shape else y
     if tensor_index is not None:
         # NumPy: integers count as advanced indices beside the tensor; when a slice or None
         # separates them, the index's dimensions go first (x[1, :, idx] has shape (n, ...)).
-        adv = [i for i, k in enumerate(key) if isinstance(k, Tensor | int | np.integer)]
+        adv = [i for i, k in enumerate(key) if isinstance(k, TensorMath | int | np.integer)]
         if adv[-1] - adv[0] + 1 != len(adv) and tensor_pos:
             n = tensor_index.ndim
             order = list(range(tensor_pos, tensor_pos + n))
@@ -68,8 +67,8 @@ def getitem(x: Tensor, key: Any) -> Tensor:
     return y
 
 
-def _as_index(x: Tensor, k: Any) -> Any:
-    if isinstance(k, Tensor):
+def _as_index(x: TensorMath, k: Any) -> Any:
+    if isinstance(k, TensorMath):
         if k.dtype == "bool":
             raise IndexError("boolean mask indexing is not supported; use where()")
         return k

@@ -1,13 +1,126 @@
-"""Tensor: a handle on one recorded value. The math is written once, as calls into the registry."""
+"""Tensor: a handle on one recorded value, and the recording path every op goes through.
+
+`call` binds an op's attributes against the registry declaration, runs the shape rule (so
+errors raise at the user's line), records a node on the device, and links autodiff when an
+input needs gradients; composites expand into primitives here, so every engine sees
+primitives only. The operator surface is inherited from `_math.TensorMath`, written once over
+`call`; `_ops` re-exports the recording names for the modules that record ops directly.
+"""
 
 from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from burn_remote.protocol import dtypes
+from burn_remote.protocol import ops as _declared  # noqa: F401  (the declarations register)
+from burn_remote.protocol.graph import canonical_attrs
+from burn_remote.protocol.registry import OPS, ShapeError
+
+from . import _autograd, _indexing, _recorder
+from ._math import TensorMath, matmul
+from ._recorder import Node, fmt_location, user_location
+
+
+class RecordError(ValueError):
+    """A shape or dtype rule refused an op at record time; names the user's line."""
+
+
+def _device_of(name: str, inputs: tuple[Tensor, ...]) -> Any:
+    dev = inputs[0]._dev
+    for t in inputs[1:]:
+        if t._dev is not dev:
+            raise RecordError(
+                f"{name}: operands are on different devices ({dev} and {t._dev}); move one with .to()"
+            )
+    return dev
+
+
+def call(name: str, *inputs: Tensor, _device: Any = None, _where: Any = None, **attrs: Any) -> Any:
+    """Record op `name` on its operands' device and return its output tensor(s).
+
+    This is the hot path of recording: it avoids generator expressions and does the common
+    one-output case without loops.
+    """
+    op = OPS.get(name)
+    if op is None:
+        raise RecordError(f"unknown op {name!r}")
+    for t in inputs:
+        if type(t) is not Tensor:
+            raise TypeError(f"{name}: expected Tensor operands, got {type(t).__name__}")
+    try:
+        bound = op.bind_attrs(attrs) if (attrs or op.attrs) else attrs
+        if op.decompose is not None:
+            builder = Builder(_device or _device_of(name, inputs), _where)
+            return op.decompose(builder, *inputs, **bound)
+        if op.arity is not None and len(inputs) != op.arity:
+            raise ShapeError(f"{name}: expected {op.arity} operands, got {len(inputs)}")
+        specs = op.infer(inputs, bound)
+    except (ShapeError, TypeError) as exc:
+        where = _where or user_location()
+        raise RecordError(f"{exc} (at {fmt_location(where)})") from None
+    if not inputs and _device is None:
+        raise RecordError(
+            f"{name}: an op with no tensor operands needs a device; use the device's methods "
+            "(dev.full, dev.zeros, dev.uniform, ...)"
+        )
+    dev = _device if not inputs else _device_of(name, inputs)
+    rec = dev._rec
+    where = _where or user_location()
+    key_attrs = canonical_attrs(bound) if bound else ()
+    in_ids = tuple([t._id for t in inputs])
+    if len(specs) == 1:
+        shape, dtype = specs[0]
+        if type(shape) is not tuple:
+            shape = tuple(shape)
+        tid = rec.new_id()
+        rec.add(Node(name, in_ids, key_attrs, (tid,), ((shape, dtype),), where))
+        outs = [make_tensor(dev, tid, shape, dtype)]
+    else:
+        specs = tuple([(tuple(s), d) for s, d in specs])
+        ids = tuple([rec.new_id() for _ in specs])
+        rec.add(Node(name, in_ids, key_attrs, ids, specs, where))
+        outs = [make_tensor(dev, i, s, d) for i, (s, d) in zip(ids, specs)]
+    if op.grad is not None and _autograd.enabled():
+        for t in inputs:
+            if t.requires_grad:
+                _autograd.link(op, inputs, bound, outs, where)
+                break
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def const(dev: Any, value: float | int | bool, dtype: str, where: Any = None) -> Tensor:
+    """A 0-d constant: its value is part of the graph's structure."""
+    return call("full", _device=dev, _where=where, shape=(), value=value, dtype=dtype)
+
+
+class Builder:
+    """The recorder face that gradient rules and decompositions write against."""
+
+    __slots__ = ("dev", "where")
+
+    def __init__(self, dev: Any, where: Any = None) -> None:
+        self.dev = dev
+        self.where = where
+
+    def op(self, name: str, *inputs: Tensor, **attrs: Any) -> Any:
+        return call(name, *inputs, _device=self.dev, _where=self.where, **attrs)
+
+    def const(self, value: float | int | bool, dtype: str) -> Tensor:
+        return const(self.dev, value, dtype, self.where)
+
+
+def operand(x: Any, like: Tensor) -> Tensor:
+    """Turn a Python scalar into a constant of the weakly-typed dtype (NumPy 2 rules)."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, bool | int | float):
+        return const(like._dev, x, dtypes.scalar_dtype(x, like.dtype))
+    if type(x).__module__ == "numpy":  # NumPy scalars are weak like Python's; arrays upload
+        return operand(x.item(), like) if x.ndim == 0 else like._dev.tensor(x)
+    raise TypeError(f"unsupported operand type {type(x).__name__}")
 
 
 def make_tensor(dev: Any, tensor_id: int, shape: tuple[int, ...], dtype: str) -> Tensor:
@@ -25,18 +138,11 @@ def make_tensor(dev: Any, tensor_id: int, shape: tuple[int, ...], dtype: str) ->
     return t
 
 
-class _MinMax(NamedTuple):
-    """torch's `max(dim=...)` / `min(dim=...)` result."""
-
-    values: Any
-    indices: Any
-
-
 def _unpickle(dev: Any, array: np.ndarray, requires_grad: bool) -> Tensor:
     return dev.tensor(array, requires_grad=requires_grad)
 
 
-class Tensor:
+class Tensor(TensorMath):
     """A lazy tensor on a device. Reading it (`item`, `numpy`) is the only thing that waits.
 
     Tensors are created by a device (`dev.tensor(...)`) or by ops on other tensors; they never
@@ -56,6 +162,7 @@ class Tensor:
         "__weakref__",
     )
     __array_priority__ = 1000  # NumPy defers to our operators: ndarray * Tensor -> Tensor
+    _call = staticmethod(call)  # the one primitive TensorMath's op methods record through
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("create tensors with a device: Device.cpu().tensor(data)")
@@ -70,10 +177,6 @@ class Tensor:
     @property
     def device(self) -> Any:
         return self._dev
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
 
     @property
     def size(self) -> _Size:
@@ -174,7 +277,7 @@ class Tensor:
 
     def backward(self, grad: Tensor | None = None) -> None:
         """Record the backward ops into the pending graph; leaf tensors get `.grad`."""
-        _autograd.backward(self, grad)
+        _autograd.backward(self, grad, Builder)
 
     def detach(self) -> Tensor:
         return make_tensor(self._dev, self._id, self.shape, self.dtype)
@@ -291,9 +394,7 @@ class Tensor:
         if isinstance(target, str) and target in dtypes.DTYPES or _is_dtype(target):
             target, dtype = None, target
         if target is not None:
-            from ._creation import device
-
-            dev = device(target)
+            dev = self._dev.resolve(target)  # Device.resolve: every device spelling
             if dev is not self._dev:
                 out = dev._receive(self)
         return out.cast(dtype) if dtype is not None else out
@@ -301,173 +402,20 @@ class Tensor:
     def cpu(self) -> Tensor:
         return self.to("cpu")
 
-    def cast(self, dtype: Any) -> Tensor:
-        dtype = dtypes.normalize(dtype)
-        return self if dtype == self.dtype else _ops.call("cast", self, dtype=dtype)
-
-    astype = cast
-
-    def float(self) -> Tensor:
-        return self.cast("float32")
-
-    def double(self) -> Tensor:
-        return self.cast("float64")
-
-    def half(self) -> Tensor:
-        return self.cast("float16")
-
-    def long(self) -> Tensor:
-        return self.cast("int64")
-
-    def int(self) -> Tensor:
-        return self.cast("int32")
-
-    def type_as(self, other: Tensor) -> Tensor:
-        return self.cast(other.dtype)
-
     def clone(self) -> Tensor:
         """A copy that gradients flow through (values behind an id never change in place)."""
-        return _ops.call("reshape", self, shape=self.shape) if self.requires_grad else self.detach()
+        return call("reshape", self, shape=self.shape) if self.requires_grad else self.detach()
 
     def contiguous(self) -> Tensor:
         return self
 
     # --- operators ----------------------------------------------------------------------
     def _bin(self, name: str, other: Any, reverse: bool = False) -> Tensor:
-        o = _ops.operand(other, self)
-        return _ops.call(name, o, self) if reverse else _ops.call(name, self, o)
-
-    def __add__(self, o: Any) -> Tensor:
-        return self._bin("add", o)
-
-    def __radd__(self, o: Any) -> Tensor:
-        return self._bin("add", o, True)
-
-    def __sub__(self, o: Any) -> Tensor:
-        return self._bin("sub", o)
-
-    def __rsub__(self, o: Any) -> Tensor:
-        return self._bin("sub", o, True)
-
-    def __mul__(self, o: Any) -> Tensor:
-        return self._bin("mul", o)
-
-    def __rmul__(self, o: Any) -> Tensor:
-        return self._bin("mul", o, True)
-
-    def __truediv__(self, o: Any) -> Tensor:
-        if not dtypes.is_float(self.dtype) and not (
-            isinstance(o, Tensor) and dtypes.is_float(o.dtype)
-        ):
-            return self.cast(dtypes.DEFAULT_FLOAT)._bin("div", o)
-        return self._bin("div", o)
-
-    def __rtruediv__(self, o: Any) -> Tensor:
-        if not dtypes.is_float(self.dtype):  # true division: 1 / int tensor is a float
-            return self.cast(dtypes.DEFAULT_FLOAT)._bin("div", o, True)
-        return self._bin("div", o, True)
-
-    def __floordiv__(self, o: Any) -> Tensor:
-        return (
-            _ops.call("floor", self._bin("div", o))
-            if dtypes.is_float(self.dtype)
-            else self._bin("div", o)
-        )
-
-    def __rfloordiv__(self, o: Any) -> Tensor:
-        q = self._bin("div", o, True)
-        return _ops.call("floor", q) if dtypes.is_float(q.dtype) else q
-
-    def __pow__(self, o: Any) -> Tensor:
-        return self._bin("pow", o)
-
-    def __rpow__(self, o: Any) -> Tensor:
-        return self._bin("pow", o, True)
-
-    def __matmul__(self, o: Tensor) -> Tensor:
-        return matmul(self, o)
-
-    def __rmatmul__(self, o: Tensor) -> Tensor:
-        return matmul(o, self)
-
-    def __neg__(self) -> Tensor:
-        return _ops.call("neg", self)
-
-    def __abs__(self) -> Tensor:
-        return _ops.call("abs", self)
-
-    def __eq__(self, o: Any) -> Tensor:  # type: ignore[override]
-        return self._bin("eq", o)
-
-    def __ne__(self, o: Any) -> Tensor:  # type: ignore[override]
-        return self._bin("ne", o)
-
-    def __lt__(self, o: Any) -> Tensor:
-        return self._bin("lt", o)
-
-    def __le__(self, o: Any) -> Tensor:
-        return self._bin("le", o)
-
-    def __gt__(self, o: Any) -> Tensor:
-        return self._bin("gt", o)
-
-    def __ge__(self, o: Any) -> Tensor:
-        return self._bin("ge", o)
-
-    def __invert__(self) -> Tensor:
-        return _ops.call("logical_not", self)
-
-    def __and__(self, o: Any) -> Tensor:
-        return self._bin("logical_and", o)
-
-    def __or__(self, o: Any) -> Tensor:
-        return self._bin("logical_or", o)
+        o = operand(other, self)
+        return call(name, o, self) if reverse else call(name, self, o)
 
     def __getitem__(self, key: Any) -> Tensor:
         return _indexing.getitem(self, key)
-
-    # torch's method spellings of the operators
-    def add(self, o: Any) -> Tensor:
-        return self + o
-
-    def sub(self, o: Any) -> Tensor:
-        return self - o
-
-    def mul(self, o: Any) -> Tensor:
-        return self * o
-
-    def div(self, o: Any) -> Tensor:
-        return self / o
-
-    def pow(self, o: Any) -> Tensor:
-        return self**o
-
-    def eq(self, o: Any) -> Tensor:
-        return self == o
-
-    def ne(self, o: Any) -> Tensor:
-        return self != o
-
-    def lt(self, o: Any) -> Tensor:
-        return self < o
-
-    def le(self, o: Any) -> Tensor:
-        return self <= o
-
-    def gt(self, o: Any) -> Tensor:
-        return self > o
-
-    def ge(self, o: Any) -> Tensor:
-        return self >= o
-
-    def mm(self, o: Tensor) -> Tensor:
-        return matmul(self, o)
-
-    def view_as(self, other: Tensor) -> Tensor:
-        return self.reshape(other.shape)
-
-    def expand_as(self, other: Tensor) -> Tensor:
-        return self.expand(other.shape)
 
     # --- DLPack (CPU) -----------------------------------------------------------------------
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any:
@@ -486,179 +434,6 @@ class Tensor:
             )
         if self.dtype == "bfloat16":
             raise BufferError("DLPack export of bfloat16 is not supported (NumPy has no bf16)")
-
-    # --- math methods (thin: the registry holds the definitions) ------------------------
-    def exp(self) -> Tensor:
-        return _ops.call("exp", self)
-
-    def log(self) -> Tensor:
-        return _ops.call("log", self)
-
-    def sqrt(self) -> Tensor:
-        return _ops.call("sqrt", self)
-
-    def rsqrt(self) -> Tensor:
-        return _ops.call("rsqrt", self)
-
-    def sin(self) -> Tensor:
-        return _ops.call("sin", self)
-
-    def cos(self) -> Tensor:
-        return _ops.call("cos", self)
-
-    def tanh(self) -> Tensor:
-        return _ops.call("tanh", self)
-
-    def sigmoid(self) -> Tensor:
-        return _ops.call("sigmoid", self)
-
-    def relu(self) -> Tensor:
-        return _ops.call("relu", self)
-
-    def abs(self) -> Tensor:
-        return _ops.call("abs", self)
-
-    def clamp(self, min: float | None = None, max: float | None = None) -> Tensor:
-        return _ops.call("clamp", self, min=min, max=max)
-
-    # Reductions take NumPy's `axis`/`keepdims` or torch's `dim`/`keepdim`. Where torch's
-    # answer differs (max/min with a dim give values and indices, var/std are unbiased), the
-    # torch spelling gets torch's answer.
-    def sum(
-        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
-    ) -> Tensor:
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("sum", self, axes=axis, keepdims=keepdims)
-
-    def mean(
-        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
-    ) -> Tensor:
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("mean", self, axes=axis, keepdims=keepdims)
-
-    def var(
-        self,
-        axis: Any = None,
-        keepdims: bool = False,
-        correction: int | None = None,
-        *,
-        dim: Any = None,
-        keepdim: Any = None,
-        unbiased: bool | None = None,
-    ) -> Tensor:
-        """NumPy's default (correction 0) with `axis`; torch's (1) with `dim` or `unbiased`.
-        Bare `x.var()` means 0 to NumPy and 1 to torch, so it asks which."""
-        torch_style = dim is not None or keepdim is not None or unbiased is not None
-        if correction is None and axis is None and not torch_style:
-            raise TypeError(
-                "var()/std() over everything: NumPy divides by n, torch by n - 1; say which "
-                "with correction=0 or correction=1 (or give axis= / dim=)"
-            )
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        if correction is None:
-            correction = int(unbiased if unbiased is not None else torch_style)
-        return _ops.call("var", self, axes=axis, keepdims=keepdims, correction=correction)
-
-    def std(self, *args: Any, **kwargs: Any) -> Tensor:
-        return self.var(*args, **kwargs).sqrt()
-
-    def max(
-        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
-    ) -> Any:
-        if dim is not None:  # torch: (values, indices)
-            return _min_max("max", self, dim, bool(keepdim))
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("max", self, axes=axis, keepdims=keepdims)
-
-    def min(
-        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
-    ) -> Any:
-        if dim is not None:
-            return _min_max("min", self, dim, bool(keepdim))
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("min", self, axes=axis, keepdims=keepdims)
-
-    def argmax(
-        self,
-        axis: int | None = None,
-        keepdims: bool = False,
-        *,
-        dim: Any = None,
-        keepdim: Any = None,
-    ) -> Tensor:
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("argmax", self, axis=axis, keepdims=keepdims)
-
-    def argmin(
-        self,
-        axis: int | None = None,
-        keepdims: bool = False,
-        *,
-        dim: Any = None,
-        keepdim: Any = None,
-    ) -> Tensor:
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("argmin", self, axis=axis, keepdims=keepdims)
-
-    def logsumexp(
-        self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
-    ) -> Tensor:
-        axis, keepdims = _axes(axis, keepdims, dim, keepdim)
-        return _ops.call("logsumexp", self, axes=axis, keepdims=keepdims)
-
-    def softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
-        return _ops.call("softmax", self, axis=axis if dim is None else dim)
-
-    def log_softmax(self, axis: int = -1, *, dim: int | None = None) -> Tensor:
-        return _ops.call("log_softmax", self, axis=axis if dim is None else dim)
-
-    def reshape(self, *shape: Any) -> Tensor:
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
-        return self if shape == self.shape else _ops.call("reshape", self, shape=tuple(shape))
-
-    view = reshape
-
-    def flatten(
-        self, start: int = 0, end: int = -1, *, start_dim: Any = None, end_dim: Any = None
-    ) -> Tensor:
-        start = start if start_dim is None else start_dim
-        end = end if end_dim is None else end_dim
-        if self.ndim == 0:
-            return self.reshape(1)
-        start %= self.ndim
-        end %= self.ndim
-        return self.reshape(*self.shape[:start], -1, *self.shape[end + 1 :])
-
-    def permute(self, *dims: Any) -> Tensor:
-        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], tuple | list) else dims
-        return _ops.call("permute", self, dims=tuple(dims))
-
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor:
-        return _ops.call("transpose", self, dim0=dim0, dim1=dim1)
-
-    @property
-    def T(self) -> Tensor:
-        return self.permute(*reversed(range(self.ndim)))
-
-    def expand(self, *shape: Any) -> Tensor:
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
-        return _ops.call("expand", self, shape=tuple(shape))
-
-    def squeeze(self, axis: Any = None, *, dim: Any = None) -> Tensor:
-        """NumPy's: squeezing an axis that is not 1 raises; torch's spelling (`dim=`) leaves
-        the tensor as it is, as torch does."""
-        if dim is not None:
-            dims = (dim,) if isinstance(dim, int) else tuple(dim)
-            keep = tuple(d for d in dims if self.shape[d] == 1)
-            return self if not keep else _ops.call("squeeze", self, axes=keep)
-        return _ops.call("squeeze", self, axes=axis)
-
-    def unsqueeze(self, axis: int | None = None, *, dim: int | None = None) -> Tensor:
-        return _ops.call("unsqueeze", self, axis=axis if dim is None else dim)
-
-    def flip(self, axis: Any = None, *, dims: Any = None) -> Tensor:
-        axis = axis if dims is None else dims
-        return _ops.call("flip", self, axes=(axis,) if isinstance(axis, int) else tuple(axis))
 
 
 _REPR_ALL_BELOW = 1000
@@ -694,44 +469,18 @@ def _is_dtype(x: Any) -> bool:
         return False
 
 
-def _axes(axis: Any, keepdims: bool, dim: Any, keepdim: Any) -> tuple[Any, bool]:
-    if dim is not None:
-        if axis is not None:
-            raise TypeError("give axis= or dim=, not both")
-        axis = tuple(dim) if isinstance(dim, list) else dim
-    return axis, keepdims if keepdim is None else bool(keepdim)
-
-
-def _min_max(name: str, x: Tensor, dim: int, keepdim: bool) -> Any:
-    values = _ops.call(name, x, axes=dim, keepdims=keepdim)
-    indices = _ops.call(f"arg{name}", x, axis=dim, keepdims=keepdim)
-    return _MinMax(values, indices)
-
-
 def _kind(name: str) -> int:
     """0 bool, 1 integer, 2 floating: an in-place result may not move up a kind."""
     return 2 if dtypes.is_float(name) else 1 if dtypes.is_int(name) else 0
 
 
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """NumPy matmul semantics, 1-d operands included (promoted, then squeezed back)."""
-    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise TypeError("matmul: both operands must be tensors")
-    squeeze = []
-    if a.ndim == 1:
-        a = a.reshape(1, a.shape[0])
-        squeeze.append(-2)
-    if b.ndim == 1:
-        b = b.reshape(b.shape[0], 1)
-        squeeze.append(-1)
-    out = _ops.call("matmul", a, b)
-    if squeeze:
-        out = (
-            out.reshape(*out.shape[: out.ndim - len(squeeze)])
-            if len(squeeze) == 2
-            else out.squeeze(squeeze[0])
-        )
-    return out
-
-
-from . import _autograd, _indexing, _ops, _recorder  # noqa: E402  (circular: these import Tensor)
+__all__ = [
+    "Builder",
+    "RecordError",
+    "Tensor",
+    "call",
+    "const",
+    "make_tensor",
+    "matmul",
+    "operand",
+]

@@ -128,6 +128,7 @@ def op_trace(request, monkeypatch):
     a declaration of coverage that the test does not honour fails the test.
     """
     from burn_remote import _ops as client_ops
+    from burn_remote import _tensor as client_tensor
     from burn_remote import functional
     from burn_remote._recorder import _PKG_ROOTS as PKG_ROOTS
     from burn_remote._recorder import Recorder
@@ -151,6 +152,8 @@ def op_trace(request, monkeypatch):
 
     monkeypatch.setattr(client_ops, "call", traced_call)
     monkeypatch.setattr(functional, "call", traced_call)
+    monkeypatch.setattr(client_tensor, "call", traced_call)  # operands made by Tensor._bin
+    monkeypatch.setattr(client_tensor.Tensor, "_call", staticmethod(traced_call))  # its methods
     monkeypatch.setattr(Recorder, "add", traced_add)
     yield seen
     declared = {name for mark in request.node.iter_markers("ops") for name in mark.args}

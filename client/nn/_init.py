@@ -27,7 +27,7 @@ def seed(value: int) -> None:
 def next_key(dev: Any) -> Any:
     """A fresh random key on `dev`, as a binding (its value is not part of the graph hash);
     a compiled step draws the next key on every replay, as the body would."""
-    from .._compile import binding
+    from .._bindings import binding
 
     return binding(dev, _draw, "int64")
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._autograd import no_grad
-from .._compile import binding, on_replay
+from .._bindings import binding, on_replay
 from .._tensor import Tensor
 from ._groups import Named, ParamGroup, _set_trainable, named_params
 from ._schedule import Schedule
