@@ -40,6 +40,7 @@ demo: $(DEMO_STAMP)
 test: $(STAMP) $(OPENCL) $(NAT)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python .ci/typecheck.py
 	$(BIN)/python -m pytest -q
 
 # The multi-node suite in docker-compose, with faults made from the host; needs root, no

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from burn_remote.protocol.registry import NOT_DIFFERENTIABLE, OpDef
+from burn_remote.protocol.registry import NotDifferentiable, OpDef
 
 from ._recorder import fmt_location
 
@@ -42,7 +42,8 @@ class GradNode:
 
     def __init__(self, op: OpDef, inputs: tuple, attrs: dict, outputs: list, where: Any) -> None:
         self.op = op
-        self.inputs = inputs
+        self.inputs: tuple[Any, ...] | None = inputs
+        """The op's operands, kept alive for the rule; None once backward freed the tape."""
         self.versions = tuple([t._version for t in inputs])
         """The inputs' versions when recorded: an in-place update since then means the
         gradient would use the new value, so backward refuses (torch's version counter)."""
@@ -139,11 +140,14 @@ def _backward(root: Any, grad: Any, builder: Callable[[Any, Any], Any]) -> None:
                         f"{fmt_location(node.where)}) needs was modified by an in-place "
                         "operation after it was used"
                     )
-            if node.op.grad is NOT_DIFFERENTIABLE:
+            rule = node.op.grad
+            if isinstance(rule, NotDifferentiable) or rule is None:
                 raise RuntimeError(
                     f"backward(): op {node.op.name!r} (recorded at {fmt_location(node.where)}) "
                     "is not differentiable"
                 )
+            out: Any
+            g: Any
             if node.op.n_outputs > 1:  # multi-output rules see every output and its gradient
                 out = tuple(o() for o in node.outputs)
                 g = tuple(gouts)
@@ -151,7 +155,7 @@ def _backward(root: Any, grad: Any, builder: Callable[[Any, Any], Any]) -> None:
                 out = node.outputs[0]()
                 g = gouts[0]
             face = builder(node.inputs[0]._dev if node.inputs else out._dev, node.where)
-            gins = node.op.grad(face, g, node.inputs, out, node.attrs)
+            gins = rule(face, g, node.inputs, out, node.attrs)
             for inp, gi in zip(node.inputs, gins):
                 if gi is None or not inp.requires_grad:
                     continue

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from burn_remote.protocol.shapes import slice_len
 
 from ._math import TensorMath  # every tensor is one (`_tensor.Tensor` builds on it)
 
+T = TypeVar("T", bound=TensorMath)
 
-def getitem(x: TensorMath, key: Any) -> TensorMath:
+
+def getitem(x: T, key: Any) -> T:
     if not isinstance(key, tuple):
         key = (key,)
     key = tuple(_as_index(x, k) for k in key)
@@ -36,18 +38,24 @@ def getitem(x: TensorMath, key: Any) -> TensorMath:
             if tensor_index is not None:
                 raise IndexError("only one integer index tensor is supported per indexing")
             tensor_axis, tensor_index, tensor_pos = axis, k, len(final)
-            starts.append(0), stops.append(dim), steps.append(1)
+            starts.append(0)
+            stops.append(dim)
+            steps.append(1)
             final.extend(k.shape)
         elif isinstance(k, slice):
             a, o, s = k.indices(dim)
-            starts.append(a), stops.append(o), steps.append(s)
+            starts.append(a)
+            stops.append(o)
+            steps.append(s)
             final.append(slice_len(a, o, s))
         else:
             i = int(k)
             if not -dim <= i < dim:
                 raise IndexError(f"index {i} is out of bounds for axis {axis} with size {dim}")
             i %= dim
-            starts.append(i), stops.append(i + 1), steps.append(1)
+            starts.append(i)
+            stops.append(i + 1)
+            steps.append(1)
         axis += 1
     y = x
     if tuple(starts) != (0,) * x.ndim or tuple(stops) != x.shape or any(s != 1 for s in steps):

@@ -24,6 +24,8 @@ class TensorMath:
     shape: tuple[int, ...]
     dtype: str
     requires_grad: bool
+    _dev: Any
+    """The device the tensor lives on (its recorder, its runtime)."""
     _call: Callable[..., Any]
     """`_tensor.call`: record op ``name`` on these operands (a staticmethod on `Tensor`)."""
 
@@ -37,30 +39,6 @@ class TensorMath:
 
     def detach(self) -> Self:
         raise NotImplementedError
-
-    def cast(self, dtype: Any) -> Self:
-        dtype = dtypes.normalize(dtype)
-        return self if dtype == self.dtype else self._call("cast", self, dtype=dtype)
-
-    astype = cast
-
-    def float(self) -> Self:
-        return self.cast("float32")
-
-    def double(self) -> Self:
-        return self.cast("float64")
-
-    def half(self) -> Self:
-        return self.cast("float16")
-
-    def long(self) -> Self:
-        return self.cast("int64")
-
-    def int(self) -> Self:
-        return self.cast("int32")
-
-    def type_as(self, other: Self) -> Self:
-        return self.cast(other.dtype)
 
     def __add__(self, o: Any) -> Self:
         return self._bin("add", o)
@@ -363,6 +341,31 @@ class TensorMath:
     def flip(self, axis: Any = None, *, dims: Any = None) -> Self:
         axis = axis if dims is None else dims
         return self._call("flip", self, axes=(axis,) if isinstance(axis, int) else tuple(axis))
+
+    # --- dtype casts: last, so `int`/`float` in the annotations above mean the builtins
+    def cast(self, dtype: Any) -> Self:
+        dtype = dtypes.normalize(dtype)
+        return self if dtype == self.dtype else self._call("cast", self, dtype=dtype)
+
+    astype = cast
+
+    def float(self) -> Self:
+        return self.cast("float32")
+
+    def double(self) -> Self:
+        return self.cast("float64")
+
+    def half(self) -> Self:
+        return self.cast("float16")
+
+    def long(self) -> Self:
+        return self.cast("int64")
+
+    def int(self) -> Self:
+        return self.cast("int32")
+
+    def type_as(self, other: Self) -> Self:
+        return self.cast(other.dtype)
 
 
 class _MinMax(NamedTuple):

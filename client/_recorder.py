@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from threading import get_ident
+from types import FrameType
 from typing import Any, Protocol
 
 from burn_remote.protocol import ops as _declared  # noqa: F401  (the registry, filled)
@@ -50,7 +51,7 @@ _PKG_ROOTS = tuple(
 
 def user_location() -> tuple[str, int]:
     """The first stack frame outside this package: the user's line that recorded an op."""
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_PKG_ROOTS):
         f = f.f_back
     if f is None:
@@ -84,6 +85,8 @@ class Runtime(Protocol):
     def execute(self, capture: Capture) -> None: ...
     def read(self, tensor_id: int) -> Any: ...
     def drop(self, ids: Sequence[int]) -> None: ...
+    def stats(self) -> Any: ...
+    def memory_stats(self) -> Any: ...
 
 
 class OpFailed(RuntimeError):

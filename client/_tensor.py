@@ -57,7 +57,7 @@ def call(name: str, *inputs: Tensor, _device: Any = None, _where: Any = None, **
             return op.decompose(builder, *inputs, **bound)
         if op.arity is not None and len(inputs) != op.arity:
             raise ShapeError(f"{name}: expected {op.arity} operands, got {len(inputs)}")
-        specs = op.infer(inputs, bound)
+        specs = op.infer(inputs, bound)  # type: ignore[misc]  # (a primitive always has one)
     except (ShapeError, TypeError) as exc:
         where = _where or user_location()
         raise RecordError(f"{exc} (at {fmt_location(where)})") from None
@@ -163,6 +163,17 @@ class Tensor(TensorMath):
     )
     __array_priority__ = 1000  # NumPy defers to our operators: ndarray * Tensor -> Tensor
     _call = staticmethod(call)  # the one primitive TensorMath's op methods record through
+
+    _id: int
+    """The id the device's runtime maps to this tensor's array."""
+    _node: Any
+    """The autograd tape entry that made this tensor (None for a leaf)."""
+    _out: int
+    """Which output of `_node` this tensor is."""
+    _version: int
+    """Bumped by every in-place update (a saved input that changed refuses backward)."""
+    grad: Tensor | None
+    """The accumulated gradient of a leaf after `backward()`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("create tensors with a device: Device.cpu().tensor(data)")

@@ -101,11 +101,11 @@ def fuse_plan(plan: Plan, make_kernel: Callable[[FusedProgram], Any], min_ops: i
     for n in range(len(plan.steps)):
         if n in absorbed:
             continue
-        members = group_of.get(n)
-        if members is None or len(members) < min_ops:
-            steps.extend(plan.steps[m] for m in (members or [n]))
+        group = group_of.get(n)
+        if group is None or len(group) < min_ops:
+            steps.extend(plan.steps[m] for m in (group or [n]))
             continue
-        steps.append(_fused_step(plan, members, slot_dt, make_kernel))
+        steps.append(_fused_step(plan, group, slot_dt, make_kernel))
     _release_after_last_use(steps, set(plan.outputs))
     new = Plan(
         plan.graph, steps, plan.n_slots, plan.n_inputs, plan.value_slots, plan.constants,
@@ -119,7 +119,9 @@ def _fusable(st: Step, slot_dt: list[str]) -> bool:
     return st.op in cexpr.FUSABLE and len(st.outputs) == 1
 
 
-def _fused_step(plan: Plan, members: list[int], slot_dt: list[str], make_kernel) -> Step:
+def _fused_step(
+    plan: Plan, members: list[int], slot_dt: list[str], make_kernel: Callable[[FusedProgram], Any]
+) -> Step:
     made: dict[int, int] = {}  # slot -> instruction index
     external: list[int] = []
     instructions = []

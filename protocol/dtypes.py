@@ -7,6 +7,8 @@ imported the first time a bfloat16 is asked for (it costs a few ms of every impo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -18,7 +20,7 @@ DEFAULT_INT = "int64"
 INDEX_DTYPE = "int64"
 
 
-class _NumpyDtypes(dict):
+class _NumpyDtypes(dict[str, np.dtype[Any]]):
     """name -> NumPy dtype; bfloat16 is added (ml_dtypes imported) on first lookup."""
 
     def __missing__(self, name: str) -> np.dtype:

@@ -44,6 +44,16 @@ class Handle(Protocol):
     def __neg__(self) -> Handle: ...
 
 
+class Shaped(Protocol):
+    """What a shape rule sees of an operand: its shape and dtype (a tensor, or a bare spec
+    such as an engine's)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+
+
 class Builder(Protocol):
     """Records ops: the client passes one to gradient rules and decompositions."""
 
@@ -53,7 +63,7 @@ class Builder(Protocol):
 
 
 Spec = tuple[tuple[int, ...], str]
-InferRule = Callable[[Sequence[Handle], Mapping[str, Any]], list[Spec]]
+InferRule = Callable[[Sequence[Shaped], Mapping[str, Any]], list[Spec]]
 # A gradient rule gets (builder, g, inputs, out, attrs). For an op with n_outputs > 1, `g` and
 # `out` are tuples with one entry per output (None where that output got no gradient, or where
 # the output tensor is gone), so the rule should rebuild what it needs from the inputs.
@@ -79,6 +89,16 @@ class OpDef:
     @property
     def primitive(self) -> bool:
         return self.decompose is None
+
+    def shapes(self, inputs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """The result specs of the op on ``inputs`` (its shape rule).
+
+        Raises:
+            TypeError: the op declares no shape rule (a composite: it expands instead).
+        """
+        if self.infer is None:
+            raise TypeError(f"{self.name}: a composite op has no shape rule of its own")
+        return self.infer(inputs, attrs)
 
     def bind_attrs(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and refuse unknown or missing attributes, naming them."""

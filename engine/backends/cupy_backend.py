@@ -136,7 +136,7 @@ class CupyBackend(Backend):
             with self.device:
                 self.memory = DeviceMemory(self.name, CupyPageAllocator(index), retain=True)
                 self.allocator = install_cupy_allocator(self.memory)
-        self._ew: dict[tuple, Any] = {}
+        self._ew: dict[tuple[Any, ...], Any] = {}
         shared = {name: _bfloat16_in_float32(fn) for name, fn in NUMPY_KERNELS.items()}
         self.kernels: dict[str, Any] = {**shared, **self._own_kernels()}
 
@@ -224,7 +224,7 @@ class CupyBackend(Backend):
 
         def run(*xs: Any) -> Any:
             names = tuple(dtypes.from_numpy(x.dtype) for x in xs)
-            (spec,) = OPS[name].infer([_Spec(x.shape, n) for x, n in zip(xs, names)], {})
+            (spec,) = OPS[name].shapes([_Spec(x.shape, n) for x, n in zip(xs, names)], {})
             refs = tuple(("in", k) for k in range(len(xs)))
             program = FusedProgram(names, ((name, refs, spec[1]),))
             return self._fused(program)(*xs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +19,15 @@ from ..collective import all_reduce_kernel
 from .array_module import array_module as _mod
 from .numpy_optim_kernels import OPTIM_KERNELS
 
-KERNELS: dict[str, Callable[..., np.ndarray | tuple[np.ndarray, ...]]] = {}
+Kernel = Callable[..., Any]
+"""A kernel: arrays and bound attributes in, an array (a tuple for several outputs) out."""
+KERNELS: dict[str, Kernel] = {}
 
 
-def kernel(name: str):
-    def register(fn):
+def kernel(name: str) -> Callable[[Kernel], Kernel]:
+    """Register the decorated function as the NumPy kernel of op ``name`` (once)."""
+
+    def register(fn: Kernel) -> Kernel:
         if name in KERNELS:
             raise ValueError(f"numpy kernel {name!r} registered twice")
         KERNELS[name] = fn
@@ -48,7 +53,7 @@ result exactly (integers wrap the same way, bool is "any")."""
 _SCATTER_WIDE = {"int8": "int32", "uint8": "int32", "bool": "int32", "bfloat16": "float32"}
 
 
-def _add_at(out, index, values) -> None:
+def _add_at(out: Any, index: Any, values: Any) -> None:
     """Unbuffered `out[index] += values` (duplicates accumulate), on either module."""
     m = _mod(out)
     if m is np:
@@ -73,11 +78,11 @@ def _open_grid(m, shape):
     return [m.arange(d).reshape((1,) * k + (d,) + (1,) * (n - k - 1)) for k, d in enumerate(shape)]
 
 
-def _ufunc(name: str, fn) -> None:
+def _ufunc(name: str, fn: Callable[..., Any]) -> None:
     KERNELS[name] = lambda x: fn(x)
 
 
-for _name, _fn in {
+_UNARY: dict[str, Callable[..., Any]] = {
     "neg": np.negative,
     "abs": np.abs,
     "sign": np.sign,
@@ -89,10 +94,11 @@ for _name, _fn in {
     "tanh": np.tanh,
     "floor": np.floor,
     "logical_not": np.logical_not,
-}.items():
+}
+for _name, _fn in _UNARY.items():
     _ufunc(_name, _fn)
 
-for _name, _fn in {
+_BINARY: dict[str, Callable[..., Any]] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
@@ -106,11 +112,12 @@ for _name, _fn in {
     "ge": np.greater_equal,
     "logical_and": np.logical_and,
     "logical_or": np.logical_or,
-}.items():
+}
+for _name, _fn in _BINARY.items():
     KERNELS[_name] = _fn
 
 
-def _like(x: np.ndarray, value) -> np.ndarray:
+def _like(x: np.ndarray, value: Any) -> np.ndarray:
     return np.asarray(value, dtype=x.dtype)
 
 
@@ -508,7 +515,7 @@ def _mix32(x):
     return x
 
 
-def uniform_bits(key, n: int, stream: int, xp=np):
+def uniform_bits(key: Any, n: int, stream: int, xp: Any = np) -> Any:
     """The counter-based draw documented in protocol.ops_nn.RANDOM_DOC, as uniform float64.
 
     `key` is a Python int or a 0-d integer array of module `xp`; on CuPy every step runs on
@@ -592,7 +599,7 @@ def _ce_parts(logits, target, ignore_index):
     return logp, valid, safe, count
 
 
-def _all_counted(xp, target, ignore_index) -> bool:
+def _all_counted(xp: Any, target: Any, ignore_index: Any) -> bool:
     """Whether no row is ignored. Asked on NumPy only: on a GPU the answer costs a sync, so
     the device path is the general one, with no branch on data."""
     return xp is np and bool((target != ignore_index).all())

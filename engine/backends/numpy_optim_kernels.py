@@ -5,6 +5,9 @@ memory."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from .array_module import array_module as _mod
@@ -58,5 +61,8 @@ def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
     return p - lr * step, buf2
 
 
-OPTIM_KERNELS = {"adam_update": _adam_update, "sgd_update": _sgd_update}
+OPTIM_KERNELS: dict[str, Callable[..., Any]] = {
+    "adam_update": _adam_update,
+    "sgd_update": _sgd_update,
+}
 """Op name -> kernel, for ``numpy_kernels.KERNELS``."""

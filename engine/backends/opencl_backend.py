@@ -44,7 +44,9 @@ class _Spec(NamedTuple):
     dtype: str
 
 
-def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]):
+def _collapse(
+    shape: tuple[int, ...], strides: list[tuple[int, ...]]
+) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Drop size-1 dims and merge dims every operand walks contiguously."""
     dims = [i for i, d in enumerate(shape) if d != 1]
     out_shape: list[int] = []
@@ -81,7 +83,7 @@ class OpenCLBackend(Backend):
         self.pool = cl_tools.MemoryPool(cl_tools.ImmediateAllocator(self.queue))
         self._kernels: dict[tuple[str, str], Any] = {}
         self._meta: dict[bytes, Any] = {}
-        self._specs: dict[tuple, _Spec] = {}
+        self._specs: dict[tuple[Any, ...], _Spec] = {}
         self.fusion = os.environ.get("BURN_REMOTE_FUSION", "1") != "0"
         self._dummy = cl.Buffer(self.context, cl.mem_flags.READ_ONLY, 8)
         self.kernels: dict[str, Any] = build_kernels(self)
@@ -186,7 +188,7 @@ class OpenCLBackend(Backend):
         spec = self._specs.get(key)
         if spec is None:
             (spec,) = [
-                _Spec(*s) for s in OPS[name].infer([_Spec(a.shape, a.name) for a in arrays], {})
+                _Spec(*s) for s in OPS[name].shapes([_Spec(a.shape, a.name) for a in arrays], {})
             ]
             self._specs[key] = spec
         body, comp, value_dtype = op_body(name, [a.name for a in arrays], spec.dtype)

@@ -95,7 +95,7 @@ def elementwise_source(
     `out_strided`), then one element offset per input and for the output.
     """
     k = len(in_dtypes)
-    compute = list(compute) if compute is not None else [None] * k
+    computes: list[str | None] = list(compute) if compute is not None else [None] * k
     args = [f"__global {STORAGE[out_dtype]}* out"]
     args += [f"__global const {STORAGE[d]}* in{i}" for i, d in enumerate(in_dtypes)]
     args += ["__global const long* meta", "long n"]
@@ -115,7 +115,7 @@ def elementwise_source(
             lines.append(f"  oo += idx * meta[{nd * (1 + k)} + d];")
         lines.append("}")
     for i, d in enumerate(in_dtypes):
-        c = compute[i] or d
+        c = computes[i] or d
         lines.append(f"{COMPUTE[c]} x{i} = {load(d, f'in{i}', f'o{i}', c)};")
     lines.extend(pre)
     lines.append(store(out_dtype, "out", "oo", body, value_dtype))

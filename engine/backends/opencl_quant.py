@@ -85,7 +85,9 @@ def _quant_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
                       np.int64(block), np.int64(nb), np.int32(nf4))  # fmt: skip
         return q, absmax
 
-    def dequantize(q: CLArray, scales: CLArray, block: int, shape: Any, dtype: str, nf4: bool):
+    def dequantize(
+        q: CLArray, scales: CLArray, block: int, shape: Any, dtype: str, nf4: bool
+    ) -> CLArray:
         dt = dtypes.normalize(dtype)
         out = be.empty(tuple(shape), dtypes.to_numpy(dt))
         if out.size:

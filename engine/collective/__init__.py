@@ -21,7 +21,7 @@ def all_reduce_kernel(x: Any, group: int, op: str) -> Any:
     ``group`` and return what it gives back (a new array; ``x`` is never written)."""
     sc = current()
     member = None if sc is None else sc.groups.get(group)
-    if member is None:
+    if sc is None or member is None:
         raise GroupFailure(
             group, -1, "", "this device is not a member of the group (never set up, or closed)"
         )

@@ -94,8 +94,8 @@ def plan_arena(buffers: list[Buffer] | tuple[Buffer, ...]) -> ArenaPlan:
         if best is not None and best[0] == bound:
             break
     top, group_offsets, name = best if best else (0, [], "empty")
-    offsets = tuple(group_offsets[slot_of[i]] for i in range(len(buffers)))
-    return ArenaPlan(buffers, offsets, top, bound, name, tuple(inplace))
+    placed = tuple(group_offsets[slot_of[i]] for i in range(len(buffers)))
+    return ArenaPlan(buffers, placed, top, bound, name, tuple(inplace))
 
 
 def _group_inplace(

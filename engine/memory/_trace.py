@@ -7,7 +7,9 @@ see exactly the same requests in the same order; virtual pages keep replays chea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ._arena import Buffer, plan_arena
 from ._block import Block
@@ -51,7 +53,7 @@ class ReplayResult:
     """Page reservations during the steps after the first (driver calls on a GPU)."""
     arena_bytes: int = 0
     arena_lower_bound: int = 0
-    rows: tuple = field(default=(), repr=False)
+    rows: tuple[Any, ...] = field(default=(), repr=False)
 
     @property
     def ratio(self) -> float:
@@ -93,8 +95,8 @@ def transient_buffers(step: Step) -> tuple[list[int], list[Buffer]]:
 
 def replay(
     steps: list[Step],
-    policy: str,
-    setup: Step = (),
+    policy: Literal["static", "adaptive"],
+    setup: Sequence[Event] = (),
     movable: bool = True,
     static_classes: tuple[tuple[int, int], ...] | None = None,
 ) -> ReplayResult:
@@ -112,7 +114,7 @@ def replay(
         "trace",
         VirtualPageAllocator(),
         pool=policy,
-        static_classes=static_classes,  # type: ignore[arg-type]
+        static_classes=static_classes,
     )
     live: dict[int, Block] = {}
     arena: Arena | None = None
