@@ -25,12 +25,13 @@ from typing import Any, ClassVar
 
 import msgpack
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Sent in Hello and Welcome, and in GroupLink between servers; a server refuses any other
 version, naming both. Version 2: bulk transfers in acknowledged chunks (Bulk gained
 ``offset``, BulkAck is new). Version 3: device groups' TCP data plane (GroupLink gained
 ``version`` first, ``ring_address`` and ``ring_key``; GroupBeat gained ``data`` and
-``waiting``; RingPlane is new)."""
+``waiting``; RingPlane is new). Version 4: keys proven above TLS on each end's first
+unidirectional stream (ALPN ``burn-remote/2``; protocol/README.md section 1)."""
 GROUP_LINK_V2_FIELDS = (3, 5)
 """Field counts of version 2's GroupLink (it had no ``version`` field; the TCP data plane's
 two fields came later under the same version): a server that reads one names its sender's

@@ -38,7 +38,7 @@ from ..protocol.transport import (
 from ._group_service import is_group_link
 from ._peers import dial_peer
 from ._replies import Failure, Place, SendBulk, StartFetch
-from ._resume import Parking, SequencedControl, run_session, unwrap
+from ._resume import Parking, SequencedControl, refuse_legacy, run_session, unwrap
 from ._session import Session
 from ._state import LimitExceeded, ServerState
 
@@ -145,7 +145,9 @@ async def serve(opts: ServeOptions, on_ready: Callable[[Endpoint], None] | None 
         nursery.start_soon(_heartbeat, opts.state)
         if on_ready is not None:
             on_ready(ep)
-        await ep.serve(lambda conn: _connection(opts.state, ep, conn, parking))
+        await ep.serve(
+            lambda conn: _connection(opts.state, ep, conn, parking), refuse_legacy=refuse_legacy
+        )
 
 
 async def _close_on_exit(close: Callable[[], None]) -> None:

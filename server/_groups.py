@@ -5,7 +5,7 @@ that runs over them. The server's groups and the client's group messages are
 kept for reuse ``_group_buffers``; the TCP data plane ``_ring_data``.
 
 A client makes this server rank r of a group (``GroupSetup``): the server admits the two
-ring neighbours' peer ids at its TLS layer for group links only (they need not be in its
+ring neighbours' peer ids (when they prove their keys) for group links only (they need not be in its
 authorized peers: the client, who is, vouched for them), then on ``GroupStart`` dials its
 successor itself (``_peers.dial_peer``: addresses this server resolves, never the client's)
 and presents the group's one-time capability; its predecessor does the same towards it.

@@ -204,6 +204,31 @@ def _owns(session: Any, token: bytes, peer: str) -> bool:
     return session.peer_id == peer and hmac.compare_digest(_token(session), token)
 
 
+def refuse_legacy(first: bytes) -> bytes:
+    """The answer to the first control frame of a client that offered only the transport
+    before this one (ALPN ``burn-remote/1``, protocol version 3, which proved keys inside
+    TLS): the ``Error(VERSION)`` such a client reads as final, sequenced as its frame was
+    (a new session's reply is frame 1, a resume's a control-only frame)."""
+    h = unwrap(first)
+    inner = first if h is None else h[2]
+    try:
+        msgs = m.decode(inner)
+        theirs = f"protocol version {msgs[0].version}" if isinstance(msgs[0], m.Hello) else None
+    except (m.DecodeError, IndexError):
+        theirs = None
+    error = m.Error(
+        m.VERSION,
+        f"the client speaks {theirs or 'an older protocol version'}, this server version "
+        f"{m.PROTOCOL_VERSION}, which proves keys differently (upgrade the older side)",
+        -1,
+        0,
+    )
+    if h is None:
+        return m.encode(error)
+    seq = h[0]
+    return wrap(1 if seq else 0, seq, m.encode(error))
+
+
 def _resume_token(msgs: list[Any]) -> bytes | None:
     if len(msgs) == 1 and isinstance(msgs[0], m.Hello) and msgs[0].resume_token:
         return msgs[0].resume_token
@@ -269,4 +294,12 @@ async def run_session(
             parking.park(_token(session), session, sc, peer)
 
 
-__all__ = ["SESSION_EXPIRED", "Parking", "SequencedControl", "run_session", "unwrap", "wrap"]
+__all__ = [
+    "SESSION_EXPIRED",
+    "Parking",
+    "SequencedControl",
+    "refuse_legacy",
+    "run_session",
+    "unwrap",
+    "wrap",
+]

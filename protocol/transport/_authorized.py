@@ -131,7 +131,7 @@ class AuthorizedPeers:
         return f"peer {peer} is not in this server's authorized peers"
 
     def admit_guest(self, peer: PeerId) -> None:
-        """Admit ``peer`` at the TLS layer although it is not authorised: a client that is
+        """Admit ``peer``'s key proof although it is not authorised: a client that is
         made it a ring neighbour of a device group. The server lets such a connection do a
         group link and nothing else (``is_guest_only``). Counted: one per group."""
         self._guests[peer] = self._guests.get(peer, 0) + 1

@@ -28,10 +28,11 @@ from collections.abc import Callable
 
 from aioquic.quic import events
 
+from ._auth import AUTH_REFUSED, AuthFailure, PeerAuth
 from ._config import EndpointConfig, qh3_part
 from ._connection import _termination_error
 from ._endpoint import SEND_LOSS_ERRNOS, _size_buffers
-from ._errors import FrameTooLarge, PeerGone, TransportError
+from ._errors import FrameTooLarge, PeerGone, PeerRejected, TransportError
 from ._identity import Identity, PeerId
 from ._quic import PeerQuicConnection, client_connection
 
@@ -96,13 +97,13 @@ class _FrameReader:
 
 
 def _client_quic(
-    identity: Identity, peer: PeerId, config: EndpointConfig, host: str
+    identity: Identity, config: EndpointConfig, host: str, auth: PeerAuth
 ) -> PeerQuicConnection:
     """The sans-I/O connection of the configured engine (qh3 is imported only when used)."""
     if config.quic_engine == "qh3":
         qh3 = qh3_part("_qh3")
-        return qh3.qh3_client_connection(identity, peer, config, host)  # type: ignore[return-value]
-    return client_connection(identity, peer, config, host)
+        return qh3.qh3_client_connection(identity, config, host, auth.sink)  # type: ignore[return-value]
+    return client_connection(identity, config, host, auth.sink)
 
 
 class BlockingConnection:
@@ -120,8 +121,10 @@ class BlockingConnection:
         config: EndpointConfig,
         on_frame: FrameHandler,
         on_closed: ClosedHandler,
+        auth: PeerAuth,
     ) -> None:
         self._quic = quic
+        self._auth = auth
         self._sock = sock
         self._remote = remote
         self._config = config
@@ -195,8 +198,9 @@ class BlockingConnection:
         try:
             _size_buffers(sock, config.socket_buffer)
             sock.connect(remote)
-            quic = _client_quic(identity, peer_id, config, remote[0])
-            conn = cls(quic, sock, remote, config, on_frame, on_closed)
+            auth = PeerAuth(identity, is_client=True, expected_peer=peer_id)
+            quic = _client_quic(identity, config, remote[0], auth)
+            conn = cls(quic, sock, remote, config, on_frame, on_closed, auth)
             with conn._lock:
                 quic.connect(remote, now=time.monotonic())
                 conn._transmit()
@@ -475,6 +479,9 @@ class BlockingConnection:
             kind = type(event)
             if kind is events.StreamDataReceived:
                 sid = event.stream_id
+                if sid == self._auth.peer_stream or not self._auth.done:
+                    self._feed_auth(event)
+                    continue
                 reader = self._readers.get(sid)
                 if reader is None:
                     if (sid & 1) == 0:  # ours, already finished: a late frame
@@ -500,14 +507,31 @@ class BlockingConnection:
             elif kind is events.ConnectionTerminated and self._error is None:
                 host, port = self._remote[:2]
                 self._error = _termination_error(event, f"connection to {host}:{port}")
-        if not self._ready.is_set() and (
-            self._error is not None or (quic.handshake_confirmed and quic.peer_id is not None)
-        ):
-            self.peer_id = quic.peer_id
-            self._ready.set()
+        if not self._ready.is_set():
+            proof = None if self._error is not None else self._auth.proof_due()
+            if proof is not None:  # the handshake has its keys: the binding is known
+                quic.send_stream_data(self._auth.our_stream, proof, end_stream=True)
+                self._transmit()
+            if self._error is not None or (quic.handshake_confirmed and self._auth.done):
+                self.peer_id = self._auth.peer_id
+                self._ready.set()
         if self._waiting:  # (a Condition's notify is Python-level work even for nobody)
             self._changed.notify_all()
         return out, window_due
+
+    def _feed_auth(self, event: events.StreamDataReceived) -> None:
+        """The server's key proof (lock held); anything else before it is refused: a server
+        of ours sends nothing before the client's first request."""
+        try:
+            if event.stream_id != self._auth.peer_stream:
+                raise AuthFailure("the server sent application data before its key proof")
+            self._auth.feed(event.data, event.end_stream)
+        except AuthFailure as exc:
+            if self._error is None:
+                self._quic.close(error_code=AUTH_REFUSED, reason_phrase=str(exc))
+                self._transmit()
+                host, port = self._remote[:2]
+                self._error = PeerRejected(f"connection to {host}:{port}: {exc}")
 
     def _run(self) -> None:
         """The reader thread: datagrams in, events out, the timer and the keep-alive.

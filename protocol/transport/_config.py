@@ -15,14 +15,21 @@ import importlib
 import ipaddress
 import ssl
 from dataclasses import dataclass
+from typing import TextIO
 
 from aioquic.quic.configuration import QuicConfiguration
 
 from ._errors import TransportError
 from ._identity import Identity
 
-ALPN = "burn-remote/1"
-"""The only application protocol both ends accept."""
+ALPN = "burn-remote/2"
+"""The application protocol both ends speak: QUIC streams of frames, each end's key proven
+on its first unidirectional stream (``_auth``)."""
+
+LEGACY_ALPNS = ("burn-remote/1",)
+"""Older transports a server still accepts in the handshake, only to tell such a client that
+it must upgrade (``Endpoint.serve``'s ``refuse_legacy``): burn-remote/1 proved keys inside
+TLS, with client certificates."""
 
 MAX_FRAME_SIZE = 64 * 1024 * 1024
 """Default largest frame payload (bytes); frames carry a 4-byte big-endian length prefix."""
@@ -134,20 +141,25 @@ class EndpointConfig:
 
 
 def quic_configuration(
-    identity: Identity, *, is_client: bool, config: EndpointConfig, datagram_size: int
+    identity: Identity,
+    *,
+    is_client: bool,
+    config: EndpointConfig,
+    datagram_size: int,
+    secrets: TextIO,
 ) -> QuicConfiguration:
     """aioquic settings for one connection: our certificate, ALPN, windows, sizes.
 
     Certificate checking by aioquic is switched off (``CERT_NONE``: there is no CA and no
-    host name in a peer-to-peer network); the peer's key is checked instead by the TLS
-    context of :mod:`._quic`, before the handshake completes.
+    host name in a peer-to-peer network); each end proves its key above TLS instead, over a
+    binding made of the secret aioquic writes to ``secrets`` (``_auth``).
     """
     # Jumbo paths handshake at a small size (see PeerQuicConnection._use_datagram_size);
     # Ethernet-sized ones keep theirs, so their congestion state never restarts.
     if datagram_size > JUMBO_THRESHOLD:
         datagram_size = DEFAULT_DATAGRAM_SIZE
     return QuicConfiguration(
-        alpn_protocols=[ALPN],
+        alpn_protocols=[ALPN] if is_client else [ALPN, *LEGACY_ALPNS],
         is_client=is_client,
         certificate=identity.certificate(),
         private_key=identity.private_key,
@@ -157,6 +169,7 @@ def quic_configuration(
         max_stream_data=config.stream_window,
         max_datagram_size=datagram_size,
         congestion_control_algorithm=config.congestion_control,
+        secrets_log_file=secrets,
     )
 
 

@@ -17,7 +17,8 @@ import trio
 from aioquic import tls
 from aioquic.quic import events
 
-from ._config import EndpointConfig
+from ._auth import AUTH_REFUSED, PREAUTH_BYTES, VERSION_REFUSED, AuthFailure, PeerAuth
+from ._config import ALPN, LEGACY_ALPNS, EndpointConfig
 from ._errors import PeerRejected, TransportError
 from ._identity import PeerId
 from ._quic import PeerQuicConnection
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("burn_remote.transport")
 
 Handler = Callable[["Connection"], Awaitable[None]]
+LegacyRefusal = Callable[[bytes], bytes]
+"""What a server answers to the first frame of a client that offered only an older ALPN
+(``LEGACY_ALPNS``): the frame payload it sends back before it closes the connection."""
 
 _AUTH_ALERTS = {
     tls.AlertDescription.bad_certificate,
@@ -49,6 +53,8 @@ def _termination_error(event: events.ConnectionTerminated, where: str) -> Transp
             return TransportError(f"{where}: TLS alert {code - 0x100}: {reason}")
         cls = PeerRejected if alert in _AUTH_ALERTS else TransportError
         return cls(f"{where}: TLS {alert.name}: {reason}")
+    if code in (AUTH_REFUSED, VERSION_REFUSED) and event.frame_type is None:
+        return PeerRejected(f"{where}: refused: {reason}")
     if code == 0 and event.frame_type is None:
         return TransportError(f"{where}: closed: {reason}")
     return TransportError(f"{where}: closed (error 0x{code:x}): {reason}")
@@ -63,10 +69,16 @@ class Connection:
         quic: PeerQuicConnection,
         addr: tuple,
         config: EndpointConfig,
+        auth: PeerAuth,
         handler: Handler | None = None,
+        refuse_legacy: LegacyRefusal | None = None,
     ) -> None:
         self._ep = endpoint
         self._quic = quic
+        self._auth = auth
+        self._refuse_legacy = refuse_legacy
+        self._alpn: str | None = None  # negotiated, once the handshake got that far
+        self._preauth = 0  # application bytes received before the peer proved its key
         self._addr = addr
         self._config = config
         self._handler = handler
@@ -97,6 +109,11 @@ class Connection:
     @property
     def is_closed(self) -> bool:
         return self._error is not None
+
+    @property
+    def is_unproven(self) -> bool:
+        """Open, and its peer has not proven its key (yet, or ever: an older client's)."""
+        return self.peer_id is None and self._error is None
 
     @property
     def close_reason(self) -> TransportError | None:
@@ -136,7 +153,7 @@ class Connection:
                     any(quic.sender_buffered(sid) for sid in self._streams) or quic.unacknowledged()
                 ):
                     await self._send_space.park()
-        self._close_now(0, reason or "closed by peer")
+        self._close_now(VERSION_REFUSED if self.is_legacy else 0, reason or "closed by peer")
         await trio.lowlevel.checkpoint()
 
     async def wait_closed(self) -> TransportError:
@@ -232,6 +249,16 @@ class Connection:
         while (event := quic.next_event()) is not None:
             kind = type(event)
             if kind is events.StreamDataReceived:
+                if self._error is not None:
+                    continue  # refused a moment ago (below): nothing more is taken
+                if event.stream_id == self._auth.peer_stream:
+                    self._feed_auth(event)
+                    continue
+                if self.peer_id is None:
+                    self._preauth += len(event.data)
+                    if self._preauth > PREAUTH_BYTES:
+                        self._refuse(f"more than {PREAUTH_BYTES} bytes sent before the key proof")
+                        continue
                 quic.app_buffered += len(event.data)
                 stream = self._streams.get(event.stream_id)
                 if stream is None:
@@ -260,17 +287,62 @@ class Connection:
                     stream._fail(TransportError(f"peer stopped reading stream {event.stream_id}"))
             elif kind is events.ConnectionTerminated:
                 self._on_terminated(event)
-        if not self._ready.is_set() and quic.handshake_confirmed and quic.peer_id is not None:
-            self.peer_id = quic.peer_id
-            self._ready.set()
+            elif kind is events.ProtocolNegotiated or kind is events.HandshakeCompleted:
+                self._alpn = event.alpn_protocol
+        if not self._ready.is_set() and self._error is None:
+            self._authenticate()
         if self._send_space:
             self._send_space.unpark_all()
+
+    # -- authentication (``_auth``) ----------------------------------------------------------
+
+    @property
+    def is_legacy(self) -> bool:
+        """Server side: the client offered only an older transport (``LEGACY_ALPNS``)."""
+        return self._alpn in LEGACY_ALPNS
+
+    def _authenticate(self) -> None:
+        """Send our key proof once the handshake has the binding; ready once the peer's
+        proof checked out (or, for a legacy client, once the handshake is done)."""
+        auth, quic = self._auth, self._quic
+        if self._alpn == ALPN:  # a server learns the ALPN with the ClientHello
+            proof = auth.proof_due()
+            if proof is not None:
+                quic.send_stream_data(auth.our_stream, proof, end_stream=self._is_client)
+            if auth.admit_due():  # the end of our auth stream tells the client it is in
+                quic.send_stream_data(auth.our_stream, b"", end_stream=True)
+        if not quic.handshake_confirmed or self._closing is not None:
+            return
+        if auth.done:
+            self.peer_id = auth.peer_id
+            self._ready.set()
+        elif self.is_legacy and not self._is_client:
+            self._ready.set()
+
+    def _feed_auth(self, event: events.StreamDataReceived) -> None:
+        self._consumed(event.stream_id, len(event.data))
+        try:
+            self._auth.feed(event.data, event.end_stream)
+        except AuthFailure as exc:
+            self._refuse(str(exc))
+
+    def _refuse(self, reason: str) -> None:
+        """Close because a key proof failed (or a stranger overstepped), telling the peer why;
+        a ``connect`` waiting on it raises ``PeerRejected`` with the same reason."""
+        self._close_now(AUTH_REFUSED, reason)
+        host, port = self.remote_address
+        self._fail(PeerRejected(f"connection to {host}:{port}: {reason}"))
 
     def _on_terminated(self, event: events.ConnectionTerminated) -> None:
         if self._error is not None:
             return
         host, port = self.remote_address
-        self._error = _termination_error(event, f"connection to {host}:{port}")
+        self._fail(_termination_error(event, f"connection to {host}:{port}"))
+
+    def _fail(self, error: TransportError) -> None:
+        if self._error is not None:
+            return
+        self._error = error
         self._incoming_send.close()
         for stream in self._streams.values():
             stream._fail(self._error)
@@ -295,11 +367,17 @@ class Connection:
                 with trio.move_on_after(self._config.handshake_timeout):
                     await self._ready.wait()
                 if not self._ready.is_set():
-                    self._abandon(f"no handshake within {self._config.handshake_timeout:g} s")
+                    limit = self._config.handshake_timeout
+                    if self._quic.handshake_confirmed:  # TLS is done, a key proof is not
+                        self._refuse(f"no key proof within {limit:g} s")
+                    else:
+                        self._abandon(f"no handshake within {limit:g} s")
                     return
                 if self._config.keepalive_interval is not None:
                     nursery.start_soon(self._keepalive_loop)
-                if self._handler is not None and self._error is None:
+                if self.is_legacy and not self._is_client:
+                    nursery.start_soon(self._run_legacy)
+                elif self._handler is not None and self._error is None:
                     nursery.start_soon(self._run_handler)
         finally:
             self._ep._forget(self)
@@ -329,6 +407,25 @@ class Connection:
             self._ping_uid += 1
             self._quic.send_ping(self._ping_uid)
             self._transmit()
+
+    async def _run_legacy(self) -> None:
+        """A client of an older transport: answer its first frame with what the server's
+        ``refuse_legacy`` says (its protocol's version error), then close. It never reaches
+        the handler, and gets ``handshake_timeout`` to send that frame."""
+        reason = (
+            f"this server speaks {ALPN}; the client offered only {self._alpn}: "
+            "upgrade burn-remote on the client"
+        )
+        if self._refuse_legacy is not None:
+            with trio.move_on_after(self._config.handshake_timeout):
+                try:
+                    stream = await self.accept_stream()
+                    first = await stream.receive_frame()
+                    if first is not None:
+                        await stream.send_frame(self._refuse_legacy(first))
+                except TransportError:
+                    return
+        await self.close(reason, flush_timeout=1.0)
 
     async def _run_handler(self) -> None:
         assert self._handler is not None

@@ -30,9 +30,10 @@ from aioquic.quic.packet import (
 )
 
 from ._addressing import Resolver
+from ._auth import PeerAuth
 from ._authorized import AuthorizedPeers
 from ._config import EndpointConfig, qh3_part, quic_configuration
-from ._connection import Connection, Handler
+from ._connection import Connection, Handler, LegacyRefusal
 from ._errors import PeerRejected, TransportError
 from ._identity import Identity, PeerId
 from ._quic import PeerQuicConnection, client_connection
@@ -59,7 +60,11 @@ dials one connection at a time (relayed peers each get a tunnel socket of their 
 few allow quick reconnects; each admitted Initial costs a TLS handshake (about 2-3 ms of
 this loop), and a burst of 40 let one flooding socket delay others' connects by ~100 ms."""
 RETRY_ABOVE = 64
-"""Half-open handshakes above which a new client must first answer a QUIC Retry."""
+"""Half-open handshakes (TLS or key proof not done yet) above which a new client must first
+answer a QUIC Retry."""
+MAX_UNAUTHENTICATED = 256
+"""Connections whose peer has not proven its key yet above which new Initials are dropped:
+with ``handshake_timeout`` and ``_auth.PREAUTH_BYTES`` it bounds what strangers hold."""
 MAX_TRACKED_SOURCES = 4096
 """Source addresses whose handshake rate is remembered at once."""
 SEND_LOSS_ERRNOS = frozenset(
@@ -100,6 +105,7 @@ class Endpoint:
         self._cids: dict[bytes, Connection] = {}
         self._conns: set[Connection] = set()
         self._handler: Handler | None = None
+        self._refuse_legacy: LegacyRefusal | None = None
         self._backlog: deque[tuple[bytes, tuple]] = deque()
         self._writable = trio.Event()
         self.max_connections = 1024
@@ -182,17 +188,23 @@ class Endpoint:
         """Live connections (both directions); for diagnostics and tests."""
         return frozenset(self._conns)
 
-    async def serve(self, handler: Handler) -> None:
+    async def serve(self, handler: Handler, *, refuse_legacy: LegacyRefusal | None = None) -> None:
         """Accept authorised peers until cancelled; ``handler(conn)`` runs once per
-        connection, in that connection's nursery, after the client's key was checked.
-        When the handler returns the connection is closed gracefully."""
+        connection, in that connection's nursery, after the client proved its key and was
+        admitted. When the handler returns the connection is closed gracefully.
+
+        A client that offered only an older transport (``LEGACY_ALPNS``) never reaches the
+        handler: its first frame is answered with ``refuse_legacy(frame)`` (the application's
+        version error, in the form that client reads) and the connection is closed."""
         if self._handler is not None:
             raise RuntimeError("serve() is already running on this endpoint")
         self._handler = handler
+        self._refuse_legacy = refuse_legacy
         try:
             await trio.sleep_forever()
         finally:
             self._handler = None
+            self._refuse_legacy = None
 
     async def connect(self, peer: PeerId | str, addr: tuple[str, int]) -> Connection:
         """Dial ``peer`` at ``addr`` and return once both sides accepted each other. The
@@ -207,8 +219,9 @@ class Endpoint:
         peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
         host, port = await _resolve(addr, self._sock.family)
         remote = (host, port) if self._sock.family == socket.AF_INET else (host, port, 0, 0)
-        quic = client_connection(self.identity, peer_id, self._config, host)
-        conn = Connection(self, quic, remote, self._config)
+        auth = PeerAuth(self.identity, is_client=True, expected_peer=peer_id)
+        quic = client_connection(self.identity, self._config, host, auth.sink)
+        conn = Connection(self, quic, remote, self._config, auth)
         self._adopt(conn, [quic.host_cid])
         quic.connect(remote, now=trio.current_time())
         conn._transmit()
@@ -460,8 +473,11 @@ class Endpoint:
             return None
         if not self._admission.allow(addr, now):
             return None  # this source started too many handshakes: its Initial is dropped
+        half_open = self._admission.half_open(self._conns)
+        if half_open >= MAX_UNAUTHENTICATED:
+            return None  # strangers hold enough; each is gone within handshake_timeout
         retry_cid = None
-        if self._admission.loaded(self._conns):
+        if half_open > RETRY_ABOVE:
             if not header.token:  # prove the address first: a Retry costs one datagram
                 self._send_retry(header, addr, now)
                 return None
@@ -477,16 +493,23 @@ class Endpoint:
             retry_cid, header_dcid = header.destination_cid, original
         else:
             header_dcid = header.destination_cid
-        quic = self._server_quic(
-            self.identity, self._config, size, header_dcid, retry_cid, self._authorized.check
-        )
+        auth = PeerAuth(self.identity, is_client=False, authorize=self._authorized.check)
+        quic = self._server_quic(self.identity, self._config, size, header_dcid, retry_cid, auth)
         quic.receive_datagram(data, addr, now)
         if not quic.first_flight_accepted:
             if quic._close_pending:  # it decrypted, but TLS refused the hello (wrong ALPN):
                 for datagram, to in quic.datagrams_to_send(now):  # say so with the alert now
                     self._sendto(datagram, to)
             return None  # well-formed header, but it did not decrypt: not a client
-        conn = Connection(self, quic, addr, self._config, handler=self._handler)
+        conn = Connection(
+            self,
+            quic,
+            addr,
+            self._config,
+            auth,
+            handler=self._handler,
+            refuse_legacy=self._refuse_legacy,
+        )
         self._adopt(conn, [header.destination_cid, quic.host_cid])
         self._nursery.start_soon(conn._run)
         return conn
@@ -502,27 +525,26 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
     if config.quic_engine == "qh3":
         qh3_server_connection = qh3_part("_qh3_server").qh3_server_connection
 
-        def qh3_quic(identity, config, size, odcid, retry_cid, authorize):
+        def qh3_quic(identity, config, size, odcid, retry_cid, auth):
             return qh3_server_connection(
                 identity,
                 config,
                 size,
                 original_destination_connection_id=odcid,
                 retry_source_connection_id=retry_cid,
-                authorize=authorize,
+                secrets=auth.sink,
             )
 
         return qh3_quic
 
-    def aioquic_quic(identity, config, size, odcid, retry_cid, authorize):
+    def aioquic_quic(identity, config, size, odcid, retry_cid, auth):
         return PeerQuicConnection(
             configuration=quic_configuration(
-                identity, is_client=False, config=config, datagram_size=size
+                identity, is_client=False, config=config, datagram_size=size, secrets=auth.sink
             ),
             path_datagram_size=size,
             original_destination_connection_id=odcid,
             retry_source_connection_id=retry_cid,
-            authorize=authorize,
             max_streams=config.max_streams,
             max_packets_in_flight=config.max_packets_in_flight,
         )
@@ -561,14 +583,10 @@ class _Admission:
         self._buckets[key] = (tokens - 1, now)
         return True
 
-    def loaded(self, conns: Iterable[Connection]) -> bool:
-        half_open = 0
-        for conn in conns:
-            if not conn._quic.handshake_confirmed:
-                half_open += 1
-                if half_open > RETRY_ABOVE:
-                    return True
-        return False
+    def half_open(self, conns: Iterable[Connection]) -> int:
+        """Open connections whose peer has not proven its key (TLS or its proof to come,
+        or a client of an older transport waiting for its refusal)."""
+        return sum(1 for conn in conns if conn.is_unproven)
 
 
 def _try_setsockopt(sock: socket.socket, option: int, value: int) -> bool:

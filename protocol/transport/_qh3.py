@@ -8,10 +8,8 @@ is ``_qh3_server``. Either engine talks to either on the wire.
 ``Qh3ClientConnection`` offers what ``BlockingConnection`` uses of ``PeerQuicConnection``,
 translated to qh3's public API:
 
-* the server's key is checked once TLS has verified the server's CertificateVerify (which
-  proves it holds the key) and before ``connect`` returns, so not one application byte is
-  sent to an impostor; a mismatch closes the connection with a ``bad_certificate`` alert
-  code, which the caller reports as ``PeerRejected``;
+* keys are proven above TLS by the driver (``_auth``); this adapter only hands qh3 the
+  key-log sink (its public ``secrets_log_file``) and reports the handshake's ALPN;
 * flow-control windows and datagram sizes are qh3's own (its core grants credit as data is
   delivered; the reader thread consumes everything at once anyway), except the
   max_udp_payload_size it advertises (``MAX_UDP_PAYLOAD``); ACKs wait as in ``_quic``
@@ -26,9 +24,9 @@ translated to qh3's public API:
 from __future__ import annotations
 
 import ssl
+from typing import TextIO
 
 from aioquic.quic import events
-from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from qh3._hazmat import Buffer, encode_uint_var
 from qh3.quic import events as qh3_events
@@ -39,7 +37,7 @@ from qh3.tls import ExtensionType, SignatureAlgorithm
 
 from ._config import ALPN, EndpointConfig
 from ._errors import TransportError
-from ._identity import Identity, PeerId, peer_id_of_certificate
+from ._identity import Identity
 from ._quic import ACK_DELAY, ACK_EVERY_BYTES
 
 BULK_DATAGRAM = 1200
@@ -49,9 +47,6 @@ smallest full datagram. Its ACK keeps qh3's own timing (within ~1 ms, at once on
 less than ``ACK_EVERY_BYTES`` waited 20 ms per window (slow start, after every loss). A fixed
 floor, not half our own datagram size as ``_quic`` judges "full": a qh3 server's datagrams
 may be far smaller than ours (``MAX_UDP_PAYLOAD``; ~1.2 KB after losses)."""
-
-_BAD_CERTIFICATE = 0x100 + 42
-"""CONNECTION_CLOSE code for the TLS alert bad_certificate (RFC 9001 4.8)."""
 
 SIGNATURE_ALGORITHMS = [
     SignatureAlgorithm.ED25519,
@@ -117,7 +112,7 @@ class _SizedQuic(QuicConnection):
 class Qh3ClientConnection:
     """A qh3 client connection with the methods ``BlockingConnection`` calls."""
 
-    def __init__(self, identity: Identity, peer: PeerId, config: EndpointConfig, size: int):
+    def __init__(self, identity: Identity, config: EndpointConfig, size: int, secrets: TextIO):
         cert = identity.certificate().public_bytes(serialization.Encoding.PEM)
         key = identity.private_key.private_bytes(
             serialization.Encoding.PEM,
@@ -127,16 +122,16 @@ class Qh3ClientConnection:
         configuration = QuicConfiguration(
             alpn_protocols=[ALPN],
             is_client=True,
-            verify_mode=ssl.CERT_NONE,  # no CA: the key itself is checked, see the module
+            verify_mode=ssl.CERT_NONE,  # no CA: keys are proven above TLS (``_auth``)
             idle_timeout=config.idle_timeout,
             max_data=config.connection_window,
             max_stream_data=config.stream_window,
             max_datagram_size=size,
             signature_algorithms=list(SIGNATURE_ALGORITHMS),
+            secrets_log_file=secrets,
         )
         configuration.load_cert_chain(cert, key)
         self._quic = _SizedQuic(configuration=configuration)
-        self._expected = peer
         self._finished: set[int] = set()
         self._failed: events.ConnectionTerminated | None = None
         self._now = 0.0  # when the last datagram arrived
@@ -144,7 +139,6 @@ class Qh3ClientConnection:
         self._unacked_bytes = 0  # received since we last sent a datagram
         self._bulk_in = False  # the last datagram received was bulk data
         self.app_consumed: dict[int, int] = {}  # kept by the driver; qh3 grants by itself
-        self.peer_id: PeerId | None = None
 
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
@@ -231,8 +225,7 @@ class Qh3ClientConnection:
         if kind is qh3_events.StreamDataReceived:
             return events.StreamDataReceived(e.data, e.end_stream, e.stream_id)
         if kind is qh3_events.HandshakeCompleted:
-            self._check_peer()
-            return self.next_event()
+            return events.HandshakeCompleted(e.alpn_protocol, False, False)
         if kind is qh3_events.StreamReset:
             return events.StreamReset(e.error_code, e.stream_id)
         if kind is qh3_events.StopSendingReceived:
@@ -247,7 +240,7 @@ class Qh3ClientConnection:
 
     @property
     def handshake_confirmed(self) -> bool:
-        return self._quic._handshake_confirmed and self.peer_id is not None
+        return self._quic._handshake_confirmed
 
     @property
     def _close_pending(self) -> bool:
@@ -285,27 +278,9 @@ class Qh3ClientConnection:
     def window_update_due(self, stream_id: int) -> bool:
         return False  # qh3's core sends its window updates from the next build
 
-    def _check_peer(self) -> None:
-        """The server proved it holds the key in its certificate; is it the one dialled?"""
-        cert = self._quic.get_peercert()
-        reason = None
-        try:
-            if cert is None:
-                raise TransportError("server presented no certificate")
-            actual = peer_id_of_certificate(x509.load_der_x509_certificate(cert.public_bytes()))
-        except (TransportError, ValueError) as exc:
-            reason = str(exc)
-        else:
-            if actual == self._expected:
-                self.peer_id = actual
-                return
-            reason = f"server presented peer id {actual}, but {self._expected} was dialled"
-        self._quic.close(error_code=_BAD_CERTIFICATE, reason_phrase=reason)
-        self._failed = events.ConnectionTerminated(_BAD_CERTIFICATE, None, reason)
-
 
 def qh3_client_connection(
-    identity: Identity, peer: PeerId, config: EndpointConfig, host: str
+    identity: Identity, config: EndpointConfig, host: str, secrets: TextIO
 ) -> Qh3ClientConnection:
-    """The qh3 connection a client dials ``peer`` at ``host`` with."""
-    return Qh3ClientConnection(identity, peer, config, config.datagram_size_for(host))
+    """The qh3 connection a client dials ``host`` with; ``secrets`` gets its TLS key log."""
+    return Qh3ClientConnection(identity, config, config.datagram_size_for(host), secrets)

@@ -1,37 +1,10 @@
-"""The server connection on qh3, with our mutual authentication added to its TLS: optional.
+"""The server connection on qh3: optional.
 
 Why: per datagram, aioquic's Python costs a server ~100-120 us of CPU per round trip on a
 small machine (receive ~40, packet build ~50, the rest of transmit ~30); qh3's QUIC core
-does that work in native code. What stood in the way: qh3 2.x's TLS server never sends a
-CertificateRequest, and our security model is mutual Ed25519 authentication inside TLS.
-
-**What the TLS override adds** (``_ClientAuthContext``, on qh3's own ``tls.Context``; its
-TLS is Python, so the override is an ordinary subclass, installed by ``_AuthQuic._create_tls``
-on the object qh3 just made):
-
-* the server's flight gets a CertificateRequest (Ed25519 only) right after
-  EncryptedExtensions, as RFC 8446 4.3.2 requires. qh3 writes the whole flight in one call,
-  ``_server_handle_hello``; while it runs, the transcript's ``update_hash`` is tapped on this
-  connection's key schedule only: when EncryptedExtensions has been hashed, the request is
-  written to the same buffer and hashed too, so the server's CertificateVerify and Finished
-  cover it;
-* qh3 then *anticipates* the client's Finished as if no certificate followed (it hashes the
-  Finished it expects); the transcript is rolled back to the server's Finished (a copy taken
-  at the tap) and qh3's expected Finished is forgotten, so a client that ignores the request
-  cannot finish;
-* the client's second flight is read by ``handle_message`` here until the certificate
-  checks passed: Certificate (an empty one: ``certificate_required``; not an Ed25519 key:
-  ``bad_certificate``), CertificateVerify (Ed25519 over the transcript up to the client's
-  Certificate, checked with ``cryptography``: ``decrypt_error``), then ``authorize`` (the
-  peer id: ``access_denied`` with its reason). Only then is the client's Finished computed
-  and left to qh3's own ``_server_handle_finished``. A failure is a TLS alert raised before
-  the client's Finished is accepted, so the handshake never completes and no application
-  byte is read or sent; the client gets a CONNECTION_CLOSE with the alert and our reason;
-* session tickets stay off (no resumption handshake may skip the certificate);
-* a ClientHello without our ALPN gets ``no_application_protocol`` (RFC 9001 8.1; qh3 says
-  ``handshake_failure``), as from the aioquic server.
-
-Both client engines answer the request with their Ed25519 certificate (tested).
+does that work in native code. qh3 2.x's TLS server never asks for a client certificate;
+keys are proven above TLS instead (``_auth``), with nothing of qh3 but its public
+``secrets_log_file``, so qh3's TLS runs unmodified.
 
 **The connection** (``Qh3ServerConnection``) offers what the trio ``Connection`` and
 ``Endpoint`` use of ``PeerQuicConnection``, over qh3's connection. What differs:
@@ -42,7 +15,7 @@ Both client engines answer the request with their Ed25519 certificate (tested).
   FLOW_CONTROL_ERROR and a reason naming the figures once the bytes delivered and not yet
   read pass ``unread_limit`` (see ``UNREAD_LIMIT_FACTOR``);
 * the 3x anti-amplification budget before the client's address is proven is kept here,
-  over whole datagrams (``_AuthQuic._create_core`` says why);
+  over whole datagrams (``_ValidatedQuic._create_core`` says why);
 * ACKs and timers are qh3's own (a reply carries the ACK its request is owed; see
   ``get_timer``); so is the limit on concurrent incoming streams (qh3's fixed 100, not
   ``max_streams``).
@@ -52,24 +25,16 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from aioquic.quic import events
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from qh3 import tls
-from qh3._hazmat import Buffer
 from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 
-from ._config import ALPN, EndpointConfig
-from ._errors import TransportError
-from ._identity import Identity, PeerId, peer_id_of_certificate
-from ._quic import Authorize
+from ._config import ALPN, LEGACY_ALPNS, EndpointConfig
+from ._identity import Identity
 
 FLOW_CONTROL_ERROR = 0x3
 """QUIC transport error code for a peer that sent more than it may (RFC 9000 20.1)."""
@@ -115,166 +80,9 @@ read as they arrive), so a client of ours does not come near it; a peer that doe
 flooding."""
 
 
-class _AlertAccessDenied(tls.Alert):
-    description = tls.AlertDescription.access_denied
-
-
-class _AlertCertificateRequired(tls.Alert):
-    description = tls.AlertDescription.certificate_required
-
-
-class _AlertNoApplicationProtocol(tls.Alert):
-    description = tls.AlertDescription.no_application_protocol
-
-
-def _push_certificate_request(buf: Buffer) -> None:
-    """A CertificateRequest (RFC 8446 4.3.2): empty context, Ed25519 signatures only."""
-    buf.push_uint8(tls.HandshakeType.CERTIFICATE_REQUEST)
-    with tls.push_block(buf, 3):
-        tls.push_opaque(buf, 1, b"")
-        with (
-            tls.push_block(buf, 2),
-            tls.push_extension(buf, tls.ExtensionType.SIGNATURE_ALGORITHMS),
-        ):
-            tls.push_list(buf, 2, buf.push_uint16, [tls.SignatureAlgorithm.ED25519])
-
-
-class _ClientAuthContext(tls.Context):
-    """qh3's server TLS plus the client certificate (module doc); set up by ``_AuthQuic``."""
-
-    authorize: Authorize | None
-    peer_id: PeerId | None
-    _auth_step: str | None  # what the client's second flight must bring next
-    _flight: Buffer | None  # the buffer qh3 writes its handshake flight into
-    _server_finished: Any  # the transcript hash right after the server's Finished
-    _client: PeerId | None
-
-    def _setup_auth(self, authorize: Authorize | None) -> None:
-        self.authorize = authorize
-        self.peer_id = self._client = None
-        self._auth_step = None
-        self._flight = self._server_finished = None
-        self.get_session_ticket_cb = None  # no resumption: every client shows its key
-        self.new_session_ticket_cb = None
-
-    # -- the server's flight ---------------------------------------------------------------
-
-    def _server_handle_hello(self, input_buf, initial_buf, handshake_buf, onertt_buf) -> None:
-        hello = tls.pull_client_hello(Buffer(data=input_buf.data_slice(0, input_buf.capacity)))
-        if ALPN not in (hello.alpn_protocols or ()):  # qh3 would say handshake_failure
-            raise _AlertNoApplicationProtocol(f"No common ALPN protocols (this is {ALPN})")
-        self._flight = handshake_buf
-        try:
-            super()._server_handle_hello(input_buf, initial_buf, handshake_buf, onertt_buf)
-        finally:
-            self._flight = None
-        if self._auth_step != "certificate" or self._server_finished is None:
-            raise tls.AlertInternalError("server flight written without a CertificateRequest")
-        self.key_schedule.hash = self._server_finished  # forget the anticipated Finished
-        self._expected_verify_data = None  # qh3's guess; computed once the client is checked
-
-    def _setup_traffic_protection(self, direction, epoch, label) -> None:
-        super()._setup_traffic_protection(direction, epoch, label)
-        if (
-            self._flight is not None
-            and direction == tls.Direction.DECRYPT
-            and epoch == tls.Epoch.HANDSHAKE
-        ):
-            # The next message qh3 hashes is EncryptedExtensions (see the module doc).
-            self.key_schedule.update_hash = self._tap_flight
-
-    def _tap_flight(self, data: bytes) -> None:
-        schedule = self.key_schedule
-        tls.KeySchedule.update_hash(schedule, data)
-        if data[0] == tls.HandshakeType.ENCRYPTED_EXTENSIONS:
-            buf = self._flight
-            assert buf is not None
-            start = buf.tell()
-            _push_certificate_request(buf)
-            tls.KeySchedule.update_hash(schedule, buf.data_slice(start, buf.tell()))
-            self._auth_step = "certificate"
-        elif data[0] == tls.HandshakeType.FINISHED:
-            del schedule.update_hash  # back to the class's method
-            self._server_finished = schedule.hash.copy()
-
-    # -- the client's second flight --------------------------------------------------------
-
-    def handle_message(self, input_data: bytes, output_buf: dict, epoch: int = -1) -> None:
-        if self._auth_step in (None, "finished") or self.state != tls.State.SERVER_EXPECT_FINISHED:
-            return super().handle_message(input_data, output_buf, epoch)
-        self._receive_buffer += input_data
-        while self._auth_step != "finished" and len(self._receive_buffer) >= 4:
-            length = 4 + int.from_bytes(self._receive_buffer[1:4], "big")
-            if len(self._receive_buffer) < length:
-                return
-            message = self._receive_buffer[:length]
-            self._receive_buffer = self._receive_buffer[length:]
-            if epoch >= 0 and epoch != tls.Epoch.HANDSHAKE:
-                raise tls.AlertUnexpectedMessage("client flight outside the handshake epoch")
-            buf = Buffer(data=message)
-            if self._auth_step == "certificate":
-                self._client_certificate(message[0], buf)
-            else:
-                self._client_certificate_verify(message[0], buf)
-            if not buf.eof():
-                raise tls.AlertDecodeError("extra bytes at the end of a handshake message")
-        if self._auth_step == "finished" and self._receive_buffer:
-            super().handle_message(b"", output_buf, epoch)  # the Finished: qh3's own check
-
-    def _client_certificate(self, kind: int, buf: Buffer) -> None:
-        if kind == tls.HandshakeType.FINISHED:
-            raise _AlertCertificateRequired("client sent no certificate; this server requires one")
-        if kind != tls.HandshakeType.CERTIFICATE:
-            raise tls.AlertUnexpectedMessage("expected the client's Certificate")
-        certificate = tls.pull_certificate(buf)
-        if certificate.request_context:
-            raise tls.AlertIllegalParameter("certificate_request_context must be empty")
-        if not certificate.certificates:
-            raise _AlertCertificateRequired(
-                "client presented no certificate; this server requires one"
-            )
-        self._process_certificate(certificate)
-        try:
-            der = self._peer_certificate.public_bytes()
-            self._client = peer_id_of_certificate(x509.load_der_x509_certificate(der))
-        except (TransportError, ValueError) as exc:
-            raise tls.AlertBadCertificate(str(exc)) from None
-        self.key_schedule.update_hash(buf.data)
-        self._auth_step = "certificate_verify"
-
-    def _client_certificate_verify(self, kind: int, buf: Buffer) -> None:
-        if kind != tls.HandshakeType.CERTIFICATE_VERIFY:
-            raise tls.AlertUnexpectedMessage("expected the client's CertificateVerify")
-        verify = tls.pull_certificate_verify(buf)
-        if verify.algorithm != tls.SignatureAlgorithm.ED25519:
-            raise tls.AlertIllegalParameter("CertificateVerify must be Ed25519 (we asked for it)")
-        client = self._client
-        assert client is not None
-        signed = self.key_schedule.certificate_verify_data(b"TLS 1.3, client CertificateVerify")
-        try:
-            Ed25519PublicKey.from_public_bytes(client.raw).verify(verify.signature, signed)
-        except InvalidSignature:
-            raise tls.AlertDecryptError(
-                "client's CertificateVerify does not match its certificate's key"
-            ) from None
-        reason = self.authorize(client) if self.authorize is not None else None
-        if reason is not None:
-            raise _AlertAccessDenied(reason)
-        self.key_schedule.update_hash(buf.data)
-        self.peer_id = client
-        # What qh3 anticipated without client authentication, over the right transcript.
-        self._expected_verify_data = self.key_schedule.finished_verify_data(self._dec_key)
-        finished = Buffer(capacity=64)
-        tls.push_finished(finished, tls.Finished(verify_data=self._expected_verify_data))
-        self.key_schedule.update_hash(finished.data)
-        self._auth_step = "finished"
-
-
-class _AuthQuic(QuicConnection):
-    """qh3's connection whose TLS context is ``_ClientAuthContext``, and whose core leaves
-    the anti-amplification limit to ``Qh3ServerConnection`` (see ``_create_core``)."""
-
-    authorize: Authorize | None = None
+class _ValidatedQuic(QuicConnection):
+    """qh3's connection whose core leaves the anti-amplification limit to
+    ``Qh3ServerConnection`` (see ``_create_core``)."""
 
     def _create_core(self, remote_addr, initial_dcid: bytes, now: float) -> None:
         """qh3's, with the core told the client's address is validated (as after a Retry).
@@ -295,13 +103,6 @@ class _AuthQuic(QuicConnection):
         finally:
             self._retry_source_connection_id = retry
 
-    def _create_tls(self, remote_source_cid: bytes | None):
-        bridge = super()._create_tls(remote_source_cid)
-        ctx = bridge.tls
-        ctx.__class__ = _ClientAuthContext  # same object: only the server's handlers differ
-        ctx._setup_auth(self.authorize)
-        return bridge
-
 
 class Qh3ServerConnection:
     """A qh3 server connection with the methods ``Connection`` and ``Endpoint`` call."""
@@ -312,15 +113,13 @@ class Qh3ServerConnection:
         *,
         original_destination_connection_id: bytes,
         retry_source_connection_id: bytes | None,
-        authorize: Authorize | None,
         unread_limit: int,
     ) -> None:
-        quic = _AuthQuic(
+        quic = _ValidatedQuic(
             configuration=configuration,
             original_destination_connection_id=original_destination_connection_id,
             retry_source_connection_id=retry_source_connection_id,
         )
-        quic.authorize = authorize  # read when the first Initial creates its TLS
         self._quic = quic
         self.configuration = configuration
         self.host_cid = quic.host_cid
@@ -358,7 +157,7 @@ class Qh3ServerConnection:
         """qh3's datagrams (straight from its core: its Python wrapper only adds qlog
         bookkeeping); until the handshake completed (the client's address is then proven),
         at most three times the bytes received (RFC 9000 8.1): the rest waits for the
-        client's next datagram (see ``_AuthQuic._create_core``)."""
+        client's next datagram (see ``_ValidatedQuic._create_core``)."""
         self._data_queued = False
         quic = self._quic
         core = quic._core
@@ -496,6 +295,8 @@ class Qh3ServerConnection:
                 return events.StreamReset(e.error_code, e.stream_id)
             if kind is qh3_events.StopSendingReceived:
                 return events.StopSendingReceived(e.error_code, e.stream_id)
+            if kind is qh3_events.HandshakeCompleted:
+                return events.HandshakeCompleted(e.alpn_protocol, False, False)
             if kind is qh3_events.ConnectionTerminated or (
                 e is None and self._quic._close_event is not None
             ):
@@ -530,13 +331,8 @@ class Qh3ServerConnection:
     # -- what PeerQuicConnection adds ---------------------------------------------------------
 
     @property
-    def peer_id(self) -> PeerId | None:
-        ctx = self._quic.tls
-        return getattr(ctx, "peer_id", None)
-
-    @property
     def handshake_confirmed(self) -> bool:
-        return self._quic._handshake_confirmed and self.peer_id is not None
+        return self._quic._handshake_confirmed
 
     @property
     def first_flight_accepted(self) -> bool:
@@ -602,12 +398,16 @@ class Qh3ServerConnection:
         pass  # qh3 acknowledges on its own timer (get_timer)
 
 
-def qh3_server_configuration(identity: Identity, config: EndpointConfig, size: int):
-    """qh3 settings for a server connection: our certificate, ALPN, windows, sizes."""
+def qh3_server_configuration(
+    identity: Identity, config: EndpointConfig, size: int, secrets: TextIO
+):
+    """qh3 settings for a server connection: our certificate, ALPN, windows, sizes, and
+    the sink of its TLS key log (the key proofs' binding, ``_auth``)."""
     configuration = QuicConfiguration(
-        alpn_protocols=[ALPN],
+        alpn_protocols=[ALPN, *LEGACY_ALPNS],
         is_client=False,
-        verify_mode=ssl.CERT_NONE,  # no CA: the client's key is checked, see the module
+        verify_mode=ssl.CERT_NONE,  # no client certificates: keys are proven above TLS
+        secrets_log_file=secrets,
         idle_timeout=config.idle_timeout,
         max_data=config.connection_window,
         max_stream_data=config.stream_window,
@@ -631,13 +431,12 @@ def qh3_server_connection(
     *,
     original_destination_connection_id: bytes,
     retry_source_connection_id: bytes | None,
-    authorize: Callable[[PeerId], str | None] | None,
+    secrets: TextIO,
 ) -> Qh3ServerConnection:
     """The qh3 connection a server answers a client's first Initial with."""
     return Qh3ServerConnection(
-        qh3_server_configuration(identity, config, size),
+        qh3_server_configuration(identity, config, size, secrets),
         original_destination_connection_id=original_destination_connection_id,
         retry_source_connection_id=retry_source_connection_id,
-        authorize=authorize,
         unread_limit=UNREAD_LIMIT_FACTOR * config.connection_window,
     )

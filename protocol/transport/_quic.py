@@ -2,13 +2,9 @@
 
 Changes to stock aioquic, each kept to an override:
 
-* **Peer keys are checked inside TLS.** The client compares the server's certificate key with
-  the peer id it dialled right after verifying the CertificateVerify signature (which proves
-  the server holds that key); the server demands a client certificate (aioquic only asks for
-  one when told before the ClientHello, and would accept an empty one) and asks an
-  ``authorize`` callback about the client's peer id. A failure raises a TLS alert, so the
-  handshake never completes and not one application byte is read or sent; the peer gets a
-  CONNECTION_CLOSE with the alert code and our reason text.
+* **Peer keys are not checked here**: each end proves its key above TLS (``_auth``), with
+  nothing of aioquic but its public ``secrets_log_file``. The peer may open one
+  unidirectional stream, the one its proof comes on.
 * **STREAM frames may exceed 16 KiB.** aioquic writes a STREAM frame's length as a 2-byte
   varint, so a frame longer than 16383 bytes is corrupt; with 64 KiB loopback datagrams the
   length is written as a 4-byte varint instead (RFC 9000 varints allow either).
@@ -62,10 +58,10 @@ Changes to stock aioquic, each kept to an override:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from typing import TextIO
 
 from aioquic import tls
-from aioquic.buffer import Buffer, size_uint_var
+from aioquic.buffer import size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion.base import create_congestion_control
 from aioquic.quic.connection import QuicConnection
@@ -86,11 +82,10 @@ from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
 from aioquic.quic.stream import QuicStream, QuicStreamSender
 
 from ._config import EndpointConfig, quic_configuration
-from ._errors import TransportError
-from ._identity import Identity, PeerId, peer_id_of_certificate
+from ._identity import Identity
 
-Authorize = Callable[[PeerId], str | None]
-"""Server policy: return ``None`` to admit a client, or the reason it is refused."""
+AUTH_UNI_STREAMS = 1
+"""Unidirectional streams a peer may open: the one its key proof comes on (``_auth``)."""
 
 _VARINT_MAX = 8
 
@@ -132,52 +127,6 @@ request or a reply) may wait: aioquic's own delay. With ``ACK_DELAY`` a sender w
 congestion window held fewer than ``ACK_EVERY_DATAGRAMS`` datagrams (slow start, after a
 loss) sent its window, then waited 20 ms for the ACK: 4 MiB each way through 1 % loss at
 1350-byte datagrams took ~9 s, through 10 % loss ~40 s."""
-
-
-class _AlertAccessDenied(tls.Alert):
-    description = tls.AlertDescription.access_denied
-
-
-class _AlertCertificateRequired(tls.Alert):
-    description = tls.AlertDescription.certificate_required
-
-
-class _PeerCheckingContext(tls.Context):
-    """aioquic's TLS context plus the peer-key checks; set up by ``PeerQuicConnection``."""
-
-    expected_peer: PeerId | None
-    authorize: Authorize | None
-    peer_id: PeerId | None
-
-    def _peer_from_certificate(self) -> PeerId:
-        try:
-            return peer_id_of_certificate(self._peer_certificate)
-        except TransportError as exc:
-            raise tls.AlertBadCertificate(str(exc)) from None
-
-    def _client_handle_certificate_verify(self, input_buf: Buffer) -> None:
-        super()._client_handle_certificate_verify(input_buf)
-        actual = self._peer_from_certificate()
-        if self.expected_peer is not None and actual != self.expected_peer:
-            raise tls.AlertBadCertificate(
-                f"server presented peer id {actual}, but {self.expected_peer} was dialled"
-            )
-        self.peer_id = actual
-
-    def _server_handle_certificate(self, input_buf: Buffer) -> None:
-        super()._server_handle_certificate(input_buf)
-        if self._peer_certificate is None:
-            raise _AlertCertificateRequired(
-                "client presented no certificate; this server requires one"
-            )
-
-    def _server_handle_certificate_verify(self, input_buf: Buffer) -> None:
-        super()._server_handle_certificate_verify(input_buf)
-        client = self._peer_from_certificate()
-        reason = self.authorize(client) if self.authorize is not None else None
-        if reason is not None:
-            raise _AlertAccessDenied(reason)
-        self.peer_id = client
 
 
 class _BuildPacer(QuicPacketPacer):
@@ -325,20 +274,16 @@ class PeerQuicConnection(QuicConnection):
         self,
         *,
         configuration: QuicConfiguration,
-        expected_peer: PeerId | None = None,
-        authorize: Authorize | None = None,
         max_streams: int = 128,
         max_packets_in_flight: int = 1024,
         path_datagram_size: int | None = None,
         **kwargs,
     ) -> None:
         super().__init__(configuration=configuration, **kwargs)
-        self._expected_peer = expected_peer
-        self._authorize = authorize
         self._stream_window = configuration.max_stream_data
         self._connection_window = configuration.max_data
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
-        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = 0
+        self._local_max_streams_uni.value = self._local_max_streams_uni.sent = AUTH_UNI_STREAMS
         self.max_packets_in_flight = max_packets_in_flight
         self._ack_delay = ACK_DELAY
         self._unacked_bytes = 0
@@ -437,12 +382,6 @@ class PeerQuicConnection(QuicConnection):
         loss._pacer._max_datagram_size = size
         self._max_datagram_size = size
         self._ack_every_bytes = _ack_every_bytes(size)
-
-    @property
-    def peer_id(self) -> PeerId | None:
-        """The authenticated peer, once the handshake got past the key check."""
-        ctx = getattr(self, "tls", None)
-        return getattr(ctx, "peer_id", None)
 
     @property
     def data_queued(self) -> bool:
@@ -546,13 +485,6 @@ class PeerQuicConnection(QuicConnection):
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
-        # Same object, our subclass: only the certificate handlers differ.
-        self.tls.__class__ = _PeerCheckingContext
-        self.tls.expected_peer = self._expected_peer
-        self.tls.authorize = self._authorize
-        self.tls.peer_id = None
-        if not self._is_client:
-            self.tls._request_client_certificate = True
         self._cryptos[tls.Epoch.ONE_RTT].send.__class__ = _OneCopySend  # (fewer copies)
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
@@ -633,16 +565,16 @@ class PeerQuicConnection(QuicConnection):
 
 
 def client_connection(
-    identity: Identity, peer: PeerId, config: EndpointConfig, host: str
+    identity: Identity, config: EndpointConfig, host: str, secrets: TextIO
 ) -> PeerQuicConnection:
-    """The sans-I/O connection a client dials ``peer`` at ``host`` with (both shells)."""
+    """The sans-I/O connection a client dials ``host`` with (both shells); ``secrets``
+    receives the TLS key log the key proofs are bound to (``_auth.SecretSink``)."""
     size = config.datagram_size_for(host)
     return PeerQuicConnection(
         configuration=quic_configuration(
-            identity, is_client=True, config=config, datagram_size=size
+            identity, is_client=True, config=config, datagram_size=size, secrets=secrets
         ),
         path_datagram_size=size,
-        expected_peer=peer,
         max_streams=config.max_streams,
         max_packets_in_flight=config.max_packets_in_flight,
     )

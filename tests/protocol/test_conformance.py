@@ -29,7 +29,7 @@ TAG_NAME = {s.tag: name for name, s in MSG.items()}
 MAX_FRAME = 2 * 2**20
 QUOTA = 32 * 2**20
 MAX_TENSORS = 100
-VERSION = 3
+VERSION = 4
 F32 = "float32"
 
 

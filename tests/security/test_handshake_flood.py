@@ -15,7 +15,8 @@ import numpy as np
 from aioquic.buffer import Buffer
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
 from burn_remote import RemoteDevice
-from burn_remote.protocol.transport import EndpointConfig, PeerId
+from burn_remote.protocol.transport import EndpointConfig
+from burn_remote.protocol.transport._auth import SecretSink
 from burn_remote.protocol.transport._quic import client_connection
 
 from .conftest import LATENCY_FACTOR, LATENCY_SLACK
@@ -26,9 +27,7 @@ def _initials(peer, server, count: int) -> list[bytes]:  # type: ignore[no-untyp
     host = server.address.rsplit(":", 1)[0]
     out = []
     for _ in range(count):
-        quic = client_connection(
-            peer.identity, PeerId.parse(server.peer_id), EndpointConfig(), host
-        )
+        quic = client_connection(peer.identity, EndpointConfig(), host, SecretSink())
         quic.connect((host, 1), now=time.monotonic())
         out.append(quic.datagrams_to_send(time.monotonic())[0][0])
     return out

@@ -16,6 +16,7 @@ import pytest
 from aioquic.quic.events import ConnectionTerminated
 from burn_remote import RemoteDevice, RemoteError
 from burn_remote.protocol.transport import EndpointConfig, PeerId
+from burn_remote.protocol.transport._auth import SecretSink
 from burn_remote.protocol.transport._quic import client_connection
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -124,7 +125,7 @@ def test_wrong_alpn_is_refused_at_once_with_a_tls_alert(secure, peers) -> None:
     server = secure("--idle-timeout", "30")
     host, port = server.address.rsplit(":", 1)
     config = EndpointConfig()
-    quic = client_connection(peers.victim.identity, PeerId.parse(server.peer_id), config, host)
+    quic = client_connection(peers.victim.identity, config, host, SecretSink())
     quic._configuration.alpn_protocols = ["h3"]
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.settimeout(5.0)  # far under the 30 s idle timeout a silent drop would cost

@@ -50,7 +50,9 @@ def with_server_engine(config: EndpointConfig | None = None) -> EndpointConfig:
 
 
 @asynccontextmanager
-async def serving(handler, *, server_config=None, client_config=None, **server_kwargs):
+async def serving(
+    handler, *, server_config=None, client_config=None, refuse_legacy=None, **server_kwargs
+):
     """A serving endpoint (on ``SERVER_ENGINE``) and a client endpoint (authorised unless
     told otherwise)."""
     server_id, client_id = Identity.generate(), Identity.generate()
@@ -61,7 +63,7 @@ async def serving(handler, *, server_config=None, client_config=None, **server_k
         Endpoint.open(client_id, config=client_config or EndpointConfig()) as cli,
         trio.open_nursery() as nursery,
     ):
-        nursery.start_soon(srv.serve, handler)
+        nursery.start_soon(functools.partial(srv.serve, handler, refuse_legacy=refuse_legacy))
         await trio.sleep(0)
         yield srv, cli
         nursery.cancel_scope.cancel()

@@ -1,120 +1,19 @@
-"""The qh3 server's TLS additions in memory (no sockets): a qh3 or aioquic client and a
-``Qh3ServerConnection``, datagrams moved by hand. The cases a stock client cannot produce:
-a client that ignores the CertificateRequest and sends only its Finished, and a certificate
-whose key is not Ed25519."""
+"""The qh3 server connection in memory (no sockets): a qh3 client and a
+``Qh3ServerConnection``, datagrams moved by hand; its pacing and datagram sizes."""
 
 from __future__ import annotations
 
-import datetime
-import ssl
-
 import pytest
-from burn_remote.protocol.transport import ALPN, EndpointConfig, Identity
+from burn_remote.protocol.transport import EndpointConfig, Identity
 
 pytest.importorskip("qh3")
 
-from aioquic.quic.configuration import QuicConfiguration  # noqa: E402
-from aioquic.quic.connection import QuicConnection  # noqa: E402
+from burn_remote.protocol.transport._auth import SecretSink  # noqa: E402
 from burn_remote.protocol.transport._qh3 import qh3_client_connection  # noqa: E402
 from burn_remote.protocol.transport._qh3_server import qh3_server_connection  # noqa: E402
 
 CLIENT_ADDR = ("127.0.0.1", 1234)
 SERVER_ADDR = ("127.0.0.1", 4433)
-
-
-def _serve(server_id: Identity, client, authorize=lambda peer: None):
-    """Run the handshake between ``client`` (aioquic-like API) and a new qh3 server; returns
-    the server connection and the close it reported (its alert and reason, or None)."""
-    now = 1.0
-    client.connect(SERVER_ADDR, now)
-    server = None
-    for _ in range(30):
-        now += 0.001
-        out = client.datagrams_to_send(now)
-        for data, _addr in out:
-            if server is None:
-                from aioquic.buffer import Buffer
-                from aioquic.quic.packet import pull_quic_header
-
-                odcid = pull_quic_header(Buffer(data=data), host_cid_length=8).destination_cid
-                server = qh3_server_connection(
-                    server_id,
-                    EndpointConfig(),
-                    1350,
-                    original_destination_connection_id=odcid,
-                    retry_source_connection_id=None,
-                    authorize=authorize,
-                )
-            server.receive_datagram(data, CLIENT_ADDR, now)
-        back = server.datagrams_to_send(now) if server is not None else []
-        for data, _addr in back:
-            client.receive_datagram(data, SERVER_ADDR, now)
-        while server is not None and (event := server.next_event()) is not None:
-            if type(event).__name__ == "ConnectionTerminated":
-                return server, event
-        while client.next_event() is not None:
-            pass
-        if not out and not back:
-            break
-    return server, None
-
-
-def test_a_client_that_ignores_the_certificate_request_cannot_finish() -> None:
-    """The fail-open case: qh3 anticipates a certificate-less client's Finished; the
-    override forgets that guess, so a Finished without a Certificate is refused."""
-    server_id, client_id = Identity.generate(), Identity.generate()
-    client = qh3_client_connection(client_id, server_id.peer_id, EndpointConfig(), "127.0.0.1")
-    quic = client._quic
-    made = quic._create_tls
-
-    def tls_that_ignores_requests(remote_source_cid):
-        bridge = made(remote_source_cid)
-        ctx = bridge.tls
-        handle = ctx._client_handle_certificate_request
-
-        def ignore(input_buf):  # parse and hash it as TLS requires, then forget it
-            handle(input_buf)
-            ctx._certificate_request = None
-
-        ctx._client_handle_certificate_request = ignore
-        return bridge
-
-    quic._create_tls = tls_that_ignores_requests
-    server, closed = _serve(server_id, client)
-    assert server is not None and server.peer_id is None and not server.handshake_confirmed
-    assert closed is not None and closed.error_code == 0x100 + 116  # certificate_required
-    assert "no certificate" in closed.reason_phrase
-
-
-def test_a_certificate_without_an_ed25519_key_is_a_bad_certificate() -> None:
-    """An ECDSA certificate with an Ed25519 signature (an aioquic client signs with its key,
-    whatever the certificate says): refused at the Certificate, before any signature."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    ec_key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "not-a-peer")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(ec_key.public_key())
-        .serial_number(1)
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .sign(ec_key, hashes.SHA256())
-    )
-    server_id, signer = Identity.generate(), Identity.generate()
-    config = QuicConfiguration(is_client=True, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE)
-    config.certificate, config.private_key = cert, signer.private_key
-    authorized = []
-    server, closed = _serve(server_id, QuicConnection(configuration=config), authorized.append)
-    assert closed is not None and closed.error_code == 0x100 + 42  # bad_certificate
-    assert "not Ed25519" in closed.reason_phrase
-    assert authorized == [] and server.peer_id is None
 
 
 class _PacingCore:
@@ -251,7 +150,7 @@ def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None
     config = EndpointConfig()
     server_id, client_id = Identity.generate(), Identity.generate()
     size = config.datagram_size_for("127.0.0.1")
-    client = qh3_client_connection(client_id, server_id.peer_id, config, "127.0.0.1")
+    client = qh3_client_connection(client_id, config, "127.0.0.1", SecretSink())
     now, server, sizes, total = 1.0, None, [], 4 * 1024 * 1024
     client.connect(SERVER_ADDR, now)
     stream, got, asked = None, 0, False
@@ -266,7 +165,7 @@ def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None
                     size,
                     original_destination_connection_id=odcid,
                     retry_source_connection_id=None,
-                    authorize=None,
+                    secrets=SecretSink(),
                 )
             server.receive_datagram(data, CLIENT_ADDR, now)
         for data, _addr in server.datagrams_to_send(now):

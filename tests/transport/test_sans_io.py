@@ -3,8 +3,10 @@ hand with a round cap (aioquic's own test style). No sockets, no event loop, fak
 
 from __future__ import annotations
 
+import pytest
 from aioquic.quic import events
 from burn_remote.protocol.transport import EndpointConfig, Identity
+from burn_remote.protocol.transport._auth import AuthFailure, PeerAuth, SecretSink
 from burn_remote.protocol.transport._config import quic_configuration
 from burn_remote.protocol.transport._quic import PeerQuicConnection
 
@@ -12,22 +14,22 @@ CLIENT_ADDR = ("1.2.3.4", 1234)
 SERVER_ADDR = ("2.3.4.5", 4433)
 
 
-def make_pair(config=None, authorize=lambda peer: None, expected=None):
+def make_pair(config=None, sinks=None):
+    """A client and a server connection; ``sinks`` (client's, server's) get their key logs."""
     config = config or EndpointConfig()
     server_id, client_id = Identity.generate(), Identity.generate()
+    client_sink, server_sink = sinks or (SecretSink(), SecretSink())
     client = PeerQuicConnection(
         configuration=quic_configuration(
-            client_id, is_client=True, config=config, datagram_size=1452
+            client_id, is_client=True, config=config, datagram_size=1452, secrets=client_sink
         ),
-        expected_peer=expected or server_id.peer_id,
     )
     client.connect(SERVER_ADDR, now=Clock.now)
     server = PeerQuicConnection(
         configuration=quic_configuration(
-            server_id, is_client=False, config=config, datagram_size=1452
+            server_id, is_client=False, config=config, datagram_size=1452, secrets=server_sink
         ),
         original_destination_connection_id=client.original_destination_connection_id,
-        authorize=authorize,
     )
     return client, server, client_id, server_id
 
@@ -83,29 +85,43 @@ def drain(conn):
     return out
 
 
-def test_handshake_authenticates_both_sides():
-    client, server, client_id, server_id = make_pair()
+def test_both_ends_get_one_binding_secret_and_another_connection_another():
+    """The key proofs' channel binding (``_auth``): the secret both ends log is the same on
+    one connection, known to the server before the client finished, and differs on the next
+    connection between the same two keys' holders."""
+    sinks = SecretSink(), SecretSink()
+    client, server, _, _ = make_pair(sinks=sinks)
+    roundtrip(client, server, Clock.now)
+    assert sinks[1].secret is not None and sinks[0].secret is None  # the server's flight
     exchange(client, server)
     assert client.handshake_confirmed and server.handshake_confirmed
+    assert sinks[0].secret == sinks[1].secret and len(sinks[0].secret) >= 32
+    other = SecretSink(), SecretSink()
+    exchange(*make_pair(sinks=other)[:2])
+    assert other[0].secret == other[1].secret != sinks[0].secret
+
+
+def test_a_proof_relayed_from_another_connection_does_not_verify():
+    """A relay in the middle runs two handshakes: the server's proof it forwards from its
+    own connection does not verify on the client's, nor the client's on the server's."""
+    server_id, client_id = Identity.generate(), Identity.generate()
+    left, right = SecretSink(), SecretSink()  # client<->relay, relay<->server
+    exchange(*make_pair(sinks=(left, SecretSink()))[:2])
+    exchange(*make_pair(sinks=(SecretSink(), right))[:2])
+    server = PeerAuth(server_id, is_client=False, authorize=lambda peer: None)
+    server.sink.write(f"SERVER_TRAFFIC_SECRET_0 00 {right.secret.hex()}\n")
+    client = PeerAuth(client_id, is_client=True, expected_peer=server_id.peer_id)
+    client.sink.write(f"SERVER_TRAFFIC_SECRET_0 00 {left.secret.hex()}\n")
+    with pytest.raises(AuthFailure, match="does not verify"):
+        client.feed(server.proof_due(), end=False)
+    honest = PeerAuth(server_id, is_client=False)
+    honest.sink.write(f"SERVER_TRAFFIC_SECRET_0 00 {left.secret.hex()}\n")
+    client = PeerAuth(client_id, is_client=True, expected_peer=server_id.peer_id)
+    client.sink.write(f"SERVER_TRAFFIC_SECRET_0 00 {left.secret.hex()}\n")
+    client.feed(honest.proof_due(), end=False)  # the same key over the right binding
     assert client.peer_id == server_id.peer_id
-    assert server.peer_id == client_id.peer_id
-
-
-def test_wrong_server_key_aborts_inside_tls():
-    client, server, _, _ = make_pair(expected=Identity.generate().peer_id)
-    exchange(client, server)
-    closed = [e for e in drain(client) if isinstance(e, events.ConnectionTerminated)]
-    assert closed and "dialled" in closed[0].reason_phrase
-    assert not any(isinstance(e, events.HandshakeCompleted) for e in drain(server))
-
-
-def test_refused_client_hears_the_reason():
-    client, server, _, _ = make_pair(authorize=lambda peer: f"no entry for {peer}")
-    exchange(client, server)
-    assert not server.handshake_confirmed
-    closed = [e for e in drain(client) if isinstance(e, events.ConnectionTerminated)]
-    assert closed and closed[0].reason_phrase.startswith("no entry for")
-    assert closed[0].error_code == 0x100 + 49  # TLS access_denied
+    with pytest.raises(AuthFailure, match="does not verify"):
+        server.feed(client.proof_due(), end=True)
 
 
 def test_receive_window_follows_the_reader_not_the_sender():

@@ -496,7 +496,7 @@ async def test_a_qh3_failure_ends_that_connection_and_the_server_goes_on(monkeyp
         s = await first.open_stream()
         await s.send_frame(b"before")
         assert await s.receive_frame() == b"before"
-        original = _qh3_server._AuthQuic.receive_many_datagrams
+        original = _qh3_server._ValidatedQuic.receive_many_datagrams
         victim = next(iter(srv.connections))._quic._quic
 
         def boom(self, *args):
@@ -504,7 +504,7 @@ async def test_a_qh3_failure_ends_that_connection_and_the_server_goes_on(monkeyp
                 raise RuntimeError("packet builder capacity exhausted")
             return original(self, *args)
 
-        monkeypatch.setattr(_qh3_server._AuthQuic, "receive_many_datagrams", boom)
+        monkeypatch.setattr(_qh3_server._ValidatedQuic, "receive_many_datagrams", boom)
         await s.send_frame(b"trigger")
         with trio.fail_after(10):
             reason = await first.wait_closed()
