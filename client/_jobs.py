@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,9 @@ def _expand_pretrained(spec: dict[str, Any]) -> None:
     model.setdefault("name_or_path", str(directory.resolve()))
 
 
+RECONNECT_EVERY = 1.0
+"""Seconds between a watcher's attempts to reach a restarting server."""
+
 ARTIFACT_WINDOW = 16
 """Artifact chunks in flight at once (16 MiB): uploads and downloads cost a round trip per
 window, not per chunk."""
@@ -73,6 +77,10 @@ def _sha256_of(path: Path) -> bytes:
     return h.digest()
 
 
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 class JobError(RuntimeError):
     """The server refused a job request (the text names the spec key), or a job failed."""
 
@@ -84,8 +92,34 @@ class ChecksumError(JobError):
 class Jobs:
     """The job API of one remote device (``dev.jobs``)."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, reconnect: Callable[[], Any] | None = None) -> None:
         self._rt = runtime
+        self._reconnect = reconnect
+        """Makes a fresh runtime to the same server (``RemoteDevice(target, key)``), for a
+        watcher whose session a server restart ended; None: no way to connect again."""
+
+    def reconnect(self, window: float) -> str | None:
+        """Connect again after the session was lost (a server restart ends every session;
+        its jobs resume from their checkpoints): retries for ``window`` seconds. Returns
+        None once connected, else why not."""
+        if self._reconnect is None:
+            return "this device cannot connect again by itself"
+        from ._remote import RemoteError
+
+        deadline = time.monotonic() + window
+        why = "no attempt"
+        while True:
+            try:
+                runtime = self._reconnect()
+                runtime._call(m.JobList, 0, 1)  # the session is up and answers
+            except RemoteError as exc:
+                why = str(exc)
+                if time.monotonic() > deadline:
+                    return why
+                time.sleep(RECONNECT_EVERY)
+                continue
+            self._rt = runtime
+            return None
 
     def _call(self, kind: type, *fields: Any) -> Any:
         try:
@@ -238,17 +272,40 @@ class Job:
 
     def watch(self, progress: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """Follow the job to its end, with a tqdm bar (loss, steps/s) when ``progress``;
-        returns the final row."""
+        returns the final row. The job's messages (``resumed from the checkpoint at step
+        300``) are printed as they come (on stderr). A server restart does not end the
+        watch: it connects again for up to BURN_REMOTE_RESUME_TIMEOUT seconds, says so, and
+        follows the job as it resumes."""
+        from ._remote import RemoteError
+        from ._remote_link import RESUME_TIMEOUT
+
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=self.info.get("total") or None, desc=f"job {self.id}", unit="step")
+        say = (lambda text: bar.write(text, file=sys.stderr)) if bar is not None else _to_stderr
         seen, deadline = 0, None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                for ev in self.events(seen):
+                try:
+                    events = self.events(seen)
+                except RemoteError:
+                    say(f"job {self.id}: lost the server (restarting?); connecting again for "
+                        f"up to {RESUME_TIMEOUT:g} s")  # fmt: skip
+                    why = self.jobs.reconnect(RESUME_TIMEOUT)
+                    if why is not None:
+                        raise RemoteError(
+                            f"job {self.id}: the server did not come back within "
+                            f"{RESUME_TIMEOUT:g} s (BURN_REMOTE_RESUME_TIMEOUT): {why}; the "
+                            f"job itself may still run: `burn-remote jobs watch {self.id}`"
+                        ) from None
+                    say(f"job {self.id}: connected again; following it as it resumes")
+                    continue
+                for ev in events:
                     seen = ev["seq"]
+                    if ev.get("message"):
+                        say(f"job {self.id}: {ev['message']}")
                     if bar is not None and ev.get("step") is not None:
                         bar.n = ev["step"]
                         post = {"state": ev["state"]}

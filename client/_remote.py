@@ -351,6 +351,7 @@ class RemoteDevice(Device):
         )
         super().__init__(f"remote:{self.peer_id}", runtime)
         self._rt = runtime
+        self._target, self._key = target, key
         self._closed = False
         self._initialised = True
         RemoteDevice._remote[f"{target}|{key or ''}"] = self
@@ -434,7 +435,10 @@ class RemoteDevice(Device):
         """Long-running jobs on this server (fine-tuning, export): see ``burn_remote.Jobs``."""
         from ._jobs import Jobs
 
-        return Jobs(self._rt)
+        target, key = getattr(self, "_target", None), getattr(self, "_key", None)
+        if target is None:  # RemoteDevice.over(...): no address to dial again
+            return Jobs(self._rt)
+        return Jobs(self._rt, reconnect=lambda: RemoteDevice(target, key)._rt)
 
     def close(self) -> None:
         """End the session (the server frees its tensors); the device cannot be used after."""

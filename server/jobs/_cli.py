@@ -14,9 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-CANCEL_WAIT = 30.0
-"""Seconds ``jobs cancel`` waits for a running job to stop at its next step."""
-
 
 def _jobs(args: argparse.Namespace) -> Any:
     from burn_remote import RemoteDevice
@@ -28,20 +25,78 @@ def _json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True))
 
 
-def _row(j: dict[str, Any]) -> str:
-    step = f"{j['step']}/{j['total']}"
-    return f"{j['id']:>5}  {j['kind']:<14} {j['state']:<10} {step:>11}  {j['device']}"
+TABLE = ("ID", "NAME", "KIND", "STATE", "STEP", "AGE")
+"""`jobs list`'s columns; `--json` gives every field."""
+
+
+def _age(since: float | None, now: float | None = None) -> str:
+    """Seconds since ``since`` as a person reads them: 45s, 12m, 3h, 2d."""
+    if not since:
+        return "-"
+    s = max(0.0, (now or time.time()) - since)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{int(s // size)}{unit}"
+    return f"{int(s)}s"
+
+
+def _name(j: dict[str, Any]) -> str:
+    spec = j.get("spec")
+    return (spec.get("name") if isinstance(spec, dict) else None) or "-"
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """Jobs as an aligned table with a header line."""
+    cells = [TABLE] + [
+        (str(j["id"]), _name(j), j["kind"], j["state"], f"{j['step']}/{j['total']}",
+         _age(j.get("created")))
+        for j in rows
+    ]  # fmt: skip
+    widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE))]
+    right = {0, 4, 5}
+    return "\n".join(
+        "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in
+                  enumerate(zip(r, widths))).rstrip()
+        for r in cells
+    )  # fmt: skip
 
 
 def _describe(j: dict[str, Any]) -> str:
-    """A job's row as ``key: value`` lines (specs and outputs as JSON)."""
-    lines = []
-    for key in sorted(j):
-        value = j[key]
-        if isinstance(value, dict | list):
-            value = json.dumps(value, sort_keys=True)
-        lines.append(f"{key}: {value}")
+    """A job in a few lines for a person: what, where it stands, what came of it (the whole
+    record, spec included, is ``--json``)."""
+    named = f" ({_name(j)})" if _name(j) != "-" else ""
+    lines = [f"job {j['id']}{named}: {j['kind']} on {j['device']}"]
+    lines.append(f"state: {j['state']}")
+    lines.append(f"step: {j['step']}/{j['total']}")
+    lines.append(f"created: {_age(j.get('created'))} ago")
+    if j.get("finished"):
+        lines.append(f"finished: {_age(j['finished'])} ago")
+    elif j.get("started"):
+        lines.append(f"started: {_age(j['started'])} ago")
+    if j.get("checkpoint_step"):
+        lines.append(f"checkpoint: step {j['checkpoint_step']}")
+    if j.get("error"):
+        lines.append(f"error: {j['error']}")
+    if j.get("outputs"):
+        lines.append(f"outputs: {', '.join(sorted(j['outputs']))} (`jobs fetch {j['id']} DIR`)")
     return "\n".join(lines)
+
+
+def _event_line(ev: dict[str, Any]) -> str:
+    """One event for a person: when, the state, then what it says."""
+    when = time.strftime("%H:%M:%S", time.localtime(ev.get("time", 0)))
+    parts = [f"{ev['seq']:>5}", when, f"{ev.get('state', ''):<9}"]
+    if ev.get("step") is not None:
+        parts.append(f"step {ev['step']}/{ev.get('total', '?')}")
+    if ev.get("loss") is not None:
+        parts.append(f"loss {ev['loss']:.4f}")
+    if ev.get("checkpoint"):
+        parts.append(f"checkpoint at step {ev['checkpoint']}")
+    if ev.get("message"):
+        parts.append(str(ev["message"]))
+    if ev.get("error"):
+        parts.append(str(ev["error"]))
+    return "  ".join(parts)
 
 
 def _show(args: argparse.Namespace, info: dict[str, Any]) -> None:
@@ -74,7 +129,13 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace, jobs: Any) -> int:
     job = jobs.submit(Path(args.spec))
     if not args.watch:
-        _show(args, job.info)
+        if args.json:
+            _json(job.info)
+        else:
+            named = f" ({_name(job.info)})" if _name(job.info) != "-" else ""
+            print(f"job {job.id}{named} {job.info['state']}: {job.info['kind']}, "
+                  f"{job.info['total']} steps on {job.info['device']}")  # fmt: skip
+            print(f"follow it: burn-remote jobs watch {job.id} --peer {args.peer}")
         return 0
     if not args.json:
         print(f"job {job.id} queued ({job.info['kind']})")
@@ -87,9 +148,32 @@ def _list(args: argparse.Namespace, jobs: Any) -> int:
     rows = jobs.list()
     if args.json:
         _json(rows)
+    elif rows:
+        print(_table(rows))
     else:
-        for j in rows:
-            print(_row(j))
+        print("no jobs")
+    return 0
+
+
+def _events(args: argparse.Namespace, jobs: Any) -> int:
+    """Every stored event of a job (state changes, progress, checkpoints, messages such as
+    "resumed from the checkpoint at step 300"), oldest first."""
+    job = jobs.get(args.job)
+    job.status()  # an unknown job is refused here, before any wait
+    seen, out = 0, []
+    while True:  # a page per call; a job still running ends it with a short long-poll
+        page = job.events(seen)
+        if not page:
+            break
+        out += page
+        seen = page[-1]["seq"]
+        if page[-1].get("state") in ("succeeded", "failed", "cancelled"):
+            break
+    if args.json:
+        _json(out)
+    else:
+        for ev in out:
+            print(_event_line(ev))
     return 0
 
 
@@ -105,24 +189,17 @@ def _watch(args: argparse.Namespace, jobs: Any) -> int:
 
 
 def _cancel(args: argparse.Namespace, jobs: Any) -> int:
-    """Cancel, then wait for the job to stop (a running one stops at its next step) and show
-    the state it is in now, not the one it had."""
+    """Ask for the cancel and return: a queued job is cancelled at once, a running one stops
+    at its next step (keeping its last checkpoint). ``--wait`` blocks until it has."""
     job = jobs.get(args.job)
-    seen = max((e["seq"] for e in job.events(0)), default=0)
     info = job.cancel()
-    deadline = time.monotonic() + CANCEL_WAIT
-    while info["state"] in ("queued", "running") and not args.no_wait:
-        if time.monotonic() > deadline:
-            print(
-                f"burn-remote jobs cancel: job {job.id} is still {info['state']} after "
-                f"{CANCEL_WAIT:.0f} s; it stops at its next step",
-                file=sys.stderr,
-            )
-            break
-        seen = max((e["seq"] for e in job.events(seen)), default=seen)  # a long poll
-        info = job.status()
+    if args.wait and info["state"] in ("queued", "running"):
+        info = job.watch(progress=False)
     if args.json:
         _json(info)
+    elif info["state"] in ("queued", "running"):
+        print(f"job {job.id}: cancel requested; it stops at its next step "
+              f"(`jobs cancel {job.id} --wait` waits for it)")  # fmt: skip
     else:
         kept = f"; its checkpoint at step {info['checkpoint_step']} is kept"
         print(f"job {job.id}: {info['state']}{kept if info.get('checkpoint_step') else ''}")
@@ -144,6 +221,7 @@ _ACTIONS = {
     "list": _list,
     "status": _status,
     "watch": _watch,
+    "events": _events,
     "cancel": _cancel,
     "fetch": _fetch,
 }
@@ -190,9 +268,11 @@ def add_jobs(sub: argparse._SubParsersAction, target_help: str) -> None:
         action="store_true",
         help="then follow it with a progress bar; exit 1 with the reason if it fails",
     )
-    action("list", "list the server's jobs (yours; an admin's: all)")
+    action("list", "a table of the server's jobs (yours; an admin's: all): id, name, kind, "
+           "state, step, age")  # fmt: skip
     for name, text in (
-        ("status", "print a job's row"),
+        ("status", "print where a job stands (--json: the whole record, spec included)"),
+        ("events", "print a job's events: state changes, progress, checkpoints, messages"),
         ("watch", "follow a job with a progress bar until it ends; exit 1 if it failed"),
     ):
         action(name, text).add_argument("job", type=int)
@@ -200,8 +280,9 @@ def add_jobs(sub: argparse._SubParsersAction, target_help: str) -> None:
                "its last checkpoint)")  # fmt: skip
     a.add_argument("job", type=int)
     a.add_argument(
-        "--no-wait", action="store_true", help="return at once instead of waiting for the stop"
+        "--wait", action="store_true", help="block until the job has stopped, then print its state"
     )
+    a.add_argument("--no-wait", action="store_true", help=argparse.SUPPRESS)  # the old default
     a = action("fetch", "download a job's outputs, checksums verified")
     a.add_argument("job", type=int)
     a.add_argument("dir", help="destination directory")

@@ -81,7 +81,9 @@ def test_jobs_cli(base, spawn, tmp_path, client_home):  # type: ignore[no-untype
     listed = _jobs(client_home, "list", *peer, "--json")
     assert [j["id"] for j in json.loads(listed.stdout)] == [1, 2]
     text = _jobs(client_home, "list", *peer)
-    assert "lora_finetune" in text.stdout and "failed" in text.stdout
+    header, *rows = text.stdout.splitlines()
+    assert header.split() == ["ID", "NAME", "KIND", "STATE", "STEP", "AGE"]
+    assert rows[1].split()[:5] == ["2", "-", "lora_finetune", "failed", "0/3"], rows
     status = json.loads(_jobs(client_home, "status", "2", *peer, "--json").stdout)
     assert status["state"] == "failed" and status["error"]
     human = _jobs(client_home, "status", "2", *peer)
@@ -103,9 +105,18 @@ def test_jobs_cli(base, spawn, tmp_path, client_home):  # type: ignore[no-untype
         ),
         timeout=60,
     )
-    cancelled = _jobs(client_home, "cancel", str(job), *peer)
+    cancelled = _jobs(client_home, "cancel", str(job), *peer)  # returns at once
     assert cancelled.returncode == 0, cancelled.stderr
-    assert cancelled.stdout.startswith(f"job {job}: cancelled"), cancelled.stdout
+    assert cancelled.stdout.startswith(f"job {job}: cancel requested"), cancelled.stdout
+    waited = _jobs(client_home, "cancel", str(job), *peer, "--wait")  # blocks until stopped
+    assert waited.stdout.startswith(f"job {job}: cancelled"), waited.stdout
+
+    events = _jobs(client_home, "events", "1", *peer)
+    lines = events.stdout.splitlines()
+    assert events.returncode == 0 and "queued" in lines[0] and "succeeded" in lines[-1], lines
+    assert any("loss" in line and "step" in line for line in lines)
+    as_json = json.loads(_jobs(client_home, "events", "1", *peer, "--json").stdout)
+    assert [e["seq"] for e in as_json] == list(range(1, len(lines) + 1))
 
 
 def test_the_documented_address_book_serves_remote_device_and_jobs_peer(

@@ -187,7 +187,7 @@ def test_two_machine_walkthrough(namespaces, tmp_path: Path) -> None:
         book.write_text(hosts["laptop"].expand(found[1][1]))
         steps = commands(found[2][1])
         assert [s.host for s in steps] == ["laptop", "laptop", "gpu-box"]
-        hosts["laptop"].run(steps[0].line)  # by name, through the address book
+        assert hosts["laptop"].run(steps[0].line) == "no jobs\n"  # by name, via the book
         assert hosts["laptop"].run(steps[1].line).strip() == "3.0"
         status = hosts["gpu-box"].run(steps[2].line)
         assert status.startswith(f"server {subst['SERVER_ID']} on cpu"), status
