@@ -396,8 +396,11 @@ class GroupMember(RingAllReduce):
                         elif isinstance(msg, m.RingPlane) and side == "pred":
                             self._take_plane(msg)
                 nursery.cancel_scope.cancel()
-        except (TransportError, m.DecodeError) as exc:
-            self.fail(rank, f"link lost: {exc}")
+        except* (TransportError, m.DecodeError) as group:  # a nursery wraps what it raises
+            first: BaseException = group  # (a plain except let a closed link end the server)
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            self.fail(rank, f"link lost: {first}")
 
     async def _send_beats(self, ctl: FrameStream, side: str) -> None:
         """Heartbeats every LINK_BEAT until the group fails. None after: once this rank's
