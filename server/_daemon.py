@@ -474,7 +474,11 @@ class _SessionPump:
 
     async def _receive_bulk(self, s: FrameStream) -> None:
         """One transfer from the client, written into its buffer chunk by chunk and
-        acknowledged as it goes; a stream cut short leaves it partial for a resumed one."""
+        acknowledged as it goes. A stream cut short by a lost connection leaves it partial
+        for a resumed one; a stream that fails while the connection lives (an oversized
+        frame, answered STOP_SENDING; reset or ended early by the client) fails its Upload
+        at once, as nothing will resume it, so the session's later messages do not wait
+        behind it (``_wait_ready``'s BULK_WAIT)."""
         session = self.session
         header = None
         try:
@@ -489,7 +493,11 @@ class _SessionPump:
                 while not rx.done:
                     chunk = await s.receive_frame()
                     if chunk is None:
-                        return  # the client stopped (a lost link): resumed later, or given up
+                        if self.conn.is_closed:
+                            return  # a lost link: resumed later, or given up
+                        raise TransportError(
+                            f"the client ended the stream after {rx.received} of {rx.size} bytes"
+                        )
                     ack = rx.feed(chunk)
                     self._progress += 1
                     if ack is not None:
@@ -497,8 +505,14 @@ class _SessionPump:
                 if header.bulk_id in session.bulk_partial:
                     session.feed_bulk(header.bulk_id, rx.buffer)
                     self._arrived.set()
-        except TransportError:
-            return  # the connection died; the partial transfer waits for a resume
+        except TransportError as exc:
+            if header is None or self.conn.is_closed:
+                return  # the connection died; the partial transfer waits for a resume
+            s.stop_reading()
+            code = m.LIMIT if isinstance(exc, FrameTooLarge) else m.MALFORMED
+            session.refuse_bulk(header.bulk_id, code, f"bulk {header.bulk_id} failed: {exc}")
+            self._arrived.set()
+            return
         except (m.DecodeError, LimitExceeded) as exc:
             code = m.LIMIT if isinstance(exc, LimitExceeded) else m.MALFORMED
             s.stop_reading()

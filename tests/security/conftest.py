@@ -210,7 +210,11 @@ class RawClient:
     """A hand-driven client: frames of our choosing on the control stream (and bulk
     streams), replies as decoded messages. What a hostile peer's own program would do."""
 
-    def __init__(self, server: Daemon, peer: Peer, *, sequenced: bool = False) -> None:
+    def __init__(
+        self, server: Daemon, peer: Peer, *, sequenced: bool = False, max_frame: int = m.MAX_FRAME
+    ) -> None:
+        """``max_frame``: the largest frame this client sends or takes (a hostile client
+        may send larger ones than the server accepts)."""
         host, port = server.address.rsplit(":", 1)
         self.frames: queue.Queue[tuple[int, bytes | None]] = queue.Queue()
         self.closed: list[Exception] = []
@@ -220,7 +224,7 @@ class RawClient:
             peer.identity,
             server.peer_id,
             (host, int(port)),
-            config=EndpointConfig(max_frame_size=m.MAX_FRAME),
+            config=EndpointConfig(max_frame_size=max_frame),
             on_frame=lambda sid, f: self.frames.put((sid, f)),
             on_closed=self.closed.append,
         )
