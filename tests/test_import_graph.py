@@ -37,27 +37,7 @@ ALLOWED = {
 """Which folders the modules of each folder may import."""
 
 KNOWN_CYCLES: dict[str, list[set[str]]] = {
-    "client": [
-        {
-            "burn_remote.lora",
-            "burn_remote.lora._adapter",
-            "burn_remote.lora._layer",
-            "burn_remote.lora._model",
-            "burn_remote.nn",
-            "burn_remote.nn._attention",
-            "burn_remote.nn._gpt",
-            "burn_remote.nn._gpt2",
-            "burn_remote.nn._hf",
-            "burn_remote.nn._layers",
-            "burn_remote.nn._module",
-            # in it only through nn._module -> lora (#32's Llama family; see #37)
-            "burn_remote.nn._auto",
-            "burn_remote.nn._llama",
-            "burn_remote.nn._llm_config",
-            "burn_remote.nn._llm_io",
-            "burn_remote.nn._llm_save",
-        },
-    ],
+    "client": [],
     "engine": [],
     "protocol": [],
     "server": [],

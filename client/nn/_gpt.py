@@ -7,7 +7,7 @@ state_dict keys, LoRA target names and PEFT adapter keys read the same as for th
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +18,10 @@ from .._tensor import Tensor
 from . import _init
 from ._attention import TransformerBlock
 from ._generate import GenerationMixin
+from ._gpt_config import GPTConfig
 from ._kv_cache import CacheSpec, CacheStep
 from ._layers import Dropout, Embedding, LayerNorm
 from ._module import Module, ModuleList
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    n_layer: int = 2
-    n_head: int = 4
-    d_model: int = 64
-    vocab: int = 256
-    context: int = 64
-    dropout: float = 0.0
-    eps: float = 1e-5
-    activation: str = "gelu_new"
-    """config.json's activation_function: gelu_new / gelu_pytorch_tanh (tanh form) or gelu."""
 
 
 class GPT(GenerationMixin, Module):

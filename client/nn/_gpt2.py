@@ -66,7 +66,7 @@ def load_state(model: Any, raw: dict[str, np.ndarray], where: Any) -> None:
 def config_from_file(path: str | Path, n_head: int | None = None) -> Any:
     """Sizes from the shapes; heads and the rest from our metadata, else `n_head`. A file
     that names no head count is refused: guessing one gives wrong logits silently."""
-    from ._gpt import GPTConfig
+    from ._gpt_config import GPTConfig
 
     state = _normalise(load_arrays(path))
     meta = load_metadata(path)

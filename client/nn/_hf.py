@@ -46,7 +46,7 @@ def _refuse(path: Any, field: str, value: Any, why: str) -> HFConfigError:
 
 def gpt_config(doc: dict[str, Any], where: Any = CONFIG) -> Any:
     """GPTConfig from a GPT-2 config.json; refuses fields that would change the numbers."""
-    from ._gpt import GPTConfig
+    from ._gpt_config import GPTConfig
 
     if doc.get("model_type", "gpt2") != "gpt2":
         raise _refuse(where, "model_type", doc.get("model_type"), "only GPT-2 checkpoints load")

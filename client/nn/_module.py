@@ -192,40 +192,30 @@ class Module:
         self.load_state_dict(load_arrays(path), strict=strict)
 
     # --- LoRA (lives in burn_remote.lora; these are the entry points people look for) -------
+    # lora builds on nn (its layers wrap Linear), so nn never imports it: these methods reach
+    # it through the package's public lazy attribute (`_lora`), as a user's code does.
     def apply_lora(self, config: Any) -> Module:
         """Wrap the targeted Linear layers with LoRA adapters and freeze everything else."""
-        from ..lora import apply_lora
-
-        return apply_lora(self, config)
+        return _lora().apply_lora(self, config)
 
     def merge_lora(self) -> None:
-        from ..lora import merge
-
-        merge(self)
+        _lora().merge(self)
 
     def merge_and_unload(self) -> Module:
         """Fold the adapters into the base weights and drop them (PEFT's name)."""
-        from ..lora import merge_and_unload
-
-        return merge_and_unload(self)
+        return _lora().merge_and_unload(self)
 
     def unmerge_lora(self) -> None:
-        from ..lora import unmerge
-
-        unmerge(self)
+        _lora().unmerge(self)
 
     def save_adapter(
         self, directory: str | Path, hf_class: str | None = None, **config_fields: Any
     ) -> None:
         """PEFT's layout, keyed for `hf_class` (default: the class the model came from)."""
-        from ..lora import save_adapter
-
-        save_adapter(self, directory, hf_class, **config_fields)
+        _lora().save_adapter(self, directory, hf_class, **config_fields)
 
     def load_adapter(self, directory: str | Path) -> None:
-        from ..lora import load_adapter
-
-        load_adapter(self, directory)
+        _lora().load_adapter(self, directory)
 
 
 class Sequential(Module):
@@ -268,3 +258,11 @@ class ModuleList(Module):
 
     def __len__(self) -> int:
         return len(self.__dict__.get("_children", {}))
+
+
+def _lora() -> Any:
+    """`burn_remote.lora`, loaded on first use through the package root's table of lazy
+    names (the root sits above both nn and lora)."""
+    import burn_remote
+
+    return burn_remote.lora
