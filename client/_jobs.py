@@ -104,7 +104,7 @@ class Jobs:
         None once connected, else why not."""
         if self._reconnect is None:
             return "this device cannot connect again by itself"
-        from ._remote import RemoteError
+        from ._remote_protocol import RemoteError
 
         deadline = time.monotonic() + window
         why = "no attempt"
@@ -276,8 +276,8 @@ class Job:
         300``) are printed as they come (on stderr). A server restart does not end the
         watch: it connects again for up to BURN_REMOTE_RESUME_TIMEOUT seconds, says so, and
         follows the job as it resumes."""
-        from ._remote import RemoteError
         from ._remote_link import RESUME_TIMEOUT
+        from ._remote_protocol import RemoteError
 
         bar = None
         if progress:

@@ -21,7 +21,7 @@ from burn_remote.protocol import messages as m
 
 from ._device import Device
 from ._recorder import OpFailed
-from ._remote_protocol import ClientProtocol
+from ._remote_protocol import ClientProtocol, RemoteError
 from ._tensor import Tensor, make_tensor
 
 WAIT_TIMEOUT = float(os.environ.get("BURN_REMOTE_WAIT_TIMEOUT", "300"))
@@ -35,10 +35,6 @@ this a step waits (back-pressure, so neither side queues without bound)."""
 
 
 CLOSED = "this RemoteDevice is closed: create a new RemoteDevice(target) to connect again"
-
-
-class RemoteError(ConnectionError):
-    """The connection to the server failed or closed; the device cannot go on."""
 
 
 class RemoteRuntime:

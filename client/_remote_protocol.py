@@ -24,6 +24,13 @@ from burn_remote.protocol import messages as m
 from ._group_error import group_error
 from ._recorder import OpFailed, op_failure
 
+
+class RemoteError(ConnectionError):
+    """The connection to the server failed or closed; the device cannot go on.
+
+    (Defined here, below both the remote device and the jobs client that raise it.)"""
+
+
 BATCH_MAX_MESSAGES = 512
 """A batch with this many messages is sent without waiting for a read."""
 BATCH_MAX_BYTES = 1 << 20
