@@ -254,6 +254,19 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _device(text: str) -> str:
+    """argparse type for ``--device``: a local device kind, checked by the one parser that
+    `Device.resolve` and the engine's backend table use, so a typo is refused with the
+    spellings before anything starts."""
+    from burn_remote.engine.backend_base import parse_device
+
+    try:
+        parse_device(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     from burn_remote.protocol.messages import MAX_FRAME
 
@@ -262,7 +275,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="run the compute daemon",
         description="Serve remote sessions on one device. Prints the peer id and addresses.",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda:N or opencl (default cpu)")
+    p.add_argument(
+        "--device", default="cpu", type=_device, help="cpu, cuda[:N] or opencl[:N] (default cpu)"
+    )
     p.add_argument(
         "--listen",
         default=DEFAULT_SERVE_LISTEN,

@@ -101,3 +101,20 @@ def test_a_kind_this_machine_cannot_run_says_so_and_a_typo_lists_every_spelling(
             Device.cpu().tensor([1.0]).to(typo)
     with pytest.raises(TypeError, match="expected a Device or a string"):
         br.zeros(2, device=3)
+
+
+def test_serve_checks_its_device_with_the_same_parser():
+    """`burn-remote serve --device` reads the local kinds of the same table: a typo is an
+    argument error naming the spellings, before a key, a socket or an engine is touched."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "burn_remote.server.cli", "serve", "--device", "cdua:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "argument --device: unknown device 'cdua:0'" in out.stderr
+    assert "cuda[:N]" in out.stderr
