@@ -35,6 +35,17 @@ def no_grad() -> Iterator[None]:
         _state.grad = prev
 
 
+@contextlib.contextmanager
+def enable_grad() -> Iterator[None]:
+    """Record the tape again inside a `no_grad` region (a recomputation during backward)."""
+    prev = enabled()
+    _state.grad = True
+    try:
+        yield
+    finally:
+        _state.grad = prev
+
+
 class GradNode:
     """The tape entry of one op: its inputs (kept alive until backward) and its outputs."""
 

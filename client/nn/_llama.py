@@ -31,6 +31,7 @@ from ._kv_cache import CacheSpec, CacheStep, LayerCache
 from ._layers import Embedding, Linear
 from ._llm_config import DecoderConfig
 from ._module import Module, ModuleList
+from ._recompute import checkpoint
 
 WeightSource = Callable[[str, tuple[int, ...], str], Tensor]
 """(name, shape, kind) -> the tensor; kind is "weight", "bias", "norm" or "embedding"."""
@@ -203,6 +204,8 @@ class LlamaDecoderLayer(Module):
 class LlamaModel(Module):
     """Embeddings, the decoder layers and the final norm (transformers' `.model`)."""
 
+    gradient_checkpointing = False
+
     def __init__(self, c: DecoderConfig, src: WeightSource, device: Device) -> None:
         self.embed_tokens = Embedding.from_weight(
             src("model.embed_tokens.weight", (c.vocab, c.hidden), "embedding")
@@ -227,8 +230,10 @@ class LlamaModel(Module):
         pos = self.positions if t == self.positions.shape[0] else self.positions[:t]
         cos, sin = rotary_tables(self.inv_freq, pos, x.dtype)
         masks = {w: attention_mask(pos, w) for w in self.windows}
+        recompute = self.gradient_checkpointing and self.training
         for layer in self.layers:
-            x = layer(x, cos, sin, masks[layer.self_attn.sliding_window])
+            mask = masks[layer.self_attn.sliding_window]
+            x = checkpoint(layer, x, cos, sin, mask) if recompute else layer(x, cos, sin, mask)
         return self.norm(x)
 
 
@@ -266,6 +271,18 @@ class LlamaForCausalLM(GenerationMixin, Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return self.lm_head(self.model(ids))
+
+    def gradient_checkpointing_enable(self) -> None:
+        """While training, recompute each decoder layer in the backward instead of keeping
+        its activations (transformers' name): less memory, one more forward per step."""
+        self.model.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.model.gradient_checkpointing = False
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.model.gradient_checkpointing
 
     # --- generation (GenerationMixin) ----------------------------------------------------
     def cache_spec(self) -> CacheSpec:
