@@ -64,6 +64,11 @@ class Backend:
     """True when work must run inside `activate` (a GPU's device and stream). False lets the
     executor skip the context manager on every run, which is most of a small run's cost."""
 
+    writes_in_place: ClassVar[bool] = False
+    """True when the executor may hand a kernel that declares ``writes_into`` the donated
+    inputs to write its results into (the CPU backend: an optimizer step updates parameters
+    and moments where they lie). False: kernels always make new arrays."""
+
     reports_memory: ClassVar[bool] = False
     """True when `memory_stats` reports the backend's own pools; otherwise callers keep
     their own count of the bytes they hold."""

@@ -7,6 +7,7 @@ allows. Plans are cached by graph hash in a bounded LRU shared by every caller.
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ class Step:
     dtypes: tuple[Any, ...]
     release: tuple[int, ...]
     """Slots whose last use is this step: dropped right after it runs."""
+    write_into: tuple[int, ...] = ()
+    """Per output, the input slot the kernel may write it into (``kernel.writes_into``):
+    graph inputs whose last use is this step. A run writes there only if the caller donated
+    that input and nothing else holds it (``_donated_out``); empty: never."""
 
 
 @dataclass(slots=True)
@@ -174,9 +179,26 @@ def _compile(graph: Graph, backend: Backend) -> Plan:
     plan.collective = any(step.op in COLLECTIVE for step in steps)
     # a backend may rewrite the plan once per compiled graph (GPU backends fuse elementwise
     # chains into generated kernels; engine/fusion.py)
-    optimized = backend.optimize_plan(plan)
-    optimized.collective = plan.collective  # a rewritten plan still waits for its ranks
-    return optimized
+    collective = plan.collective
+    plan = backend.optimize_plan(plan)
+    plan.collective = collective  # a rewritten plan still waits for its ranks
+    if backend.writes_in_place:
+        _mark_in_place(plan)
+    return plan
+
+
+def _mark_in_place(plan: Plan) -> None:
+    """Set ``write_into`` of the steps whose kernel may write into its inputs: allowed for
+    graph inputs this step reads once and last (a run still checks donation, ``_donated_out``)."""
+    for step in plan.steps:
+        into = getattr(step.kernel, "writes_into", None)
+        if into is None:
+            continue
+        slots = tuple(step.inputs[k] for k in into)
+        if all(
+            s < plan.n_inputs and s in step.release and step.inputs.count(s) == 1 for s in slots
+        ):
+            step.write_into = slots
 
 
 class Executor:
@@ -255,9 +277,19 @@ class Executor:
         if mem is not None:
             for i in donated:
                 mem.donate(i, slots[i])
+        donated_set = frozenset(donated) if mem is None else frozenset()
         for step in plan.steps:
             try:
-                result = step.kernel(*[slots[i] for i in step.inputs], **step.attrs)
+                if step.write_into and donated_set:
+                    out = _donated_out(step, slots, donated_set)
+                    if out is not None:
+                        result = step.kernel(
+                            *[slots[i] for i in step.inputs], out=out, **step.attrs
+                        )
+                    else:
+                        result = step.kernel(*[slots[i] for i in step.inputs], **step.attrs)
+                else:
+                    result = step.kernel(*[slots[i] for i in step.inputs], **step.attrs)
             except Exception as exc:  # a kernel failure becomes a located error
                 if mem is not None:
                     mem.abort()
@@ -276,6 +308,40 @@ class Executor:
         if mem is not None:
             return mem.finish([slots[s] for s in plan.outputs])
         return [slots[s] for s in plan.outputs]
+
+
+def _refs_when_unshared() -> int:
+    """What ``sys.getrefcount`` says of an array held only by a run's ``inputs`` sequence and
+    its slot list (measured, not assumed: interpreters count the call's own reference
+    differently)."""
+    probe = object()
+    held = ([probe], [probe])
+    count = sys.getrefcount(probe)
+    del held
+    return count
+
+
+_UNSHARED_REFS = _refs_when_unshared()
+
+
+def _donated_out(step: Step, slots: list[Any], donated: frozenset[int]) -> tuple | None:
+    """The arrays a step may write its outputs into: its donated inputs, if every one is
+    donated, owns its memory (no view of another array), is writeable, and is held by
+    nothing but the run (no view of it, no reader's reference: a caller that kept the array
+    a device handed out still sees its old values). None: the kernel makes new arrays."""
+    arrays = []
+    for s in step.write_into:
+        a = slots[s]
+        if (
+            s not in donated
+            or type(a) is not np.ndarray
+            or a.base is not None
+            or not a.flags.writeable
+            or sys.getrefcount(a) > _UNSHARED_REFS
+        ):
+            return None
+        arrays.append(a)
+    return tuple(arrays)
 
 
 def _place(mem: Any, step: Step, slots: list[Any]) -> None:

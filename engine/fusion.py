@@ -106,12 +106,12 @@ def fuse_plan(plan: Plan, make_kernel: Callable[[FusedProgram], Any], min_ops: i
             steps.extend(plan.steps[m] for m in (group or [n]))
             continue
         steps.append(_fused_step(plan, group, slot_dt, make_kernel))
-    _release_after_last_use(steps, set(plan.outputs))
+    release_after_last_use(steps, set(plan.outputs))
     new = Plan(
         plan.graph, steps, plan.n_slots, plan.n_inputs, plan.value_slots, plan.constants,
         plan.outputs,
     )  # fmt: skip
-    new.liveness = _liveness(new)
+    new.liveness = plan_liveness(new)
     return new
 
 
@@ -147,11 +147,11 @@ def _fused_step(
         outputs=root.outputs,
         attrs={},
         dtypes=root.dtypes,
-        release=(),  # set by _release_after_last_use
+        release=(),  # set by release_after_last_use
     )
 
 
-def _release_after_last_use(steps: list[Step], kept: set[int]) -> None:
+def release_after_last_use(steps: list[Step], kept: set[int]) -> None:
     """Recompute every step's release list: a fused step runs where its last member ran,
     so an operand an earlier member shared with a step in between now dies later."""
     last: dict[int, int] = {}
@@ -166,7 +166,7 @@ def _release_after_last_use(steps: list[Step], kept: set[int]) -> None:
         st.release = tuple(releases.get(n, ()))
 
 
-def _liveness(plan: Plan) -> list[tuple[int, int, int]]:
+def plan_liveness(plan: Plan) -> list[tuple[int, int, int]]:
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for n, st in enumerate(plan.steps):

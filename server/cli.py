@@ -108,6 +108,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
 
     configure(args.log_level, args.log_format)
+    if args.threads is not None:  # before the engine's backend exists: it reads it once
+        from burn_remote.engine.backends.cpu_threads import THREADS_ENV
+
+        os.environ[THREADS_ENV] = str(args.threads)
     key = node_key_path(args.key, args.data_dir)
     if args.quic_engine not in SERVER_QUIC_ENGINES:  # from $BURN_REMOTE_QUIC_ENGINE
         return fail(
@@ -277,6 +281,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--device", default="cpu", type=_device, help="cpu, cuda[:N] or opencl[:N] (default cpu)"
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        metavar="N",
+        help="threads of the CPU engine: BLAS and its fused kernels share them (sets "
+        "$BURN_REMOTE_THREADS; default that variable, else every core this process may use)",
     )
     p.add_argument(
         "--listen",
@@ -512,6 +523,17 @@ def cmd_relay(args: argparse.Namespace) -> int:
     return run_relay(
         identity, bind, capture=args.capture, http=http, http_token=http_token, limits=limits
     )
+
+
+def _positive_int(text: str) -> int:
+    """A count from the command line: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text}")
+    return value
 
 
 def _rate(text: str) -> float:

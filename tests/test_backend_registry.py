@@ -22,7 +22,8 @@ def test_the_cpu_backend_is_a_backend_with_the_host_defaults():
     assert not cpu.activates and not cpu.reports_memory
     assert cpu.memory_stats() is None and cpu.session() is cpu
     plan = object()
-    assert cpu.optimize_plan(plan) is plan
+    assert Backend.optimize_plan(cpu, plan) is plan  # the default; the CPU's own merges GEMMs
+    assert not Backend.writes_in_place and cpu.writes_in_place
     with cpu.activate():
         pass
     a = np.arange(3, dtype=np.float32)

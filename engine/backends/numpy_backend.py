@@ -8,6 +8,7 @@ import numpy as np
 
 from ...protocol import dtypes
 from ..backend_base import Backend
+from .cpu_threads import threads
 from .numpy_kernels import KERNELS
 
 
@@ -16,6 +17,18 @@ class NumpyBackend(Backend):
 
     name = "cpu"
     kernels = KERNELS
+    writes_in_place = True
+    """The executor may hand a kernel its donated inputs to write results into
+    (``kernel.writes_into``): an optimizer step updates parameters and moments where they lie."""
+
+    def __init__(self) -> None:
+        threads()  # BLAS and the engine's own pool: one thread count, set once (cpu_threads)
+
+    def optimize_plan(self, plan: Any) -> Any:
+        """Batched weight-gradient chains become one GEMM each (numpy_plan)."""
+        from .numpy_plan import optimize_plan
+
+        return optimize_plan(plan)
 
     def from_numpy(self, array: np.ndarray) -> np.ndarray:
         return array

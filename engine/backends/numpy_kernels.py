@@ -269,6 +269,10 @@ def _log_softmax(x, axis):
 
 @kernel("matmul")
 def _matmul(a, b):
+    if b.ndim == 2 and a.ndim > 2 and type(a) is np.ndarray and a.flags.c_contiguous:
+        # a batch of rows times one matrix (a linear layer): one GEMM over all the rows, not
+        # one per batch entry (NumPy loops over the batch)
+        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
     return np.matmul(a, b)
 
 

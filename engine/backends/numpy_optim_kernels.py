@@ -11,11 +11,26 @@ from typing import Any
 import numpy as np
 
 from .array_module import array_module as _mod
+from .cpu_threads import run_parallel, threads
+
+ADAM_CHUNK = 1 << 15
+"""Elements per chunk of the CPU Adam update: the chunk's slices of the four arrays and its
+scratch (5 x 128 KiB in float32) stay in L2 while the update makes its dozen passes, so main
+memory sees each array about once per step."""
+
+_CHUNKED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled):
-    """Written with one scratch buffer and in-place updates, scalars folded on the host: this
-    runs once per parameter per step, so its per-call cost is most of an optimizer step."""
+def _adam_update(
+    p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, out=None
+):  # fmt: skip
+    """One parameter's AdamW/Adam step: (new p, new m, new v).
+
+    On the CPU the update runs chunk by chunk over the engine's threads, every pass in the
+    order written below, so the bits equal the unchunked form. ``out``: (p, m, v) arrays to
+    write the results into (the executor passes the donated inputs themselves: no new array
+    per step); they may be ``p``, ``m`` and ``v``.
+    """
     if p.ndim == 0:  # a scalar parameter: NumPy's 0-d arithmetic gives scalars, not buffers
         one = _adam_update(
             p.reshape(1), g.reshape(1), m.reshape(1), v.reshape(1),
@@ -23,6 +38,116 @@ def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, deco
         )  # fmt: skip
         return tuple(a.reshape(()) for a in one)
     xp = _mod(p)
+    if xp is np and _chunkable(p, g, m, v):
+        lr, bc1, bc2 = float(lr), float(bc1), float(bc2)
+        if p.size <= ADAM_CHUNK:  # small: per-call cost rules, fewest NumPy calls win
+            if out is not None and out[0] is p and out[1] is m and out[2] is v:
+                _adam_small_in_place(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps,
+                                     weight_decay, decoupled)  # fmt: skip
+                return out
+            return _adam_whole(
+                p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, np
+            )
+        if out is None:
+            out = (np.empty_like(p), np.empty_like(m), np.empty_like(v))
+        _adam_chunked(
+            p, np.ascontiguousarray(g), m, v, out, lr, bc1, bc2, beta1, beta2, eps,
+            weight_decay, decoupled,
+        )  # fmt: skip
+        return out
+    return _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, xp)
+
+
+def _chunkable(p, g, m, v) -> bool:
+    """Same float dtype (float32/64) everywhere and C order, so flat chunks line up."""
+    dt = p.dtype
+    return (
+        dt in _CHUNKED_DTYPES
+        and g.dtype == dt
+        and m.dtype == dt
+        and v.dtype == dt
+        and p.flags.c_contiguous
+        and m.flags.c_contiguous
+        and v.flags.c_contiguous
+    )
+
+
+def _adam_chunked(
+    p, g, m, v, out, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled
+):  # fmt: skip
+    """The update of ``_adam_whole`` (same passes, same order, same scalars), one L2-sized
+    chunk at a time, chunks spread over the engine's threads."""
+    flats = (p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+             out[0].reshape(-1), out[1].reshape(-1), out[2].reshape(-1))  # fmt: skip
+    size = p.size
+    decay = 1 - lr * weight_decay if weight_decay and decoupled else None
+    hyper = (beta1, beta2, bc2, eps, lr / bc1, weight_decay if not decoupled else 0.0, decay)
+    copy_p = out[0] is not p
+    n_chunks = -(-size // ADAM_CHUNK)
+    workers = min(threads(), n_chunks)
+    per = -(-n_chunks // workers) * ADAM_CHUNK
+    spans = [(k * per, min(size, (k + 1) * per)) for k in range(workers)]
+
+    def run(span: tuple[int, int]) -> None:
+        scratch = np.empty(ADAM_CHUNK, p.dtype)
+        for a in range(span[0], span[1], ADAM_CHUNK):
+            _adam_span(flats, a, min(a + ADAM_CHUNK, span[1]), scratch, hyper, copy_p)
+
+    run_parallel(run, spans, size)
+
+
+def _adam_small_in_place(
+    p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled
+):  # fmt: skip
+    """``_adam_whole``'s passes written into p, m and v themselves (same order, same bits)."""
+    if weight_decay and not decoupled:
+        g = g + weight_decay * p
+    m *= beta1
+    tmp = g * (1 - beta1)
+    m += tmp
+    v *= beta2
+    np.multiply(g, g, out=tmp)
+    tmp *= 1 - beta2
+    v += tmp
+    np.divide(v, bc2, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += eps
+    np.divide(m, tmp, out=tmp)
+    tmp *= lr / bc1
+    if weight_decay and decoupled:
+        p *= 1 - lr * weight_decay
+    p -= tmp
+
+
+def _adam_span(flats, a, b, scratch, hyper, copy_p) -> None:
+    """Elements [a, b) of the flat (p, g, m, v, p out, m out, v out)."""
+    beta1, beta2, bc2, eps, step, l2, decay = hyper
+    pc, gc, mc, vc, po, mo, vo = (f[a:b] for f in flats)
+    tmp = scratch[: b - a]
+    if l2:  # g + weight_decay * p, as the whole form computes it (Adam's L2 penalty)
+        gc = gc + l2 * pc
+    np.multiply(mc, beta1, out=mo)
+    np.multiply(gc, 1 - beta1, out=tmp)
+    mo += tmp
+    np.multiply(vc, beta2, out=vo)
+    np.multiply(gc, gc, out=tmp)
+    tmp *= 1 - beta2
+    vo += tmp
+    np.divide(vo, bc2, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += eps
+    np.divide(mo, tmp, out=tmp)
+    tmp *= step
+    if decay is not None:
+        np.multiply(pc, decay, out=po)
+    elif copy_p:
+        po[...] = pc
+    po -= tmp
+
+
+def _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, xp):
+    """Written with one scratch buffer and in-place updates, scalars folded on the host: the
+    form for CuPy arrays and for dtypes the chunked form does not take (bfloat16, mixed)."""
     if xp is np:  # Python floats: NumPy keeps the arrays' dtype (weak scalars) and is fastest
         lr, bc1, bc2 = float(lr), float(bc1), float(bc2)
     else:
@@ -46,6 +171,10 @@ def _adam_update(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, deco
     p2 = p * (1 - lr * weight_decay) if weight_decay and decoupled else p.copy()
     p2 -= tmp
     return p2, m2, v2
+
+
+_adam_update.writes_into = (0, 2, 3)
+"""Output k may be written into input ``writes_into[k]`` when the executor donates it."""
 
 
 def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):

@@ -1,0 +1,249 @@
+"""The CPU engine at real size, side by side with its baselines in one run.
+
+Prints:
+  - a GPT-2-small AdamW training step (12 x 768, vocab 50257, batch 2 x 128 tokens, forward,
+    cross-entropy, backward, AdamW) on ``Device.cpu()`` against PyTorch eager
+    (transformers' ``GPT2LMHeadModel``, ``torch.optim.AdamW``) with the same thread count,
+    and each side's peak RSS. Each side runs in a process of its own (so each RSS is its
+    own), the two alternating round by round; the step time is the median over every timed
+    step of every round;
+  - the digits-MLP step (64-128-10, batch 64, AdamW) as the engine replays its cached plan,
+    against the same step written by hand in NumPy (bench/ops.py's), interleaved, medians;
+  - the SmolLM2-135M LoRA step against PEFT: pending (the Llama-family models are not on
+    this branch yet).
+
+Both sides get the same threads: ``--threads`` (default: BURN_REMOTE_THREADS, else every
+core) goes to BURN_REMOTE_THREADS (BLAS and the engine's pool) and to
+``torch.set_num_threads``. The machine's load average is printed before and after.
+
+Run: .venv/bin/python bench/engine.py [--threads N] [--rounds R] [--steps S] [--skip-gpt2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GPT2 = dict(n_layer=12, n_head=12, d_model=768, vocab=50257, context=128)
+BATCH, TOKENS = 2, 128
+WARMUP = 2
+"""Untimed steps first: the engine records and compiles its graph on the first one."""
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def tokens() -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.integers(0, GPT2["vocab"], (BATCH, TOKENS + 1)).tolist()
+
+
+def worker_ours(steps: int) -> dict:
+    import burn_remote as br
+    import numpy as np
+    from burn_remote import nn, optim
+
+    dev = br.Device.cpu()
+    nn.seed(0)
+    model = nn.GPT(nn.GPTConfig(**GPT2, dropout=0.0), device=dev)
+    opt = optim.AdamW(model, lr=1e-4)
+    seq = np.asarray(tokens(), dtype=np.int64)
+    x, y = dev.tensor(seq[:, :-1]), dev.tensor(seq[:, 1:])
+
+    def step() -> float:
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.item())
+
+    return _timed(step, steps)
+
+
+def worker_torch(steps: int, threads: int) -> dict:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        n_layer=GPT2["n_layer"], n_head=GPT2["n_head"], n_embd=GPT2["d_model"],
+        vocab_size=GPT2["vocab"], n_positions=GPT2["context"],
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(cfg)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    seq = torch.tensor(tokens())
+    x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    def step() -> float:
+        logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.item())
+
+    return _timed(step, steps)
+
+
+def _timed(step, steps: int) -> dict:
+    for _ in range(WARMUP):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"times": times, "peak_rss_mib": peak_rss_mib()}
+
+
+def run_worker(side: str, steps: int, threads: int) -> dict:
+    env = dict(os.environ, BURN_REMOTE_THREADS=str(threads))
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", side, "--steps", str(steps), "--threads", str(threads)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"{side} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_gpt2(rounds: int, steps: int, threads: int) -> None:
+    results: dict[str, list[dict]] = {"ours": [], "torch": []}
+    for r in range(rounds):
+        for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
+            results[side].append(run_worker(side, steps, threads))
+            print(f"  round {r + 1}/{rounds} {side}: {results[side][-1]['times']}  ({load()})",
+                  flush=True)  # fmt: skip
+    med = {s: statistics.median(t for res in rs for t in res["times"]) for s, rs in results.items()}
+    rss = {s: statistics.median(res["peak_rss_mib"] for res in rs) for s, rs in results.items()}
+    print(
+        f"GPT-2-small AdamW step (batch {BATCH} x {TOKENS}, {threads} threads), medians of "
+        f"{rounds} rounds x {steps} steps, each side in its own process:"
+    )
+    print(
+        f"  PyTorch eager (transformers) : {med['torch']:7.3f} s/step  peak RSS {rss['torch']:7.0f} MiB"
+    )
+    print(
+        f"  Device.cpu()                 : {med['ours']:7.3f} s/step  peak RSS {rss['ours']:7.0f} MiB"
+    )
+    print(
+        f"  ratio (ours / torch)         : time {med['ours'] / med['torch']:5.2f}x (target <= 0.90x)"
+        f"   peak RSS {rss['ours'] / rss['torch']:5.2f}x (target <= 1.00x)"
+    )  # fmt: skip
+
+
+def bench_mlp(rounds: int, iters: int) -> None:
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import burn_remote as br
+    from burn_remote import functional as F
+    from ops import median_time, numpy_step_factory
+
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 64), dtype=np.float32)
+    y = rng.integers(0, 10, 64)
+    dev = br.Device.cpu()
+    br.nn.seed(0)
+    model = br.nn.Sequential(br.nn.Linear(64, 128), br.nn.ReLU(), br.nn.Linear(128, 10)).to(dev)
+    opt = br.optim.AdamW(model.parameters(), lr=1e-3)
+    xb, yb = dev.tensor(x), dev.tensor(y)
+    np_step = numpy_step_factory([p.numpy().copy() for p in model.parameters()], 64)
+
+    def engine_step() -> None:
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dev.sync()
+
+    for _ in range(5):
+        engine_step()
+        np_step(x, y)
+    # the replay alone: a step's cached plan run again on that step's inputs (no recording)
+    runtime = dev._rec.runtime
+    seen: dict = {}
+    real_execute = runtime.execute
+
+    def spy(capture) -> None:
+        seen["cap"], seen["inputs"] = capture, [runtime.store[i] for i in capture.input_ids]
+        real_execute(capture)
+
+    runtime.execute = spy
+    engine_step()
+    runtime.execute = real_execute
+    cap, inputs = seen["cap"], seen["inputs"]
+    plan = runtime.executor.plan(cap.digest)
+    t_np, t_rep = [], []
+    for _ in range(rounds):
+        t_np.append(median_time(lambda: np_step(x, y), iters, 1))
+        t_rep.append(median_time(lambda: runtime.executor.run(plan, inputs, cap.values), iters, 1))
+    tn, tr = statistics.median(t_np), statistics.median(t_rep)
+    print(f"digits MLP step (batch 64, 64-128-10, AdamW), medians of {rounds} interleaved rounds:")
+    print(f"  hand-written NumPy           : {tn * 1e6:8.1f} us/step")
+    print(
+        f"  engine, cached plan replayed : {tr * 1e6:8.1f} us/step  ratio {tr / tn:5.2f}x (target <= 1.00x)"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for both sides (default: BURN_REMOTE_THREADS, else every core)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="GPT-2 rounds (one process per side each)"
+    )
+    ap.add_argument("--steps", type=int, default=3, help="timed GPT-2 steps per process")
+    ap.add_argument("--mlp-rounds", type=int, default=9)
+    ap.add_argument("--mlp-iters", type=int, default=200)
+    ap.add_argument("--skip-gpt2", action="store_true")
+    ap.add_argument("--worker", choices=("ours", "torch"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        threads = args.threads or 1
+        res = (
+            worker_ours(args.steps) if args.worker == "ours" else worker_torch(args.steps, threads)
+        )
+        print(json.dumps(res))
+        return
+    try:
+        from burn_remote.engine.backends.cpu_threads import default_threads
+    except ImportError:  # an engine from before the thread setting (an A/B run)
+        default_threads = os.cpu_count
+
+    threads = args.threads or default_threads()
+    os.environ["BURN_REMOTE_THREADS"] = str(threads)
+    print(f"start: {load()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '')!r} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '')!r}", flush=True)  # fmt: skip
+    bench_mlp(args.mlp_rounds, args.mlp_iters)
+    if not args.skip_gpt2:
+        bench_gpt2(args.rounds, args.steps, threads)
+    print("SmolLM2-135M LoRA step vs PEFT: pending (the Llama-family models are not on main yet)")
+    print(f"end: {load()}")
+
+
+if __name__ == "__main__":
+    main()

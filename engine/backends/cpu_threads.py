@@ -1,0 +1,86 @@
+"""The CPU engine's thread count, set once and shared by BLAS and the engine's own kernels.
+
+OpenBLAS (through threadpoolctl, when installed) and the pool that the chunked kernels
+(``numpy_optim_kernels``) spread their chunks over use the same number of threads, so the
+two never oversubscribe the cores: they run one after the other within a step, never at once.
+The number comes from ``BURN_REMOTE_THREADS`` (``burn-remote serve --threads`` sets it), else
+from the cores this process may run on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+THREADS_ENV = "BURN_REMOTE_THREADS"
+"""Threads of the CPU engine (BLAS and fused kernels); unset: every core this process may use."""
+
+PARALLEL_MIN_ELEMENTS = 1 << 18
+"""Work below this many elements runs on the calling thread: handing it to the pool costs
+more (~20-50 us a hand-off) than a second core gains on it."""
+
+_state: dict[str, Any] = {"threads": None, "pool": None, "blas": None}
+
+
+def default_threads() -> int:
+    """``BURN_REMOTE_THREADS`` if set, else the cores this process may run on."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV}={env!r}: expected a whole number of threads") from None
+        if n < 1:
+            raise ValueError(f"{THREADS_ENV}={env!r}: expected at least 1 thread")
+        return n
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads() -> int:
+    """The engine's thread count, set from ``default_threads`` on first use."""
+    n = _state["threads"]
+    if n is None:
+        n = set_threads(default_threads())
+    return n
+
+
+def set_threads(n: int) -> int:
+    """Use ``n`` threads from now on, for BLAS (when threadpoolctl can reach it) and for the
+    engine's pool. Returns ``n``."""
+    if n < 1:
+        raise ValueError(f"threads: expected at least 1, got {n}")
+    if _state["threads"] == n:
+        return n
+    _state["threads"] = n
+    pool = _state["pool"]
+    _state["pool"] = None
+    if pool is not None:
+        pool.shutdown(wait=False)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # BLAS keeps its own setting (OPENBLAS_NUM_THREADS and the like)
+        return n
+    # not a context manager: the limit stays for the life of the process
+    _state["blas"] = threadpool_limits(limits=n, user_api="blas")
+    return n
+
+
+def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int) -> None:
+    """``fn(part)`` for every part, spread over the engine's threads when ``elements`` (the
+    work's size) is worth it; NumPy releases the GIL inside its loops, so the parts run at
+    once. Exceptions propagate."""
+    n = threads()
+    if n == 1 or len(parts) < 2 or elements < PARALLEL_MIN_ELEMENTS:
+        for part in parts:
+            fn(part)
+        return
+    pool = _state["pool"]
+    if pool is None:
+        pool = _state["pool"] = ThreadPoolExecutor(n, thread_name_prefix="burn-cpu")
+    for _ in pool.map(fn, parts):
+        pass

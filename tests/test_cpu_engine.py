@@ -1,0 +1,219 @@
+"""The CPU engine at real size: chunked multi-threaded Adam, in-place optimizer updates of
+donated inputs, weight gradients as one GEMM, one thread setting.
+
+Oracles: the update as the engine computed it before (restated here in NumPy), and the same
+graph run by the plain executor (no plan rewrite, no in-place writes). Where the order of
+operations is unchanged the bits must be equal; where a rewrite changes the order of a sum
+(weight gradients as one GEMM) the difference is bounded by 1e-6 of the result's norm.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from burn_remote import Device, nn, optim
+from burn_remote import functional as F
+from burn_remote.engine.backends import cpu_threads
+from burn_remote.engine.backends import numpy_optim_kernels as optim_kernels
+from burn_remote.engine.backends.numpy_backend import NumpyBackend
+from burn_remote.engine.executor import Executor, compile_graph
+
+HYPER = dict(beta1=0.9, beta2=0.999, eps=1e-8)
+
+
+def _adam_before(p, g, m, v, lr, bc1, bc2, weight_decay, decoupled):
+    """The NumPy update as the engine wrote it before this work (new arrays, whole arrays)."""
+    lr, bc1, bc2 = float(lr), float(bc1), float(bc2)
+    b1, b2, eps = HYPER["beta1"], HYPER["beta2"], HYPER["eps"]
+    g = np.ascontiguousarray(g)
+    if weight_decay and not decoupled:
+        g = g + weight_decay * p
+    m2 = m * b1
+    tmp = g * (1 - b1)
+    m2 += tmp
+    v2 = v * b2
+    np.multiply(g, g, out=tmp)
+    tmp *= 1 - b2
+    v2 += tmp
+    np.divide(v2, bc2, out=tmp)
+    np.sqrt(tmp, out=tmp)
+    tmp += eps
+    np.divide(m2, tmp, out=tmp)
+    tmp *= lr / bc1
+    p2 = p * (1 - lr * weight_decay) if weight_decay and decoupled else p.copy()
+    p2 -= tmp
+    return p2, m2, v2
+
+
+@pytest.mark.parametrize("size", [5, optim_kernels.ADAM_CHUNK * 3 + 17, (700, 301)])
+@pytest.mark.parametrize("weight_decay,decoupled", [(0.0, True), (0.01, True), (0.01, False)])
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_adam_update_is_bit_equal_to_the_unchunked_update(
+    size, weight_decay, decoupled, in_place, dtype, monkeypatch
+) -> None:
+    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_ELEMENTS", 0)  # chunks on the pool too
+    rng = np.random.default_rng(0)
+    p, g, m = (rng.standard_normal(size).astype(dtype) for _ in range(3))
+    v = np.abs(rng.standard_normal(size)).astype(dtype)
+    if isinstance(size, tuple):
+        g = np.asfortranarray(g)  # a transposed weight gradient
+    scalars = [np.asarray(x, dtype) for x in (1e-3, 0.1, 0.002)]
+    want = _adam_before(p, g, m, v, *scalars, weight_decay, decoupled)
+    args = (*scalars, *HYPER.values(), weight_decay, decoupled)
+    if in_place:
+        p, m, v = p.copy(), m.copy(), v.copy()
+        got = optim_kernels._adam_update(p, g, m, v, *args, out=(p, m, v))
+        assert got[0] is p and got[1] is m and got[2] is v
+    else:
+        got = optim_kernels._adam_update(p, g, m, v, *args)
+    for name, a, b in zip(("p", "m", "v"), got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a, b), name
+
+
+def _mlp_run(writes_in_place: bool, steps: int = 4, hold: int | None = None):
+    """Train the digits-sized MLP a few steps; returns (weights, losses, the first weight's
+    array ids per step, the held array and its copy)."""
+    dev = Device.cpu()
+    backend = dev._rec.runtime.backend
+    nn.seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to(dev)
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    rng = np.random.default_rng(1)
+    x = dev.tensor(rng.random((6, 8), dtype=np.float32))
+    y = dev.tensor(rng.integers(0, 3, 6))
+    store = dev._rec.runtime.store
+    ids, losses, held = [], [], None
+    old = backend.writes_in_place
+    backend.writes_in_place = writes_in_place
+    try:
+        dev._rec.runtime.executor._plans.clear()  # compiled again under this setting
+        for i in range(steps):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.item()))
+            w = model[0].weight
+            ids.append(id(store[w._id]))
+            if i == hold:
+                held = (w.numpy(), w.numpy().copy())
+        return [p.numpy().copy() for p in model.parameters()], losses, ids, held
+    finally:
+        backend.writes_in_place = old
+        dev._rec.runtime.executor._plans.clear()
+
+
+def test_the_optimizer_updates_donated_parameters_in_place_with_the_same_bits() -> None:
+    base_w, base_loss, base_ids, _ = _mlp_run(writes_in_place=False)
+    w, losses, ids, _ = _mlp_run(writes_in_place=True)
+    assert losses == base_loss
+    for a, b in zip(w, base_w):
+        assert np.array_equal(a, b)
+    assert len(set(ids[1:])) == 1  # the same array, written step after step
+    assert len(set(base_ids)) > 1  # without in-place writes: a new array every step
+
+
+def test_an_array_a_caller_still_holds_is_never_written_in_place() -> None:
+    _, _, _, (held, copy) = _mlp_run(writes_in_place=True, steps=4, hold=1)
+    assert np.array_equal(held, copy)  # the step after reading it made a new array instead
+
+
+def _gpt_step_graph(batch: int):
+    """A tiny GPT's whole training step (forward, backward, AdamW) as one captured graph, and
+    the inputs it ran on."""
+    dev = Device.cpu()
+    nn.seed(3)
+    cfg = nn.GPTConfig(n_layer=2, n_head=2, d_model=32, vocab=50, context=16, dropout=0.0)
+    model = nn.GPT(cfg, device=dev)
+    opt = optim.AdamW(model, lr=1e-3)
+    seq = np.random.default_rng(4).integers(0, cfg.vocab, (batch, cfg.context + 1))
+    x, y = dev.tensor(seq[:, :-1]), dev.tensor(seq[:, 1:])
+    runtime = dev._rec.runtime
+    seen = {}
+    real = runtime.execute
+
+    def spy(capture) -> None:
+        seen["capture"] = capture
+        seen["inputs"] = [np.array(runtime.store[i], copy=True) for i in capture.input_ids]
+        real(capture)
+
+    runtime.execute = spy
+    try:
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss.item()
+    finally:
+        runtime.execute = real
+    return seen["capture"], seen["inputs"]
+
+
+class _PlainCpu(NumpyBackend):
+    """The CPU backend as it ran before: no plan rewrite, no in-place writes."""
+
+    writes_in_place = False
+
+    def optimize_plan(self, plan):
+        return plan
+
+
+def test_weight_gradients_as_one_gemm_agree_with_the_unrewritten_plan() -> None:
+    capture, inputs = _gpt_step_graph(batch=3)
+    plain = compile_graph(capture.graph, _PlainCpu())
+    fast = compile_graph(capture.graph, NumpyBackend())
+    ops = [s.op for s in fast.steps]
+    assert len(ops) < len(plain.steps)  # the chains were merged
+    assert ops.count("sum") < [s.op for s in plain.steps].count("sum")
+    want = Executor(_PlainCpu()).run(plain, [a.copy() for a in inputs], capture.values)
+    got = Executor(NumpyBackend()).run(fast, [a.copy() for a in inputs], capture.values)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        if a.dtype.kind == "f":
+            scale = max(float(np.linalg.norm(b.astype(np.float64))), 1e-30)
+            assert float(np.linalg.norm((a - b).astype(np.float64))) <= 1e-6 * scale
+        else:
+            assert np.array_equal(a, b)
+
+
+def test_a_batch_of_rows_times_a_matrix_is_one_gemm_with_numpys_result() -> None:
+    from burn_remote.engine.backends.numpy_kernels import KERNELS
+
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((3, 7, 11)).astype(np.float32)
+    b = rng.standard_normal((11, 5)).astype(np.float32)
+    got = KERNELS["matmul"](a, b)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert got.shape == (3, 7, 5) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    strided = a[:, ::2]  # not C-contiguous: NumPy's own batched path
+    np.testing.assert_allclose(KERNELS["matmul"](strided, b), np.matmul(strided, b), rtol=1e-6)
+
+
+def test_the_thread_setting_is_read_from_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv(cpu_threads.THREADS_ENV, "3")
+    assert cpu_threads.default_threads() == 3
+    for bad in ("zero", "0", "-2"):
+        monkeypatch.setenv(cpu_threads.THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=cpu_threads.THREADS_ENV):
+            cpu_threads.default_threads()
+
+
+def test_set_threads_limits_blas_and_the_pool() -> None:
+    from threadpoolctl import threadpool_info
+
+    before = cpu_threads.threads()
+    try:
+        cpu_threads.set_threads(1)
+        blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+        assert blas and all(i["num_threads"] == 1 for i in blas)
+        seen = []
+        cpu_threads.run_parallel(seen.append, [1, 2, 3], elements=1 << 30)
+        assert sorted(seen) == [1, 2, 3]
+        with pytest.raises(ValueError, match="at least 1"):
+            cpu_threads.set_threads(0)
+    finally:
+        cpu_threads.set_threads(before)
