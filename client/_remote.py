@@ -347,7 +347,7 @@ class RemoteDevice(Device):
         )
         super().__init__(f"remote:{self.peer_id}", runtime)
         self._rt = runtime
-        self._target, self._key = target, key
+        self._target, self._key_file = target, key  # (not `_key`: Device._key draws keys)
         self._closed = False
         self._initialised = True
         RemoteDevice._remote[f"{target}|{key or ''}"] = self
@@ -431,7 +431,7 @@ class RemoteDevice(Device):
         """Long-running jobs on this server (fine-tuning, export): see ``burn_remote.Jobs``."""
         from ._jobs import Jobs
 
-        target, key = getattr(self, "_target", None), getattr(self, "_key", None)
+        target, key = getattr(self, "_target", None), getattr(self, "_key_file", None)
         if target is None:  # RemoteDevice.over(...): no address to dial again
             return Jobs(self._rt)
         return Jobs(self._rt, reconnect=lambda: RemoteDevice(target, key)._rt)
