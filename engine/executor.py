@@ -324,7 +324,7 @@ def _refs_when_unshared() -> int:
 _UNSHARED_REFS = _refs_when_unshared()
 
 
-def _donated_out(step: Step, slots: list[Any], donated: frozenset[int]) -> tuple | None:
+def _donated_out(step: Step, slots: list[Any], donated: frozenset[int]) -> tuple[Any, ...] | None:
     """The arrays a step may write its outputs into: its donated inputs, if every one is
     donated, owns its memory (no view of another array), is writeable, and is held by
     nothing but the run (no view of it, no reader's reference: a caller that kept the array

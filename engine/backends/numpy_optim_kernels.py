@@ -58,7 +58,7 @@ def _adam_update(
     return _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, xp)
 
 
-def _chunkable(p, g, m, v) -> bool:
+def _chunkable(p: Any, g: Any, m: Any, v: Any) -> bool:
     """Same float dtype (float32/64) everywhere and C order, so flat chunks line up."""
     dt = p.dtype
     return (
@@ -119,7 +119,7 @@ def _adam_small_in_place(
     p -= tmp
 
 
-def _adam_span(flats, a, b, scratch, hyper, copy_p) -> None:
+def _adam_span(flats: Any, a: int, b: int, scratch: Any, hyper: Any, copy_p: Any) -> None:
     """Elements [a, b) of the flat (p, g, m, v, p out, m out, v out)."""
     beta1, beta2, bc2, eps, step, l2, decay = hyper
     pc, gc, mc, vc, po, mo, vo = (f[a:b] for f in flats)
@@ -173,7 +173,7 @@ def _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decou
     return p2, m2, v2
 
 
-_adam_update.writes_into = (0, 2, 3)
+_adam_update.writes_into = (0, 2, 3)  # type: ignore[attr-defined]  # read by the executor
 """Output k may be written into input ``writes_into[k]`` when the executor donates it."""
 
 
