@@ -27,6 +27,8 @@ ACCEPT_PAUSE = 0.1
 instead of spinning on a listening socket that stays readable."""
 EVICTION_LOG_INTERVAL = 10.0
 """Seconds between two log lines about connections closed to make room."""
+CLOSE_WAIT = 1.0
+"""Seconds ``close`` waits for the loop to end."""
 IDLE_WAKE = 60.0
 """Longest the loop sleeps with nothing in flight (it wakes at once on a connection)."""
 
@@ -121,15 +123,21 @@ class BoundedListener:
 
     # --- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._closed:
-            try:
-                self._turn()
-            except Exception:  # noqa: BLE001 - the loop outlives anything one turn meets
-                log.exception("%s: unexpected error (it keeps listening)", self.name)
-                time.sleep(ACCEPT_PAUSE)
-        for slot in list(self._slots.values()):
-            self.drop(slot)
-        self._sel.close()
+        try:
+            while not self._closed:
+                try:
+                    self._turn()
+                except Exception:  # noqa: BLE001 - the loop outlives anything one turn meets
+                    if self._closed:
+                        break
+                    log.exception("%s: unexpected error (it keeps listening)", self.name)
+                    time.sleep(ACCEPT_PAUSE)
+        finally:  # the loop's own sockets are closed here, never under its feet
+            for slot in list(self._slots.values()):
+                self.drop(slot)
+            self._sel.close()
+            for sock in (self.sock, self._wake_r, self._wake_w):
+                sock.close()
 
     def _turn(self) -> None:
         now = time.monotonic()
@@ -204,18 +212,15 @@ class BoundedListener:
             )
 
     def close(self) -> None:
+        """Stop listening (the loop closes its sockets as it ends). Waits a moment for it,
+        not longer: it may be handing a connection to the very thread that closes it."""
         self._closed = True
         try:
             self._wake_w.send(b"x")
         except OSError:
             pass
-        if self._thread is not None:
-            self._thread.join(5)
-        try:
-            self.sock.close()
-        finally:
-            self._wake_r.close()
-            self._wake_w.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(CLOSE_WAIT)
 
 
 __all__ = ["BoundedListener", "Slot"]
