@@ -32,9 +32,10 @@ from ._auth import AUTH_REFUSED, AuthFailure, PeerAuth
 from ._config import EndpointConfig, qh3_part
 from ._connection import _termination_error
 from ._endpoint import SEND_LOSS_ERRNOS, _size_buffers
+from ._engine import ClientEngine, ReceiveLedger
 from ._errors import FrameTooLarge, PeerGone, PeerRejected, TransportError
 from ._identity import Identity, PeerId
-from ._quic import PeerQuicConnection, client_connection
+from ._quic import client_connection
 
 log = logging.getLogger("burn_remote.transport")
 
@@ -97,13 +98,14 @@ class _FrameReader:
 
 
 def _client_quic(
-    identity: Identity, config: EndpointConfig, host: str, auth: PeerAuth
-) -> PeerQuicConnection:
+    identity: Identity, config: EndpointConfig, host: str, auth: PeerAuth, ledger: ReceiveLedger
+) -> ClientEngine:
     """The sans-I/O connection of the configured engine (qh3 is imported only when used)."""
     if config.quic_engine == "qh3":
         qh3 = qh3_part("_qh3")
-        return qh3.qh3_client_connection(identity, config, host, auth.sink)  # type: ignore[return-value]
-    return client_connection(identity, config, host, auth.sink)
+        engine: ClientEngine = qh3.qh3_client_connection(identity, config, host, auth.sink, ledger)
+        return engine
+    return client_connection(identity, config, host, auth.sink, ledger)
 
 
 class BlockingConnection:
@@ -115,16 +117,18 @@ class BlockingConnection:
 
     def __init__(
         self,
-        quic: PeerQuicConnection,
+        quic: ClientEngine,
         sock: socket.socket,
         remote: tuple,
         config: EndpointConfig,
         on_frame: FrameHandler,
         on_closed: ClosedHandler,
         auth: PeerAuth,
+        ledger: ReceiveLedger,
     ) -> None:
         self._quic = quic
         self._auth = auth
+        self._ledger = ledger
         self._sock = sock
         self._remote = remote
         self._config = config
@@ -198,9 +202,12 @@ class BlockingConnection:
         try:
             _size_buffers(sock, config.socket_buffer)
             sock.connect(remote)
-            auth = PeerAuth(identity, is_client=True, expected_peer=peer_id)
-            quic = _client_quic(identity, config, remote[0], auth)
-            conn = cls(quic, sock, remote, config, on_frame, on_closed, auth)
+            auth, ledger = (
+                PeerAuth(identity, is_client=True, expected_peer=peer_id),
+                ReceiveLedger(),
+            )
+            quic = _client_quic(identity, config, remote[0], auth, ledger)
+            conn = cls(quic, sock, remote, config, on_frame, on_closed, auth, ledger)
             with conn._lock:
                 quic.connect(remote, now=time.monotonic())
                 conn._transmit()
@@ -472,7 +479,7 @@ class BlockingConnection:
     def _deliveries(self) -> tuple[list[tuple[int, bytes | None]], bool]:
         """Drain aioquic's events (lock held): the frames to hand out, and whether what was
         read owes the peer a window update."""
-        quic = self._quic
+        quic, ledger = self._quic, self._ledger
         out: list[tuple[int, bytes | None]] = []
         window_due = False
         while (event := quic.next_event()) is not None:
@@ -487,7 +494,7 @@ class BlockingConnection:
                     if (sid & 1) == 0:  # ours, already finished: a late frame
                         continue
                     reader = self._readers[sid] = _FrameReader(self._config.max_frame_size)
-                quic.app_consumed[sid] = quic.app_consumed.get(sid, 0) + len(event.data)
+                ledger.consumed[sid] = ledger.consumed.get(sid, 0) + len(event.data)
                 window_due = window_due or quic.window_update_due(sid)
                 try:
                     out.extend((sid, f) for f in reader.feed(event.data))
@@ -498,7 +505,7 @@ class BlockingConnection:
                 if event.end_stream:  # inside a frame or not, the stream is over
                     out.append((sid, None))
                     self._readers.pop(sid)
-                    quic.app_consumed.pop(sid, None)
+                    ledger.forget(sid)
                     if sid & 1:  # the peer's stream: end ours too, so aioquic frees it
                         quic.finish_stream(sid)
             elif kind in (events.StreamReset, events.StopSendingReceived):
@@ -662,7 +669,7 @@ class BlockingConnection:
             if quic.handshake_confirmed:
                 self._send_ping()
         frames, window_due = self._deliveries()
-        if quic._close_pending or (
+        if quic.close_pending or (
             self._error is None and (fired or window_due or quic.send_due_at(now, self._timer))
         ):
             self._transmit()

@@ -19,9 +19,9 @@ from aioquic.quic import events
 
 from ._auth import AUTH_REFUSED, PREAUTH_BYTES, VERSION_REFUSED, AuthFailure, PeerAuth
 from ._config import ALPN, LEGACY_ALPNS, EndpointConfig
+from ._engine import EndpointEngine, ReceiveLedger
 from ._errors import PeerRejected, TransportError
 from ._identity import PeerId
-from ._quic import PeerQuicConnection
 from ._streams import FrameStream
 
 if TYPE_CHECKING:
@@ -66,23 +66,25 @@ class Connection:
     def __init__(
         self,
         endpoint: Endpoint,
-        quic: PeerQuicConnection,
+        quic: EndpointEngine,
         addr: tuple,
         config: EndpointConfig,
         auth: PeerAuth,
+        ledger: ReceiveLedger,
         handler: Handler | None = None,
         refuse_legacy: LegacyRefusal | None = None,
     ) -> None:
         self._ep = endpoint
         self._quic = quic
         self._auth = auth
+        self._ledger = ledger
         self._refuse_legacy = refuse_legacy
         self._alpn: str | None = None  # negotiated, once the handshake got that far
         self._preauth = 0  # application bytes received before the peer proved its key
         self._addr = addr
         self._config = config
         self._handler = handler
-        self._is_client = quic.configuration.is_client
+        self._is_client = quic.is_client
         self._streams: dict[int, FrameStream] = {}
         self._incoming_send, self._incoming = trio.open_memory_channel[FrameStream](math.inf)
         self._send_space = trio.lowlevel.ParkingLot()
@@ -182,26 +184,20 @@ class Connection:
             raise TransportError(f"connection is closing: {self._closing}")
 
     def _consumed(self, stream_id: int, n: int) -> None:
-        quic = self._quic
-        quic.app_consumed[stream_id] = quic.app_consumed.get(stream_id, 0) + n
-        quic.app_buffered -= n
-        if self._error is None and quic.window_update_due(stream_id):
+        self._ledger.read(stream_id, n)
+        if self._error is None and self._quic.window_update_due(stream_id):
             self._transmit()
 
     def _set_frame_credit(self, stream_id: int, n: int) -> None:
         """Let a frame of ``n`` bytes that a reader awaits arrive whole (0 clears)."""
-        quic = self._quic
-        quic.frame_credit_total += n - quic.frame_credit.pop(stream_id, 0)
-        if n:
-            quic.frame_credit[stream_id] = n
-            if self._error is None and quic.window_update_due(stream_id):
-                self._transmit()
+        self._ledger.set_credit(stream_id, n)
+        if n and self._error is None and self._quic.window_update_due(stream_id):
+            self._transmit()
 
     def _release(self, sid: int) -> None:
         """Forget a stream both sides finished with (its state would otherwise pile up)."""
         self._streams.pop(sid, None)
-        self._quic.app_consumed.pop(sid, None)
-        self._set_frame_credit(sid, 0)
+        self._ledger.forget(sid)
 
     def _new_stream(self, sid: int) -> FrameStream:
         stream = FrameStream(self, sid)
@@ -259,7 +255,7 @@ class Connection:
                     if self._preauth > PREAUTH_BYTES:
                         self._refuse(f"more than {PREAUTH_BYTES} bytes sent before the key proof")
                         continue
-                quic.app_buffered += len(event.data)
+                self._ledger.buffered += len(event.data)
                 stream = self._streams.get(event.stream_id)
                 if stream is None:
                     sid = event.stream_id

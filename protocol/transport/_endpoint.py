@@ -34,6 +34,7 @@ from ._auth import PeerAuth
 from ._authorized import AuthorizedPeers
 from ._config import EndpointConfig, qh3_part, quic_configuration
 from ._connection import Connection, Handler, LegacyRefusal
+from ._engine import EndpointEngine, ReceiveLedger
 from ._errors import PeerRejected, TransportError
 from ._identity import Identity, PeerId
 from ._quic import PeerQuicConnection, client_connection
@@ -219,9 +220,12 @@ class Endpoint:
         peer_id = PeerId.parse(peer) if isinstance(peer, str) else peer
         host, port = await _resolve(addr, self._sock.family)
         remote = (host, port) if self._sock.family == socket.AF_INET else (host, port, 0, 0)
-        auth = PeerAuth(self.identity, is_client=True, expected_peer=peer_id)
-        quic = client_connection(self.identity, self._config, host, auth.sink)
-        conn = Connection(self, quic, remote, self._config, auth)
+        auth, ledger = (
+            PeerAuth(self.identity, is_client=True, expected_peer=peer_id),
+            ReceiveLedger(),
+        )
+        quic = client_connection(self.identity, self._config, host, auth.sink, ledger)
+        conn = Connection(self, quic, remote, self._config, auth, ledger)
         self._adopt(conn, [quic.host_cid])
         quic.connect(remote, now=trio.current_time())
         conn._transmit()
@@ -393,11 +397,11 @@ class Endpoint:
             for conn in touched:
                 conn._process_events()
                 quic = conn._quic  # window updates: the readers' _consumed sends them
-                if quic._close_pending or (conn._error is None and quic.data_queued):
+                if quic.close_pending or (conn._error is None and quic.data_queued):
                     conn._transmit()  # a reply written meanwhile (FrameStream.on_frame)
                     continue
                 timer = quic.get_timer()
-                if quic._close_pending or (conn._error is None and quic.send_due_at(now, timer)):
+                if quic.close_pending or (conn._error is None and quic.send_due_at(now, timer)):
                     conn._transmit()
                 else:  # the ACK a datagram is owed may be due before the armed timer: after
                     conn._arm(timer)  # a quiet spell that was the idle timeout's, seconds away
@@ -494,10 +498,13 @@ class Endpoint:
         else:
             header_dcid = header.destination_cid
         auth = PeerAuth(self.identity, is_client=False, authorize=self._authorized.check)
-        quic = self._server_quic(self.identity, self._config, size, header_dcid, retry_cid, auth)
+        ledger = ReceiveLedger()
+        quic = self._server_quic(
+            self.identity, self._config, size, header_dcid, retry_cid, auth, ledger
+        )
         quic.receive_datagram(data, addr, now)
         if not quic.first_flight_accepted:
-            if quic._close_pending:  # it decrypted, but TLS refused the hello (wrong ALPN):
+            if quic.close_pending:  # it decrypted, but TLS refused the hello (wrong ALPN):
                 for datagram, to in quic.datagrams_to_send(now):  # say so with the alert now
                     self._sendto(datagram, to)
             return None  # well-formed header, but it did not decrypt: not a client
@@ -507,6 +514,7 @@ class Endpoint:
             addr,
             self._config,
             auth,
+            ledger,
             handler=self._handler,
             refuse_legacy=self._refuse_legacy,
         )
@@ -515,7 +523,7 @@ class Endpoint:
         return conn
 
 
-ServerQuic = Callable[..., PeerQuicConnection]
+ServerQuic = Callable[..., EndpointEngine]
 
 
 def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
@@ -525,7 +533,7 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
     if config.quic_engine == "qh3":
         qh3_server_connection = qh3_part("_qh3_server").qh3_server_connection
 
-        def qh3_quic(identity, config, size, odcid, retry_cid, auth):
+        def qh3_quic(identity, config, size, odcid, retry_cid, auth, ledger):
             return qh3_server_connection(
                 identity,
                 config,
@@ -533,11 +541,12 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
                 original_destination_connection_id=odcid,
                 retry_source_connection_id=retry_cid,
                 secrets=auth.sink,
+                ledger=ledger,
             )
 
         return qh3_quic
 
-    def aioquic_quic(identity, config, size, odcid, retry_cid, auth):
+    def aioquic_quic(identity, config, size, odcid, retry_cid, auth, ledger):
         return PeerQuicConnection(
             configuration=quic_configuration(
                 identity, is_client=False, config=config, datagram_size=size, secrets=auth.sink
@@ -545,6 +554,7 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
             path_datagram_size=size,
             original_destination_connection_id=odcid,
             retry_source_connection_id=retry_cid,
+            ledger=ledger,
             max_streams=config.max_streams,
             max_packets_in_flight=config.max_packets_in_flight,
         )

@@ -36,6 +36,7 @@ from qh3.quic.tls_bridge import QuicTlsBridge
 from qh3.tls import ExtensionType, SignatureAlgorithm
 
 from ._config import ALPN, EndpointConfig
+from ._engine import ReceiveLedger
 from ._errors import TransportError
 from ._identity import Identity
 from ._quic import ACK_DELAY, ACK_EVERY_BYTES
@@ -112,7 +113,14 @@ class _SizedQuic(QuicConnection):
 class Qh3ClientConnection:
     """A qh3 client connection with the methods ``BlockingConnection`` calls."""
 
-    def __init__(self, identity: Identity, config: EndpointConfig, size: int, secrets: TextIO):
+    def __init__(
+        self,
+        identity: Identity,
+        config: EndpointConfig,
+        size: int,
+        secrets: TextIO,
+        ledger: ReceiveLedger | None = None,
+    ):
         cert = identity.certificate().public_bytes(serialization.Encoding.PEM)
         key = identity.private_key.private_bytes(
             serialization.Encoding.PEM,
@@ -138,7 +146,7 @@ class Qh3ClientConnection:
         self._ack_since: float | None = None  # when qh3's ACK timer was first seen armed
         self._unacked_bytes = 0  # received since we last sent a datagram
         self._bulk_in = False  # the last datagram received was bulk data
-        self.app_consumed: dict[int, int] = {}  # kept by the driver; qh3 grants by itself
+        self.ledger = ledger or ReceiveLedger()  # the driver's; qh3 grants credit by itself
 
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
@@ -243,7 +251,7 @@ class Qh3ClientConnection:
         return self._quic._handshake_confirmed
 
     @property
-    def _close_pending(self) -> bool:
+    def close_pending(self) -> bool:
         return False  # qh3 sends its CONNECTION_CLOSE from the next build, which close() asks for
 
     def open_bidi_stream(self) -> int:
@@ -280,7 +288,12 @@ class Qh3ClientConnection:
 
 
 def qh3_client_connection(
-    identity: Identity, config: EndpointConfig, host: str, secrets: TextIO
+    identity: Identity,
+    config: EndpointConfig,
+    host: str,
+    secrets: TextIO,
+    ledger: ReceiveLedger | None = None,
 ) -> Qh3ClientConnection:
     """The qh3 connection a client dials ``host`` with; ``secrets`` gets its TLS key log."""
-    return Qh3ClientConnection(identity, config, config.datagram_size_for(host), secrets)
+    size = config.datagram_size_for(host)
+    return Qh3ClientConnection(identity, config, size, secrets, ledger)

@@ -10,7 +10,8 @@ keys are proven above TLS instead (``_auth``), with nothing of qh3 but its publi
 ``Endpoint`` use of ``PeerQuicConnection``, over qh3's connection. What differs:
 
 * flow control: qh3's core grants credit as data is *delivered* to Python, which is at
-  once, not as the application reads (aioquic's windows here follow ``app_consumed``). So a
+  once, not as the application reads (aioquic's windows here follow the driver's
+  ``ReceiveLedger``). So a
   peer could make the server buffer without bound; instead the connection is closed with
   FLOW_CONTROL_ERROR and a reason naming the figures once the bytes delivered and not yet
   read pass ``unread_limit`` (see ``UNREAD_LIMIT_FACTOR``);
@@ -34,6 +35,7 @@ from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 
 from ._config import ALPN, LEGACY_ALPNS, EndpointConfig
+from ._engine import ReceiveLedger
 from ._identity import Identity
 
 FLOW_CONTROL_ERROR = 0x3
@@ -114,6 +116,7 @@ class Qh3ServerConnection:
         original_destination_connection_id: bytes,
         retry_source_connection_id: bytes | None,
         unread_limit: int,
+        ledger: ReceiveLedger | None = None,
     ) -> None:
         quic = _ValidatedQuic(
             configuration=configuration,
@@ -132,10 +135,7 @@ class Qh3ServerConnection:
         self._received = 0  # bytes of datagrams received before the handshake completed
         self._sent = 0  # bytes of datagrams sent meanwhile
         self._held: list[tuple[bytes, tuple]] = []  # over the 3x budget: sent when it allows
-        self.app_consumed: dict[int, int] = {}
-        self.app_buffered = 0
-        self.frame_credit: dict[int, int] = {}
-        self.frame_credit_total = 0
+        self.ledger = ledger or ReceiveLedger()  # the driver's: the unread bound reads it
 
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
@@ -315,8 +315,8 @@ class Qh3ServerConnection:
     def _over_limit(self, arriving: int) -> bool:
         """Whether delivering ``arriving`` more bytes would pass the unread bound; if so the
         connection is closed (FLOW_CONTROL_ERROR) and the termination is the next event."""
-        unread = self.app_buffered + arriving
-        limit = self._unread_limit + self.frame_credit_total
+        unread = self.ledger.buffered + arriving
+        limit = self._unread_limit + self.ledger.frame_credit_total
         if unread <= limit:
             return False
         reason = (
@@ -345,7 +345,11 @@ class Qh3ServerConnection:
         )
 
     @property
-    def _close_pending(self) -> bool:
+    def is_client(self) -> bool:
+        return False
+
+    @property
+    def close_pending(self) -> bool:
         return self._quic._close_event is not None and not self._close_sent
 
     @property
@@ -385,7 +389,7 @@ class Qh3ServerConnection:
     def send_due_at(self, now: float, timer: float | None) -> bool:
         """During the handshake or a close, a due timer, or data queued."""
         quic = self._quic
-        if not quic._handshake_confirmed or self._close_pending:
+        if not quic._handshake_confirmed or self.close_pending:
             return True
         if timer is not None and timer <= now:
             return True
@@ -432,6 +436,7 @@ def qh3_server_connection(
     original_destination_connection_id: bytes,
     retry_source_connection_id: bytes | None,
     secrets: TextIO,
+    ledger: ReceiveLedger | None = None,
 ) -> Qh3ServerConnection:
     """The qh3 connection a server answers a client's first Initial with."""
     return Qh3ServerConnection(
@@ -439,4 +444,5 @@ def qh3_server_connection(
         original_destination_connection_id=original_destination_connection_id,
         retry_source_connection_id=retry_source_connection_id,
         unread_limit=UNREAD_LIMIT_FACTOR * config.connection_window,
+        ledger=ledger,
     )

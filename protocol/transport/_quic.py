@@ -82,6 +82,7 @@ from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
 from aioquic.quic.stream import QuicStream, QuicStreamSender
 
 from ._config import EndpointConfig, quic_configuration
+from ._engine import ReceiveLedger
 from ._identity import Identity
 
 AUTH_UNI_STREAMS = 1
@@ -262,10 +263,9 @@ _MIN_PACKET = PACKET_NUMBER_MAX_SIZE - PACKET_NUMBER_SEND_SIZE
 class PeerQuicConnection(QuicConnection):
     """A ``QuicConnection`` that authenticates peers by key and bounds its receive buffers.
 
-    ``app_consumed`` (stream id -> bytes the application has read), ``app_buffered`` (bytes
-    delivered in events but not yet read) and ``frame_credit`` (stream id -> size of the
-    frame a reader is waiting for) are kept up to date by the driver; the windows advertised
-    to the peer are derived from them when packets are built. The credit lets a frame larger
+    The driver's ``ledger`` (``_engine.ReceiveLedger``: what the application has read,
+    what was delivered and not read, the frames readers wait for) is read when packets are
+    built, to derive the windows advertised to the peer. The credit lets a frame larger
     than the window arrive whole while someone is reading it: the bound on buffered bytes is
     ``connection_window`` plus one frame per stream being read.
     """
@@ -277,6 +277,7 @@ class PeerQuicConnection(QuicConnection):
         max_streams: int = 128,
         max_packets_in_flight: int = 1024,
         path_datagram_size: int | None = None,
+        ledger: ReceiveLedger | None = None,
         **kwargs,
     ) -> None:
         super().__init__(configuration=configuration, **kwargs)
@@ -293,10 +294,7 @@ class PeerQuicConnection(QuicConnection):
         self._ack_ride_after = ACK_RIDE_AFTER if configuration.is_client else 0.0
         self._data_queued = False  # stream data written since the last build
         self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
-        self.app_consumed: dict[int, int] = {}
-        self.app_buffered = 0
-        self.frame_credit: dict[int, int] = {}  # stream -> size of the frame being awaited
-        self.frame_credit_total = 0
+        self.ledger = ledger or ReceiveLedger()
         self._more_data = False  # a STREAM frame of this packet left data behind
         self._streams_seen = 0  # streams at the start of this packet (a discard frees one)
         pacer = self._loss._pacer
@@ -384,6 +382,15 @@ class PeerQuicConnection(QuicConnection):
         self._ack_every_bytes = _ack_every_bytes(size)
 
     @property
+    def close_pending(self) -> bool:
+        """A close was asked for and its CONNECTION_CLOSE is not sent yet."""
+        return self._close_pending
+
+    @property
+    def is_client(self) -> bool:
+        return self._is_client
+
+    @property
     def data_queued(self) -> bool:
         """Whether stream data was written since the last build (it is due now)."""
         return self._data_queued
@@ -447,18 +454,19 @@ class PeerQuicConnection(QuicConnection):
 
     def window_update_due(self, stream_id: int) -> bool:
         """Whether reads since the last MAX_STREAM_DATA/MAX_DATA justify sending an update."""
+        ledger = self.ledger
         stream = self._streams.get(stream_id)
         quarter_s = self._stream_window // 4
         if stream is not None and stream.max_stream_data_local:
             target = (
-                self.app_consumed.get(stream_id, 0)
+                ledger.consumed.get(stream_id, 0)
                 + self._stream_window
-                + self.frame_credit.get(stream_id, 0)
+                + ledger.frame_credit.get(stream_id, 0)
             )
             if target - stream.max_stream_data_local >= quarter_s:
                 return True
         limit = self._local_max_data
-        target = limit.used - self.app_buffered + self._connection_window + self.frame_credit_total
+        target = limit.used - ledger.buffered + self._connection_window + ledger.frame_credit_total
         return target - limit.value >= self._connection_window // 4
 
     # -- overrides -------------------------------------------------------------------------
@@ -490,7 +498,10 @@ class PeerQuicConnection(QuicConnection):
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         max_data = self._local_max_data
         target = (
-            max_data.used - self.app_buffered + self._connection_window + self.frame_credit_total
+            max_data.used
+            - self.ledger.buffered
+            + self._connection_window
+            + self.ledger.frame_credit_total
         )
         if target - max_data.value >= self._connection_window // 4:
             max_data.value = target
@@ -513,7 +524,8 @@ class PeerQuicConnection(QuicConnection):
         if not stream.max_stream_data_local or stream.receiver.is_finished:
             return
         sid = stream.stream_id
-        target = self.app_consumed.get(sid, 0) + self._stream_window + self.frame_credit.get(sid, 0)
+        ledger = self.ledger
+        target = ledger.consumed.get(sid, 0) + self._stream_window + ledger.frame_credit.get(sid, 0)
         if target - stream.max_stream_data_local >= self._stream_window // 4:
             stream.max_stream_data_local = target
         if stream.max_stream_data_local_sent != stream.max_stream_data_local:
@@ -565,10 +577,15 @@ class PeerQuicConnection(QuicConnection):
 
 
 def client_connection(
-    identity: Identity, config: EndpointConfig, host: str, secrets: TextIO
+    identity: Identity,
+    config: EndpointConfig,
+    host: str,
+    secrets: TextIO,
+    ledger: ReceiveLedger | None = None,
 ) -> PeerQuicConnection:
     """The sans-I/O connection a client dials ``host`` with (both shells); ``secrets``
-    receives the TLS key log the key proofs are bound to (``_auth.SecretSink``)."""
+    receives the TLS key log the key proofs are bound to (``_auth.SecretSink``), ``ledger``
+    is the driver's (``_engine``)."""
     size = config.datagram_size_for(host)
     return PeerQuicConnection(
         configuration=quic_configuration(
@@ -577,4 +594,5 @@ def client_connection(
         path_datagram_size=size,
         max_streams=config.max_streams,
         max_packets_in_flight=config.max_packets_in_flight,
+        ledger=ledger,
     )

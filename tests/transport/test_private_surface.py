@@ -27,9 +27,9 @@ AUTH_PATH = {
 """The drivers' functions that run authentication (``_auth.PeerAuth``)."""
 
 INVENTORY: dict[str, set[str]] = {
-    "_blocking.py": {"_close_pending"},
+    "_blocking.py": set(),
     "_connection.py": set(),
-    "_endpoint.py": {"_close_pending"},
+    "_endpoint.py": set(),
     "_qh3.py": {
         "__class__",  # _SizedQuic: qh3's TLS bridge, to advertise the datagram size
         "_core",

@@ -76,7 +76,7 @@ def exchange(client, server, rounds=50, now=None, drop=lambda i: False, on_round
 
 def drain(conn):
     """All pending events, after letting a closing period run out."""
-    if conn._close_pending or conn._state.name in ("CLOSING", "DRAINING"):
+    if conn.close_pending or conn._state.name in ("CLOSING", "DRAINING"):
         Clock.now += 10
         conn.handle_timer(Clock.now)
     out = []
@@ -138,15 +138,14 @@ def test_receive_window_follows_the_reader_not_the_sender():
     def deliver():  # what the trio driver does with StreamDataReceived
         while (event := server.next_event()) is not None:
             if isinstance(event, events.StreamDataReceived):
-                server.app_buffered += len(event.data)
+                server.ledger.buffered += len(event.data)
                 received[0] += len(event.data)
 
     exchange(client, server, rounds=2000, on_round=deliver)
     assert received[0] == config.stream_window
     assert server._streams[sid].max_stream_data_local == config.stream_window
     assert server._local_max_data.value == config.connection_window
-    server.app_consumed[sid] = received[0] // 2  # the application reads half
-    server.app_buffered -= received[0] // 2
+    server.ledger.read(sid, received[0] // 2)  # the application reads half
     exchange(client, server, rounds=2000, on_round=deliver)
     assert received[0] == config.stream_window * 3 // 2
 

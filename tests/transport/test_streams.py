@@ -172,7 +172,7 @@ async def test_writer_memory_bounded_when_reader_stalls():
         server_conn = next(iter(srv.connections))
         assert sent < 16  # the writer was held back
         assert conn._quic.sender_buffered(s.stream_id) <= config.send_buffer
-        assert server_conn._quic.app_buffered <= config.stream_window + 64 * 1024
+        assert server_conn._ledger.buffered <= config.stream_window + 64 * 1024
         # both endpoints run in this process: the peak covers writer and reader together
         assert peak - base < config.send_buffer + config.stream_window + 8 * MiB
 
@@ -206,7 +206,7 @@ async def test_a_qh3_server_closes_a_peer_that_floods_an_unread_stream():
         with trio.fail_after(60), pytest.raises(TransportError) as info:
             for _ in range(256):  # offers 256 MiB, far past the limit
                 await s.send_frame(bytes(MiB))
-                most = max(most, server_conn._quic.app_buffered)
+                most = max(most, server_conn._ledger.buffered)
         limit = UNREAD_LIMIT_FACTOR * window
         assert "has not read" in str(info.value) and str(limit) in str(info.value)
         assert server_conn.is_closed and "has not read" in str(server_conn.close_reason)
