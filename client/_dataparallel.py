@@ -119,14 +119,17 @@ class DataParallel:
 
     @property
     def optimizer(self) -> Any:
+        """Rank 0's optimizer (the one you passed in), or None."""
         return self._user.optimizer
 
     @property
     def devices(self) -> list[Any]:
+        """The device of each replica, rank 0 first."""
         return [r.device for r in self.replicas]
 
     @property
     def size(self) -> int:
+        """The number of replicas."""
         return len(self.replicas)
 
     def __len__(self) -> int:
@@ -140,6 +143,7 @@ class DataParallel:
         return self.module.state_dict()
 
     def optimizer_state_dict(self) -> dict[str, Any]:
+        """The optimizer's state (rank 0's: every replica holds the same)."""
         if self.optimizer is None:
             raise ValueError("this DataParallel has no optimizer")
         return self.optimizer.state_dict()
@@ -158,11 +162,13 @@ class DataParallel:
         self._needs_state = False
 
     def train(self, mode: bool = True) -> DataParallel:
+        """Put every replica in training mode (or eval mode with ``mode=False``)."""
         self.module.train(mode)
         self._mirror()
         return self
 
     def eval(self) -> DataParallel:
+        """Put every replica in eval mode (dropout off)."""
         return self.train(False)
 
     # --- stepping -------------------------------------------------------------------------

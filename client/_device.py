@@ -311,14 +311,17 @@ class Device:
     def full(
         self, shape: Sequence[int], value: float | int | bool, dtype: Any = "float32"
     ) -> Tensor:
+        """A tensor of ``shape`` with every value ``value`` (the value is part of the graph)."""
         return _ops.call(
             "full", _device=self, shape=tuple(shape), value=value, dtype=dtypes.normalize(dtype)
         )
 
     def zeros(self, shape: Sequence[int], dtype: Any = "float32") -> Tensor:
+        """A tensor of ``shape`` filled with 0."""
         return self.full(shape, 0, dtype)
 
     def ones(self, shape: Sequence[int], dtype: Any = "float32") -> Tensor:
+        """A tensor of ``shape`` filled with 1."""
         return self.full(shape, 1, dtype)
 
     def _key(self, key: int | Tensor | None) -> Tensor:
@@ -342,6 +345,7 @@ class Device:
         return self.tensor(np.arange(start, end, step), dtype=dtype)
 
     def eye(self, n: int, m: int | None = None, dtype: Any = "float32") -> Tensor:
+        """The n x m identity matrix (m defaults to n)."""
         return self.tensor(np.eye(n, m), dtype=dtype)
 
     def randn(self, *shape: Any, dtype: Any = "float32", key: int | Tensor | None = None) -> Tensor:
@@ -349,6 +353,7 @@ class Device:
         return self.normal(_shape(shape), key, dtype=dtype)
 
     def rand(self, *shape: Any, dtype: Any = "float32", key: int | Tensor | None = None) -> Tensor:
+        """Uniform draws in [0, 1) of ``shape``; without ``key``, from the seeded default generator."""
         return self.uniform(_shape(shape), key, dtype=dtype)
 
     def from_dlpack(self, x: Any) -> Tensor:
@@ -384,6 +389,8 @@ class Device:
         std: float = 1.0,
         dtype: Any = "float32",
     ) -> Tensor:
+        """Normal draws (``mean``, ``std``) of ``shape``; without ``key``, from the seeded default
+        generator."""
         return _ops.call(
             "normal",
             self._key(key),
@@ -401,6 +408,7 @@ class Device:
         high: int = 2,
         dtype: Any = "int64",
     ) -> Tensor:
+        """Integer draws in [low, high) of ``shape`` from an explicit ``key``."""
         return _ops.call(
             "randint",
             self._key(key),
@@ -432,6 +440,7 @@ class Device:
             self._rec.flush_partners()
 
     def stats(self) -> dict[str, int]:
+        """Counters of this device's runtime (graphs registered, replays, tensors held, ...)."""
         return self._rec.runtime.stats()
 
     def memory_stats(self) -> Any:

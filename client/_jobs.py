@@ -240,6 +240,7 @@ class Jobs:
         return json.loads(self._call(m.JobList, after, limit).info)
 
     def get(self, job_id: int) -> Job:
+        """A handle on job ``job_id``, with its current row from the server."""
         return Job(self, json.loads(self._call(m.JobStatus, job_id).info))
 
 
@@ -255,9 +256,12 @@ class Job:
 
     @property
     def state(self) -> str:
+        """The last known state (queued, running, succeeded, failed, cancelled); `status`
+        refreshes it."""
         return self.info["state"]
 
     def status(self) -> dict[str, Any]:
+        """The job's row as the server has it now (state, step, loss, ...); also kept as ``info``."""
         self.info = json.loads(self.jobs._call(m.JobStatus, self.id).info)
         return self.info
 

@@ -31,6 +31,7 @@ class TensorMath:
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions (``len(shape)``)."""
         return len(self.shape)
 
     def _bin(self, name: str, other: Any, reverse: bool = False) -> Self:
@@ -128,79 +129,104 @@ class TensorMath:
 
     # torch's method spellings of the operators
     def add(self, o: Any) -> Self:
+        """``self + o`` (torch's method spelling)."""
         return self + o
 
     def sub(self, o: Any) -> Self:
+        """``self - o`` (torch's method spelling)."""
         return self - o
 
     def mul(self, o: Any) -> Self:
+        """``self * o`` (torch's method spelling)."""
         return self * o
 
     def div(self, o: Any) -> Self:
+        """``self / o``: true division (torch's method spelling)."""
         return self / o
 
     def pow(self, o: Any) -> Self:
+        """``self ** o`` (torch's method spelling)."""
         return self**o
 
     def eq(self, o: Any) -> Self:
+        """Elementwise ``self == o``, a bool tensor."""
         return self == o
 
     def ne(self, o: Any) -> Self:
+        """Elementwise ``self != o``, a bool tensor."""
         return self != o
 
     def lt(self, o: Any) -> Self:
+        """Elementwise ``self < o``, a bool tensor."""
         return self < o
 
     def le(self, o: Any) -> Self:
+        """Elementwise ``self <= o``, a bool tensor."""
         return self <= o
 
     def gt(self, o: Any) -> Self:
+        """Elementwise ``self > o``, a bool tensor."""
         return self > o
 
     def ge(self, o: Any) -> Self:
+        """Elementwise ``self >= o``, a bool tensor."""
         return self >= o
 
     def mm(self, o: Self) -> Self:
+        """Matrix product ``self @ o`` (torch's ``mm``; NumPy matmul rules)."""
         return matmul(self, o)
 
     def view_as(self, other: Self) -> Self:
+        """Reshaped to ``other``'s shape."""
         return self.reshape(other.shape)
 
     def expand_as(self, other: Self) -> Self:
+        """Broadcast to ``other``'s shape (no copy is recorded)."""
         return self.expand(other.shape)
 
     # --- math methods (thin: the registry holds the definitions) ------------------------
     def exp(self) -> Self:
+        """Elementwise e ** x."""
         return self._call("exp", self)
 
     def log(self) -> Self:
+        """Elementwise natural logarithm."""
         return self._call("log", self)
 
     def sqrt(self) -> Self:
+        """Elementwise square root."""
         return self._call("sqrt", self)
 
     def rsqrt(self) -> Self:
+        """Elementwise 1 / sqrt(x), as one op."""
         return self._call("rsqrt", self)
 
     def sin(self) -> Self:
+        """Elementwise sine (radians)."""
         return self._call("sin", self)
 
     def cos(self) -> Self:
+        """Elementwise cosine (radians)."""
         return self._call("cos", self)
 
     def tanh(self) -> Self:
+        """Elementwise hyperbolic tangent."""
         return self._call("tanh", self)
 
     def sigmoid(self) -> Self:
+        """Elementwise logistic function 1 / (1 + e ** -x)."""
         return self._call("sigmoid", self)
 
     def relu(self) -> Self:
+        """Elementwise max(x, 0)."""
         return self._call("relu", self)
 
     def abs(self) -> Self:
+        """Elementwise absolute value."""
         return self._call("abs", self)
 
     def clamp(self, min: float | None = None, max: float | None = None) -> Self:
+        """Values limited to [min, max] (either bound may be None)."""
         return self._call("clamp", self, min=min, max=max)
 
     # Reductions take NumPy's `axis`/`keepdims` or torch's `dim`/`keepdim`. Where torch's
@@ -209,12 +235,14 @@ class TensorMath:
     def sum(
         self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
     ) -> Self:
+        """Sum over ``axis`` (NumPy) or ``dim`` (torch); everything by default."""
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return self._call("sum", self, axes=axis, keepdims=keepdims)
 
     def mean(
         self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
     ) -> Self:
+        """Mean over ``axis`` (NumPy) or ``dim`` (torch); everything by default."""
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return self._call("mean", self, axes=axis, keepdims=keepdims)
 
@@ -242,11 +270,13 @@ class TensorMath:
         return self._call("var", self, axes=axis, keepdims=keepdims, correction=correction)
 
     def std(self, *args: Any, **kwargs: Any) -> Self:
+        """Standard deviation: the square root of `var`, with its arguments."""
         return self.var(*args, **kwargs).sqrt()
 
     def max(
         self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
     ) -> Any:
+        """Maximum over ``axis``; with torch's ``dim=``, the (values, indices) pair torch gives."""
         if dim is not None:  # torch: (values, indices)
             return _min_max("max", self, dim, bool(keepdim))
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
@@ -255,6 +285,7 @@ class TensorMath:
     def min(
         self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
     ) -> Any:
+        """Minimum over ``axis``; with torch's ``dim=``, the (values, indices) pair torch gives."""
         if dim is not None:
             return _min_max("min", self, dim, bool(keepdim))
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
@@ -268,6 +299,7 @@ class TensorMath:
         dim: Any = None,
         keepdim: Any = None,
     ) -> Self:
+        """Index of the maximum along ``axis`` (over the flattened tensor by default)."""
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return self._call("argmax", self, axis=axis, keepdims=keepdims)
 
@@ -279,22 +311,27 @@ class TensorMath:
         dim: Any = None,
         keepdim: Any = None,
     ) -> Self:
+        """Index of the minimum along ``axis`` (over the flattened tensor by default)."""
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return self._call("argmin", self, axis=axis, keepdims=keepdims)
 
     def logsumexp(
         self, axis: Any = None, keepdims: bool = False, *, dim: Any = None, keepdim: Any = None
     ) -> Self:
+        """log(sum(exp(x))) over ``axis``, computed without overflow."""
         axis, keepdims = _axes(axis, keepdims, dim, keepdim)
         return self._call("logsumexp", self, axes=axis, keepdims=keepdims)
 
     def softmax(self, axis: int = -1, *, dim: int | None = None) -> Self:
+        """Softmax along ``axis`` (or torch's ``dim``)."""
         return self._call("softmax", self, axis=axis if dim is None else dim)
 
     def log_softmax(self, axis: int = -1, *, dim: int | None = None) -> Self:
+        """log(softmax(x)) along ``axis``, computed without underflow."""
         return self._call("log_softmax", self, axis=axis if dim is None else dim)
 
     def reshape(self, *shape: Any) -> Self:
+        """The same values in ``shape`` (one entry may be -1); free when unchanged."""
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
         return self if shape == self.shape else self._call("reshape", self, shape=tuple(shape))
 
@@ -303,6 +340,7 @@ class TensorMath:
     def flatten(
         self, start: int = 0, end: int = -1, *, start_dim: Any = None, end_dim: Any = None
     ) -> Self:
+        """Dimensions ``start``..``end`` merged into one (torch's ``start_dim``/``end_dim`` too)."""
         start = start if start_dim is None else start_dim
         end = end if end_dim is None else end_dim
         if self.ndim == 0:
@@ -312,17 +350,21 @@ class TensorMath:
         return self.reshape(*self.shape[:start], -1, *self.shape[end + 1 :])
 
     def permute(self, *dims: Any) -> Self:
+        """Dimensions reordered as ``dims``."""
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], tuple | list) else dims
         return self._call("permute", self, dims=tuple(dims))
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Self:
+        """Dimensions ``dim0`` and ``dim1`` swapped (the last two by default)."""
         return self._call("transpose", self, dim0=dim0, dim1=dim1)
 
     @property
     def T(self) -> Self:
+        """All dimensions reversed (a matrix's transpose)."""
         return self.permute(*reversed(range(self.ndim)))
 
     def expand(self, *shape: Any) -> Self:
+        """Broadcast to ``shape`` (size-1 dimensions repeat; nothing is copied)."""
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
         return self._call("expand", self, shape=tuple(shape))
 
@@ -336,35 +378,44 @@ class TensorMath:
         return self._call("squeeze", self, axes=axis)
 
     def unsqueeze(self, axis: int | None = None, *, dim: int | None = None) -> Self:
+        """A size-1 dimension inserted at ``axis`` (torch's ``dim``)."""
         return self._call("unsqueeze", self, axis=axis if dim is None else dim)
 
     def flip(self, axis: Any = None, *, dims: Any = None) -> Self:
+        """Values reversed along ``axis`` (torch's ``dims``)."""
         axis = axis if dims is None else dims
         return self._call("flip", self, axes=(axis,) if isinstance(axis, int) else tuple(axis))
 
     # --- dtype casts: last, so `int`/`float` in the annotations above mean the builtins
     def cast(self, dtype: Any) -> Self:
+        """The values as ``dtype`` (a dtype name, NumPy or torch dtype); itself when already so."""
         dtype = dtypes.normalize(dtype)
         return self if dtype == self.dtype else self._call("cast", self, dtype=dtype)
 
     astype = cast
 
     def float(self) -> Self:
+        """Cast to float32."""
         return self.cast("float32")
 
     def double(self) -> Self:
+        """Cast to float64."""
         return self.cast("float64")
 
     def half(self) -> Self:
+        """Cast to float16."""
         return self.cast("float16")
 
     def long(self) -> Self:
+        """Cast to int64."""
         return self.cast("int64")
 
     def int(self) -> Self:
+        """Cast to int32."""
         return self.cast("int32")
 
     def type_as(self, other: Self) -> Self:
+        """Cast to ``other``'s dtype."""
         return self.cast(other.dtype)
 
 

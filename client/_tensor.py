@@ -187,6 +187,7 @@ class Tensor(TensorMath):
     # --- identity -----------------------------------------------------------------------
     @property
     def device(self) -> Any:
+        """The device the tensor lives on (a `Device` or `RemoteDevice`)."""
         return self._dev
 
     @property
@@ -198,9 +199,11 @@ class Tensor(TensorMath):
         return _Size(n, self.shape)
 
     def numel(self) -> int:
+        """The number of elements (torch's ``numel()``)."""
         return int(self.size)
 
     def dim(self) -> int:
+        """The number of dimensions (torch's ``dim()``)."""
         return len(self.shape)
 
     def __len__(self) -> int:
@@ -257,11 +260,13 @@ class Tensor(TensorMath):
         return np.array(value, copy=True)
 
     def item(self) -> float | int | bool:
+        """The value of a one-element tensor as a Python number (waits for pending work)."""
         if self.shape and math.prod(self.shape) != 1:  # (not .size: an object per call)
             raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
         return self._dev._rec.read_item(self._id)
 
     def tolist(self) -> Any:
+        """The values as nested Python lists (waits for pending work)."""
         return self.numpy().tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -279,6 +284,7 @@ class Tensor(TensorMath):
 
     # --- autodiff -----------------------------------------------------------------------
     def requires_grad_(self, flag: bool = True) -> Tensor:
+        """Start (or stop) tracking gradients for this tensor, in place; floats only."""
         if flag and not dtypes.is_float(self.dtype):
             raise TypeError(f"only floating-point tensors can require gradients, not {self.dtype}")
         if flag != self.requires_grad:
@@ -291,6 +297,7 @@ class Tensor(TensorMath):
         _autograd.backward(self, grad, Builder)
 
     def detach(self) -> Tensor:
+        """The same values, cut from autograd (no copy: it shares the id)."""
         return make_tensor(self._dev, self._id, self.shape, self.dtype)
 
     def _assign(self, other: Tensor) -> None:
@@ -361,21 +368,27 @@ class Tensor(TensorMath):
         return old
 
     def add_(self, o: Any, alpha: float = 1) -> Tensor:
+        """In place: ``self += alpha * o``."""
         return self._inplace("add", o if alpha == 1 else o * alpha)
 
     def sub_(self, o: Any, alpha: float = 1) -> Tensor:
+        """In place: ``self -= alpha * o``."""
         return self._inplace("sub", o if alpha == 1 else o * alpha)
 
     def mul_(self, o: Any) -> Tensor:
+        """In place: ``self *= o``."""
         return self._inplace("mul", o)
 
     def div_(self, o: Any) -> Tensor:
+        """In place: ``self /= o``."""
         return self._inplace("div", o)
 
     def zero_(self) -> Tensor:
+        """In place: every value 0."""
         return self.fill_(0)
 
     def fill_(self, value: float) -> Tensor:
+        """In place: every value ``value``."""
         return self._inplace("set", self._dev.full(self.shape, value, self.dtype))
 
     def copy_(self, src: Any) -> Tensor:
@@ -411,6 +424,7 @@ class Tensor(TensorMath):
         return out.cast(dtype) if dtype is not None else out
 
     def cpu(self) -> Tensor:
+        """This tensor on `Device.cpu()` (itself when already there)."""
         return self.to("cpu")
 
     def clone(self) -> Tensor:
@@ -418,6 +432,7 @@ class Tensor(TensorMath):
         return call("reshape", self, shape=self.shape) if self.requires_grad else self.detach()
 
     def contiguous(self) -> Tensor:
+        """Itself: tensors have no strides to make contiguous (torch code calls it)."""
         return self
 
     # --- operators ----------------------------------------------------------------------

@@ -87,6 +87,7 @@ class Group:
 
     @property
     def size(self) -> int:
+        """The number of devices in the group."""
         return len(self.devices)
 
     def rank(self, device: Device) -> int:

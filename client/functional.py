@@ -15,10 +15,12 @@ from ._tensor import Tensor, matmul
 
 
 def relu(x: Tensor) -> Tensor:
+    """Elementwise max(x, 0)."""
     return call("relu", x)
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """Gaussian error linear unit: exact (erf) by default, ``approximate="tanh"`` for GPT-2's form."""
     return call("gelu", x, approximate=approximate)
 
 
@@ -37,6 +39,7 @@ def conv2d(
     dilation: Any = 1,
     groups: int = 1,
 ) -> Tensor:
+    """2-d convolution of (N, C, H, W) by (out, C / groups, kh, kw), torch's arguments and layout."""
     pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
     y = call(
         "conv2d",
@@ -59,21 +62,26 @@ def conv1d(
     dilation: int = 1,
     groups: int = 1,
 ) -> Tensor:
+    """1-d convolution of (N, C, L) by (out, C / groups, k), torch's arguments and layout."""
     y = call("conv1d", x, weight, stride=stride, padding=padding, dilation=dilation, groups=groups)
     return y + bias.reshape(1, -1, 1) if bias is not None else y
 
 
 def max_pool2d(x: Tensor, kernel: Any, stride: Any = None, padding: Any = 0) -> Tensor:
+    """Maximum over ``kernel`` windows of (N, C, H, W) (stride defaults to the kernel)."""
     return call("max_pool2d", x, kernel=kernel, stride=stride, padding=padding)
 
 
 def avg_pool2d(x: Tensor, kernel: Any, stride: Any = None, padding: Any = 0) -> Tensor:
+    """Mean over ``kernel`` windows of (N, C, H, W) (stride defaults to the kernel)."""
     return call("avg_pool2d", x, kernel=kernel, stride=stride, padding=padding)
 
 
 def layer_norm(
     x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5
 ) -> Tensor:
+    """Normalise over the trailing dimensions of ``weight`` (the last one without it), then scale
+    and shift."""
     n_axes = weight.ndim if weight is not None else 1
     args = [x] + [t for t in (weight, bias) if t is not None]
     if weight is None and bias is not None:
@@ -82,6 +90,8 @@ def layer_norm(
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """Divide by the root mean square over the trailing dimensions (Llama's norm), then scale by
+    ``weight``."""
     n_axes = weight.ndim if weight is not None else 1
     return call("rms_norm", *([x] if weight is None else [x, weight]), n_axes=n_axes, eps=eps)
 
@@ -155,16 +165,19 @@ def cross_entropy(
 
 
 def mse_loss(x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean squared error (``reduction`` ``mean``, ``sum`` or ``none``)."""
     if reduction == "mean":
         return call("mse_loss", x, y)
     return _reduce((x - y) * (x - y), reduction)
 
 
 def l1_loss(x: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    """Mean absolute error (``reduction`` ``mean``, ``sum`` or ``none``)."""
     return _reduce((x - y).abs(), reduction)
 
 
 def where(cond: Tensor, x: Any, y: Any) -> Tensor:
+    """``x`` where ``cond`` is true, else ``y`` (scalars are promoted as NumPy does)."""
     from ._ops import operand
 
     like = x if isinstance(x, Tensor) else y if isinstance(y, Tensor) else cond
@@ -172,50 +185,62 @@ def where(cond: Tensor, x: Any, y: Any) -> Tensor:
 
 
 def cat(tensors: list[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Tensors joined along an existing ``axis`` (torch's ``dim``)."""
     return call("cat", *tensors, axis=axis if dim is None else dim)
 
 
 def stack(tensors: list[Tensor], axis: int = 0, *, dim: int | None = None) -> Tensor:
+    """Tensors joined along a new ``axis`` (torch's ``dim``)."""
     return call("stack", *tensors, axis=axis if dim is None else dim)
 
 
 def split(x: Tensor, sizes: int | list[int], axis: int = 0) -> tuple[Tensor, ...]:
+    """Pieces of ``x`` along ``axis``: of ``sizes`` each, or of the listed sizes."""
     return call("split", x, sizes=sizes if isinstance(sizes, int) else tuple(sizes), axis=axis)
 
 
 def pad(x: Tensor, pads: Any, value: float = 0.0) -> Tensor:
+    """``x`` padded with ``value``: ``pads`` holds (before, after) per dimension."""
     return call("pad", x, pads=tuple(tuple(p) for p in pads), value=value)
 
 
 def gather(x: Tensor, index: Tensor, axis: int) -> Tensor:
+    """Values of ``x`` picked along ``axis`` at ``index`` (torch.gather)."""
     return call("gather", x, index, axis=axis)
 
 
 def index_select(x: Tensor, index: Tensor, axis: int = 0) -> Tensor:
+    """Slices of ``x`` along ``axis`` at the positions in ``index``."""
     return call("index_select", x, index, axis=axis)
 
 
 def scatter_add(x: Tensor, index: Tensor, src: Tensor, axis: int) -> Tensor:
+    """``x`` with ``src`` added at ``index`` along ``axis``; repeated indices accumulate."""
     return call("scatter_add", x, index, src, axis=axis)
 
 
 def one_hot(index: Tensor, num_classes: int, dtype: str = "float32") -> Tensor:
+    """Index tensor to a one-hot tensor of ``num_classes`` in its last dimension."""
     return call("one_hot", index, num_classes=num_classes, dtype=dtype)
 
 
 def embedding(ids: Tensor, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` at ``ids`` (a lookup table; the gradient accumulates per row)."""
     return call("embedding", weight, ids)
 
 
 def softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """Softmax along ``axis`` (or torch's ``dim``)."""
     return call("softmax", x, axis=axis if dim is None else dim)
 
 
 def log_softmax(x: Tensor, axis: int = -1, *, dim: int | None = None) -> Tensor:
+    """log(softmax(x)) along ``axis``, computed without underflow."""
     return call("log_softmax", x, axis=axis if dim is None else dim)
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """``x.flatten(start_dim, end_dim)`` as a function."""
     return x.flatten(start_dim, end_dim)
 
 

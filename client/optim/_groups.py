@@ -53,6 +53,8 @@ class ParamGroup:
         return f"ParamGroup({what!r})"
 
     def matches(self, name: str, tensor: Tensor | None = None) -> bool:
+        """Whether the parameter ``name`` (and tensor) belongs to this group: its patterns, regex or
+        predicate."""
         if self.patterns:
             return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
         if self.regex is not None:
@@ -60,6 +62,7 @@ class ParamGroup:
         return bool(self.predicate(name, tensor))  # type: ignore[misc]
 
     def select(self, source: Any) -> Named:
+        """The (name, tensor) pairs of ``source``'s parameters in this group."""
         return [(n, t) for n, t in named_params(source) if self.matches(n, t)]
 
     def freeze(self, source: Any) -> int:
@@ -67,6 +70,7 @@ class ParamGroup:
         return _set_trainable(self.select(source), False)
 
     def unfreeze(self, source: Any) -> int:
+        """Train the selected parameters again; returns how many tensors changed."""
         return _set_trainable(self.select(source), True)
 
 

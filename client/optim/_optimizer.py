@@ -151,6 +151,7 @@ class Optimizer:
 
     # --- groups -----------------------------------------------------------------------------
     def group(self, name: str) -> Group:
+        """The parameter group called ``name`` (KeyError naming the groups otherwise)."""
         for g in self.groups:
             if g.name == name:
                 return g
@@ -161,10 +162,12 @@ class Optimizer:
         _set_trainable(self.group(name).params, False)
 
     def unfreeze(self, name: str) -> None:
+        """Update (and differentiate) the group's parameters again."""
         _set_trainable(self.group(name).params, True)
 
     @property
     def params(self) -> list[Tensor]:
+        """Every parameter the optimizer updates, group by group."""
         return [t for g in self.groups for _, t in g.params]
 
     def lr_of(self, group: Group | None = None) -> float:
@@ -175,10 +178,13 @@ class Optimizer:
 
     @property
     def lr(self) -> float:
+        """The learning rate the next step uses in the first group (`lr_of`)."""
         return self.lr_of()
 
     # --- stepping ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the parameters' gradients (``set_to_none`` is accepted for torch code; they always
+        become None)."""
         for p in self.params:
             p.grad = None
 
@@ -198,6 +204,8 @@ class Optimizer:
         return t
 
     def step(self) -> None:
+        """Record one update of every parameter that has a gradient (one graph with the step's
+        forward and backward)."""
         with no_grad():
             for group in self.groups:
                 group.bindings.clear()

@@ -33,12 +33,15 @@ class WarmupCosine:
 
 
 def linear_warmup(warmup_steps: int) -> Schedule:
+    """A schedule rising linearly to 1 over ``warmup_steps``, then held at 1."""
     return WarmupCosine(warmup_steps=warmup_steps)
 
 
 def cosine(total_steps: int, warmup_steps: int = 0, min_ratio: float = 0.0) -> Schedule:
+    """Linear warm-up, then a cosine decay to ``min_ratio`` at ``total_steps`` (held after)."""
     return WarmupCosine(warmup_steps, total_steps, min_ratio)
 
 
 def constant() -> Schedule:
+    """A schedule that keeps every group's base learning rate."""
     return WarmupCosine()
