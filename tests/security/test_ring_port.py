@@ -149,3 +149,29 @@ def test_under_a_thread_limit_the_ring_port_keeps_accepting(
         dev.close()
     finally:
         assert server.stop() == 0, server.output()
+
+
+def test_the_accept_loop_outlives_any_exception(listener, monkeypatch, caplog) -> None:
+    """Whatever one connection's handling raises (here the old killer, ``RuntimeError:
+    can't start new thread``), the loop logs it and the next dialler gets its link."""
+    lis, key, delivered = listener
+    real = rd.RingListener._check_preamble
+    calls = []
+
+    def once(self, p):  # noqa: ANN001, ANN202
+        calls.append(p)
+        if len(calls) == 1:
+            raise RuntimeError("can't start new thread")
+        return real(self, p)
+
+    monkeypatch.setattr(rd.RingListener, "_check_preamble", once)
+    with socket.create_connection(lis.address, timeout=5) as c:
+        c.sendall(rd.PREAMBLE.pack(m.RING_MAGIC, GROUP, 0))
+        for _ in range(100):
+            if calls:
+                break
+            time.sleep(0.05)
+    out = rd.dial(lis.address, GROUP, 0, key)
+    assert isinstance(out, rd.DataOut) and len(delivered) == 1
+    out.close()
+    assert "can't start new thread" in caplog.text
