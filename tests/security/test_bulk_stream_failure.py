@@ -42,7 +42,9 @@ def _later_messages_answered(c, *words: str) -> None:  # noqa: ANN001
     assert isinstance(err, m.Error) and err.code == m.MISSING_TENSOR  # nothing of it kept
 
 
-def test_an_oversized_frame_on_a_bulk_stream_fails_its_upload_at_once(secure, peers, raw):
+def test_an_oversized_frame_on_a_bulk_stream_fails_its_upload_at_once(
+    server_engine, secure, peers, raw
+):
     server = secure("--max-frame", str(MAX_FRAME))
     c = raw(server, peers.attacker, max_frame=4 * MAX_FRAME)
     c.hello()
@@ -51,7 +53,9 @@ def test_an_oversized_frame_on_a_bulk_stream_fails_its_upload_at_once(secure, pe
     _later_messages_answered(c, "bulk 7", "frame")
 
 
-def test_a_bulk_stream_the_client_ends_early_fails_its_upload_at_once(secure, peers, raw):
+def test_a_bulk_stream_the_client_ends_early_fails_its_upload_at_once(
+    server_engine, secure, peers, raw
+):
     server = secure()
     c = raw(server, peers.attacker)
     c.hello()
