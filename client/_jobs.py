@@ -36,17 +36,51 @@ _FILE_KEYS = (
 def _relative_to(spec: dict[str, Any], base: Path) -> None:
     """Local paths of a spec file, taken relative to the file's directory (as a user who
     keeps the spec next to its data expects), not to wherever the command runs."""
-    for section, key in _FILE_KEYS:
+    for section, key in (*_FILE_KEYS, ("model", "base")):
         table = spec.get(section)
         value = table.get(key) if isinstance(table, dict) else None
         if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):
             table[key] = str(base / Path(value).expanduser())
 
 
+BASE_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+"""What of a local model.base directory is uploaded (with the shards an index names)."""
+
+
+def _base_files(directory: Path) -> dict[str, str]:
+    """The files of a local save_pretrained directory that a job needs, name -> local path."""
+    if not (directory / "config.json").is_file():
+        raise JobError(f"model.base: {directory} has no config.json (a save_pretrained dir)")
+    files = {n: str(directory / n) for n in BASE_FILES if (directory / n).is_file()}
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            if "/" in shard or not (directory / shard).is_file():
+                raise JobError(f"model.base: {index} names {shard!r}, which is not beside it")
+            files[shard] = str(directory / shard)
+    elif "model.safetensors" not in files:
+        raise JobError(f"model.base: {directory} has no model.safetensors (or an index)")
+    return files
+
+
 def _expand_pretrained(spec: dict[str, Any]) -> None:
     """model.weights naming a local save_pretrained directory: its weights and config.json
     travel as two files, and the directory's path is what the adapter names as its base."""
     model = spec.get("model")
+    base = model.get("base") if isinstance(model, dict) else None
+    if isinstance(base, str) and not base.startswith(_REF_PREFIXES):
+        directory = Path(base).expanduser()
+        model["base_files"] = _base_files(directory)  # uploaded in submit
+        model.pop("base")
+        model.setdefault("name_or_path", str(directory.resolve()))
     weights = model.get("weights") if isinstance(model, dict) else None
     if not isinstance(weights, str) or weights.startswith(_REF_PREFIXES):
         return
@@ -160,6 +194,13 @@ class Jobs:
             )
         for section, key, value in local:
             spec[section][key] = self.upload(value)
+        files = (
+            spec.get("model", {}).get("base_files") if isinstance(spec.get("model"), dict) else None
+        )
+        if isinstance(files, dict):
+            for name, value in files.items():
+                if isinstance(value, str) and not value.startswith(_REF_PREFIXES):
+                    files[name] = self.upload(value)
         info = self._call(m.JobSubmit, json.dumps(spec).encode())
         return Job(self, json.loads(info.info))
 

@@ -30,7 +30,7 @@ def run_training(ctx: Any) -> dict[str, Path]:
     """lora_finetune and train: returns the files to store as the job's outputs."""
     spec, dev = ctx.spec, ctx.device
     nn.seed(spec["seed"])
-    model = build_model(spec, dev, ctx.resolve)
+    model = build_model(spec, dev, ctx.resolve, ctx.work)
     if spec["kind"] == "lora_finetune":
         model.apply_lora(lora_config(spec))
     model.train()
@@ -45,7 +45,7 @@ def run_training(ctx: Any) -> dict[str, Path]:
     if spec.get("devices"):
         _train_data_parallel(ctx, model, opt, data, rng, start)
     else:
-        step_body = _step_body(spec["clip"])
+        step_body = _step_body(spec["clip"], spec.get("grad_accum", 1))
 
         @br.compile  # recorded once, then replayed: no per-step op recording on the server
         def train_step(x: Any, y: Any) -> Any:
@@ -55,7 +55,7 @@ def run_training(ctx: Any) -> dict[str, Path]:
         for step in range(start, steps):
             ctx.check()
             _seed_step(spec["seed"], step)  # dropout keys: the compiled step draws from here
-            x, y = data.sample(rng, spec["batch_size"])
+            x, y = data.sample(rng, spec["batch_size"] * spec.get("grad_accum", 1))
             loss = train_step(dev.tensor(x), dev.tensor(y))
             _report(ctx, step, loss, _writer(opt, step + 1, rng))
     out = ctx.work / "out"
@@ -64,6 +64,8 @@ def run_training(ctx: Any) -> dict[str, Path]:
         # the base's name as the client knows it (a directory AutoPeftModel can load); an
         # artifact digest would mean nothing outside this server
         model.save_adapter(out)
+        if spec.get("merge"):
+            _save_merged(model, out)
         return {p.name: p for p in sorted(out.iterdir())}
     model.eval()
     path = out / "model.safetensors"
@@ -74,12 +76,47 @@ def run_training(ctx: Any) -> dict[str, Path]:
     return {path.name: path}
 
 
-def _step_body(clip: float | None) -> Any:
-    """One training step, the same on one device and on every data-parallel replica."""
+MERGED_PREFIX = "merged-"
+"""Outputs of the merged model (`merge = true`) are named merged-<file>, beside the adapter's
+own files: strip the prefix to get a directory transformers loads."""
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def _save_merged(model: Any, out: Path) -> None:
+    """The adapter folded into the base (merge_and_unload), saved as transformers loads it,
+    with the base's tokenizer files."""
+    import shutil
+    import tempfile
+
+    model.merge_and_unload()
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        model.save_pretrained(tmp)
+        for name in _TOKENIZER_FILES:
+            if (model.base_dir / name).is_file():
+                shutil.copyfile(model.base_dir / name, Path(tmp) / name)
+        for path in sorted(Path(tmp).iterdir()):
+            shutil.move(str(path), out / f"{MERGED_PREFIX}{path.name}")
+
+
+def _step_body(clip: float | None, accum: int = 1) -> Any:
+    """One training step, the same on one device and on every data-parallel replica. With
+    `accum` > 1 the batch is `accum` micro-batches, each's loss / accum backpropagated in turn
+    (one graph: a micro-batch's activations are dead once its backward is recorded)."""
 
     def step(model: Any, opt: Any, x: Any, y: Any) -> Any:
-        loss = loss_on(model, x, y)
-        loss.backward()  # data-parallel: the gradients come back averaged over the replicas
+        if accum > 1:
+            micro = x.shape[0] // accum
+            total = None
+            for k in range(accum):
+                part = loss_on(
+                    model, x[k * micro : (k + 1) * micro], y[k * micro : (k + 1) * micro]
+                )
+                (part * (1.0 / accum)).backward()
+                total = part.detach() if total is None else total + part.detach()
+            loss = total * (1.0 / accum)
+        else:
+            loss = loss_on(model, x, y)
+            loss.backward()  # data-parallel: the gradients come back averaged over replicas
         if clip is not None:
             optim.clip_grad_norm(model, clip)
         opt.step()
@@ -142,7 +179,7 @@ def _train_data_parallel(
             ctx.check()
             rng.bit_generator.state = rng_before[step]
             _seed_step(spec["seed"], step)
-            x, y = data.sample(rng, spec["batch_size"])
+            x, y = data.sample(rng, spec["batch_size"] * spec.get("grad_accum", 1))
             rng_before = {step: rng_before[step], step + 1: rng.bit_generator.state}
             try:
                 loss = train_step(x, y)

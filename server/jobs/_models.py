@@ -29,9 +29,16 @@ _LAYERS = {
 _WITH_DEVICE = ("linear", "conv2d", "layernorm")
 
 
-def build_model(spec: dict[str, Any], dev: Device, resolve: Any) -> nn.Module:
-    """The spec's model with its weights (``resolve`` maps a reference to a local file)."""
+def build_model(
+    spec: dict[str, Any], dev: Device, resolve: Any, work: Path | None = None
+) -> nn.Module:
+    """The spec's model with its weights (``resolve`` maps a reference to a local file;
+    ``work``: the job's directory, where an uploaded model.base is assembled)."""
     m = spec["model"]
+    if m["arch"] == "llm":
+        if work is None:
+            raise ValueError("model.base: this job kind does not take a model directory")
+        return _build_llm(spec, dev, resolve, work)
     weights = resolve(m["weights"], "model.weights") if m["weights"] else None
     if m["arch"] == "gpt":
         from burn_remote.nn import _hf
@@ -66,6 +73,38 @@ def build_model(spec: dict[str, Any], dev: Device, resolve: Any) -> nn.Module:
     model = nn.Sequential(*layers)
     if weights is not None:
         model.load(weights)
+    return model
+
+
+def base_directory(spec: dict[str, Any], resolve: Any, work: Path) -> Path:
+    """The model.base directory: on the server (`server:<dir>`), or the uploaded files
+    linked under their names into a directory of the job's own."""
+    m = spec["model"]
+    if m["base"]:
+        return Path(resolve(m["base"], "model.base"))
+    folder = work / "base"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, ref in m["base_files"].items():
+        link = folder / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path(resolve(ref, f"model.base_files.{name}")).resolve())
+    return folder
+
+
+def _build_llm(spec: dict[str, Any], dev: Device, resolve: Any, work: Path) -> nn.Module:
+    """A Llama-family model from model.base, streamed onto the job's device."""
+    m = spec["model"]
+    directory = base_directory(spec, resolve, work)
+    try:
+        model = nn.AutoModelForCausalLM.from_pretrained(directory, device=dev, dtype=m["dtype"])
+    except (ValueError, FileNotFoundError) as exc:
+        raise ValueError(f"model.base: {exc}") from None
+    if not isinstance(model, nn.LlamaForCausalLM):
+        raise ValueError("model.base: a GPT-2 directory goes in model.weights, not model.base")
+    if m["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable()
+    model.name_or_path = m["name_or_path"] or str(directory)
+    object.__setattr__(model, "base_dir", directory)
     return model
 
 
@@ -175,6 +214,10 @@ class Dataset:
     def __init__(self, spec: dict[str, Any], path: Path, model: nn.Module) -> None:
         raw = path.read_bytes()
         self.tokens: np.ndarray | None = None
+        self.rows: Any = None
+        if isinstance(model, nn.LlamaForCausalLM):
+            self.rows = _llm_rows(spec, raw, model)
+            return
         if raw[:2] == b"PK":  # npz (a zip); pickled object arrays are refused
             check_npz(path)
             with np.load(path, allow_pickle=False) as z:
@@ -205,6 +248,9 @@ class Dataset:
             self.y = self.y.astype(np.int64 if self.y.dtype.kind in "iu" else np.float32)
 
     def sample(self, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.rows is not None:
+            idx = rng.integers(0, len(self.rows), size)
+            return self.rows.inputs[idx], self.rows.targets[idx]
         if self.tokens is not None:
             starts = rng.integers(0, len(self.tokens) - self.context - 1, size)
             x = np.stack([self.tokens[s : s + self.context] for s in starts])
@@ -212,6 +258,34 @@ class Dataset:
             return x, y
         idx = rng.integers(0, len(self.x), size)
         return self.x[idx], self.y[idx]
+
+
+DEFAULT_SEQ_LEN = 512
+"""data.seq_len when the spec gives none (or the model's context, if shorter)."""
+
+
+def _llm_rows(spec: dict[str, Any], raw: bytes, model: Any) -> Any:
+    """Rows of token ids and labels from text / JSONL / chat data, with the base's tokenizer."""
+    from burn_remote import text_data
+    from burn_remote.tokenizer import Tokenizer
+
+    data = spec["data"]
+    seq_len = data["seq_len"] or min(DEFAULT_SEQ_LEN, model.config.context)
+    if seq_len > model.config.context:
+        raise ValueError(
+            f"data.seq_len: {seq_len} exceeds the model's max_position_embeddings "
+            f"({model.config.context})"
+        )
+    try:
+        tok = Tokenizer.from_pretrained(model.base_dir)
+    except FileNotFoundError as exc:
+        raise ValueError(f"model.base: {exc}") from None
+    tok.check_vocab(model.config.vocab, "model.base")
+    fmt, examples = text_data.read_records(raw, data["format"], "data.path")
+    tokenized = text_data.tokenize(tok, fmt, examples, "data.path")
+    pad = tok.token_id("pad_token")
+    pad = pad if pad is not None else (tok.eos_token_id or 0)
+    return text_data.make_rows(tokenized, seq_len, data["packing"], pad)
 
 
 def _text_tokens(raw: bytes, alphabet: str | None) -> np.ndarray:
@@ -233,7 +307,7 @@ def loss_on(model: nn.Module, x: Any, y: Any) -> Any:
     """The training loss of a batch already on the device (a compiled step takes tensors)."""
     from burn_remote import functional as F
 
-    if isinstance(model, nn.GPT):
+    if isinstance(model, nn.GPT | nn.LlamaForCausalLM):
         return model.loss(x, y)
     out = model(x)
     if y.dtype == "int64":
@@ -244,6 +318,7 @@ def loss_on(model: nn.Module, x: Any, y: Any) -> Any:
 __all__ = [
     "Dataset",
     "attach_adapter",
+    "base_directory",
     "build_model",
     "lora_config",
     "loss_of",

@@ -380,7 +380,10 @@ class JobService:
                 path = Path(rest).resolve()
                 if not any(path.is_relative_to(d) for d in self.job_paths):
                     raise SpecError(f"{key}: {rest} is not under a --job-path directory")
-                if not path.is_file():
+                if key == "model.base":  # a save_pretrained directory
+                    if not path.is_dir():
+                        raise SpecError(f"{key}: {rest} is not a directory")
+                elif not path.is_file():
                     raise SpecError(f"{key}: {rest} is not a file")
                 return path
             try:

@@ -147,6 +147,8 @@ def ref(v: Any, path: str) -> str:
     return v
 
 
+MAX_GRAD_ACCUM = 1024
+"""Most micro-batches one optimizer step accumulates (each is recorded into the step)."""
 MAX_JOB_DEVICES = 64
 """Most servers one data-parallel job may name (each is a session and a ring link)."""
 
@@ -311,9 +313,40 @@ GPT_CONFIG = table(
     }
 )
 
+BASE_FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_BASE_FILES = 64
+"""Files of one uploaded base directory (config, tokenizer, up to ~60 weight shards)."""
+
+
+def base_files(v: Any, path: str) -> dict[str, str]:
+    """An uploaded model directory: {file name = "sha256:<hex>"} (the client fills it in
+    from a local `model.base` directory)."""
+    if type(v) is not dict or not 0 < len(v) <= MAX_BASE_FILES:
+        raise _fail(path, f"a table of 1..{MAX_BASE_FILES} files", v)
+    for name, value in v.items():
+        if type(name) is not str or not BASE_FILE_RE.match(name):
+            raise _fail(f"{path}.{name}", "a plain file name", name)
+        if type(value) is not str or not value.startswith("sha256:"):
+            raise _fail(f"{path}.{name}", 'an uploaded file ("sha256:<hex>")', value)
+        ref(value, f"{path}.{name}")
+    return dict(v)
+
+
+def server_dir(v: Any, path: str) -> str:
+    if type(v) is not str or not v.startswith("server:") or len(v) <= len("server:"):
+        raise _fail(
+            path, 'a model directory on the server ("server:<dir>"; a local one is uploaded)', v
+        )
+    return v
+
+
 MODEL = table(
     {
-        "arch": (one_of("gpt", "sequential"), "gpt"),
+        "arch": (one_of("gpt", "sequential", "llm"), "gpt"),
+        "base": (opt(server_dir), None),
+        "base_files": (opt(base_files), None),
+        "dtype": (opt(one_of("float32", "bfloat16", "float16")), None),
+        "gradient_checkpointing": (boolean, False),
         "weights": (opt(ref), None),
         "hf_config": (opt(ref), None),
         "name_or_path": (opt(string), None),
@@ -331,7 +364,11 @@ DATA = table(
         "path": (ref, _REQUIRED),
         "alphabet": (opt(string), None),
         "validation_split": (fraction, 0.0),
-    }
+        "format": (one_of("auto", "text", "jsonl", "chat"), "auto"),
+        "seq_len": (opt(upto(BOUNDS["context"])), None),
+        "packing": (boolean, True),
+    },
+    aliases={"max_seq_length": "seq_len", "max_length": "seq_len"},
 )
 
 LORA = table(
@@ -339,7 +376,7 @@ LORA = table(
         "r": (upto(BOUNDS["r"]), 8),
         "alpha": (pos_number, 16.0),
         "dropout": (fraction, 0.0),
-        "target_modules": (str_or_list, lambda: ["c_attn", "c_proj", "c_fc"]),
+        "target_modules": (opt(str_or_list), None),  # default per arch (_cross_check)
         "use_rslora": (boolean, False),
         "quantize": (opt(one_of("nf4")), None),
         "task_type": (opt(string), None),
@@ -396,6 +433,7 @@ _TRAINING = {
     "schedule": (SCHEDULE, lambda: SCHEDULE({}, "schedule")),
     "devices": (opt(list_of(target, 1, MAX_JOB_DEVICES)), None),
     "require_all_devices": (boolean, False),
+    "grad_accum": (upto(MAX_GRAD_ACCUM), 1),
 }
 TRAINING_ALIASES = {
     "max_steps": "steps",
@@ -403,6 +441,7 @@ TRAINING_ALIASES = {
     "per_device_train_batch_size": "batch_size",
     "save_steps": "checkpoint_every",
     "max_grad_norm": "clip",
+    "gradient_accumulation_steps": "grad_accum",
 }
 """Top-level spellings of Hugging Face's TrainingArguments, taken as the spec's own keys."""
 
@@ -418,7 +457,8 @@ TrainingArguments): taken as that field, unless the table gives it too."""
 
 SCHEMAS: dict[str, Check] = {
     "lora_finetune": table(
-        {**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora"))}, aliases=TRAINING_ALIASES
+        {**_TRAINING, "lora": (LORA, lambda: LORA({}, "lora")), "merge": (boolean, False)},
+        aliases={**TRAINING_ALIASES, "save_merged": "merge"},
     ),
     "train": table(_TRAINING, aliases=TRAINING_ALIASES),
     "onnx_export": table(
@@ -488,14 +528,55 @@ def _move_top_level(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+DEFAULT_TARGETS = {"gpt": ["c_attn", "c_proj", "c_fc"], "llm": ["q_proj", "v_proj"]}
+"""lora.target_modules when the spec gives none: GPT-2's projections, or PEFT's default for
+Llama-family models."""
+_LLM_ONLY = (("model", "dtype"), ("model", "gradient_checkpointing"), ("data", "seq_len"))
+
+
+def _check_llm(spec: dict[str, Any]) -> None:
+    """A Llama-family base (model.base or model.base_files) and the keys only it takes."""
+    model, data = spec["model"], spec.get("data") or {}
+    if model["base"] and model["base_files"]:
+        raise SpecError("model.base_files: give model.base or model.base_files, not both")
+    has_base = bool(model["base"] or model["base_files"])
+    if model["arch"] == "llm" and not has_base:
+        raise SpecError('model.base: required when model.arch is "llm" (a model directory)')
+    if has_base:
+        for key in ("weights", "hf_config", "layers", "config", "n_head"):
+            if model[key]:
+                raise SpecError(f"model.{key}: not with model.base (the directory holds it)")
+        model["arch"] = "llm"
+        if spec.get("devices"):
+            raise SpecError("devices: a job on a model.base runs on this server's device only")
+    else:
+        for section, key in _LLM_ONLY:
+            table = spec.get(section) or {}
+            if table.get(key) not in (None, False):
+                raise SpecError(f"{section}.{key}: only for a model.base (a Llama-family dir)")
+        if data.get("format") == "chat":
+            raise SpecError('data.format: "chat" needs a model.base with a chat template')
+    if spec.get("merge") and not has_base:
+        raise SpecError("merge: only for a model.base (a Llama-family dir)")
+    if "lora" in spec and spec["lora"]["target_modules"] is None:
+        spec["lora"]["target_modules"] = list(DEFAULT_TARGETS.get(model["arch"], ["c_attn"]))
+    if spec.get("grad_accum", 1) > 1 and spec.get("devices"):
+        raise SpecError("grad_accum: not with devices (a data-parallel step is one batch)")
+
+
 def _cross_check(spec: dict[str, Any]) -> None:
     """Rules that span keys."""
     model = spec["model"]
+    _check_llm(spec)
     if model["arch"] == "sequential" and not model["layers"]:
         raise SpecError('model.layers: required when model.arch is "sequential"')
     if model["arch"] == "gpt" and model["layers"]:
         raise SpecError('model.layers: only for model.arch "sequential"')
-    if spec["kind"] in ("lora_finetune", "onnx_export") and model["weights"] is None:
+    if (
+        spec["kind"] in ("lora_finetune", "onnx_export")
+        and model["weights"] is None
+        and (model["arch"] != "llm")
+    ):
         raise SpecError(f"model.weights: required key is missing (a {spec['kind']} job)")
     if model["hf_config"] and (model["arch"] != "gpt" or not model["weights"]):
         raise SpecError('model.hf_config: a GPT-2 config.json, with model.weights (arch "gpt")')
@@ -541,6 +622,11 @@ def refs(spec: dict[str, Any]) -> list[tuple[str, str]]:
             value = spec.get(section, {}).get(key)
             if value:
                 out.append((f"{section}.{key}", value))
+    model = spec.get("model", {})
+    if model.get("base"):
+        out.append(("model.base", model["base"]))
+    for name, value in (model.get("base_files") or {}).items():
+        out.append((f"model.base_files.{name}", value))
     return out
 
 
