@@ -11,11 +11,11 @@ import re
 import burn_remote as br
 import numpy as np
 import pytest
-import replay_memory
 from burn_remote import functional as F
 from burn_remote import nn, optim
-from capture_models import MODELS, gpt_lora, train
 from conftest import _UNAVAILABLE
+from support import replay_memory
+from support.capture_models import MODELS, gpt_lora, train
 
 DEV = br.Device.cpu()
 

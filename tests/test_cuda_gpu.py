@@ -141,7 +141,7 @@ def test_linalg_and_signal_on_cuda_match_the_cpu(gpu, rng):
 def test_a_host_fallback_reads_what_the_plan_wrote(gpu, rng):
     """An extension op with only a NumPy kernel runs as a host copy in the middle of a plan:
     the copy must wait for the matmuls queued before it on the plan's stream."""
-    from extdemo_ops import scale_shift
+    from support.extdemo_ops import scale_shift
 
     x = (rng.standard_normal((1024, 1024)) / 32).astype(np.float32)
     out = {}

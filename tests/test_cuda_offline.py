@@ -1,5 +1,5 @@
 """CUDA checks that need no GPU: every kernel the CUDA backend can generate compiles with
-NVRTC for sm_80 and sm_90 (tests/cuda_nvrtc.py), including the fused programs of real
+NVRTC for sm_80 and sm_90 (tests/support/cuda_nvrtc.py), including the fused programs of real
 training graphs, and the check fails on a broken kernel.
 
 CI installs the pinned CuPy and NVRTC wheels (``make test``); there these tests must run,
@@ -19,7 +19,7 @@ CI = os.environ.get("CI") == "true"
 if os.environ.get("CI") != "true":  # in CI (`make test` installs CuPy) these must run
     pytest.importorskip("cupy", reason="CuPy is not installed (make test installs it)")
 
-import cuda_nvrtc  # noqa: E402
+from support import cuda_nvrtc  # noqa: E402
 
 WHY = cuda_nvrtc.cuda_headers_found()
 pytestmark = pytest.mark.skipif(WHY is not None and not CI, reason=f"NVRTC: {WHY}")
@@ -47,7 +47,7 @@ def _record_real_graphs(sim) -> list:
     program the backend generated for them."""
     from burn_remote import Device, nn, optim
     from burn_remote import functional as F
-    from cuda_sim import SimCupyBackend, sim_device
+    from support.cuda_sim import SimCupyBackend, sim_device
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
     import gpu as bench_gpu
@@ -96,7 +96,7 @@ def _record_real_graphs(sim) -> list:
 
 @pytest.mark.slow
 def test_fused_programs_of_real_training_graphs_compile(monkeypatch):
-    from cuda_sim import simulated_cuda
+    from support.cuda_sim import simulated_cuda
 
     monkeypatch.delenv("BURN_REMOTE_FUSION", raising=False)
     with simulated_cuda() as sim:

@@ -1,4 +1,4 @@
-"""The CUDA backend's own code on a simulated GPU (tests/cuda_sim.py): CuPy signatures,
+"""The CUDA backend's own code on a simulated GPU (tests/support/cuda_sim.py): CuPy signatures,
 allocations through the adaptive pool, streams and syncs, checked without a device.
 
 Each defect this guards against has a twin in test_cuda_gpu.py that runs on a real GPU.
@@ -17,7 +17,7 @@ if os.environ.get("CI") != "true":  # in CI (`make test` installs CuPy) these mu
 
 from burn_remote import Device, nn, optim  # noqa: E402
 from burn_remote import functional as F  # noqa: E402
-from cuda_sim import NotOnCupy, SimCupyBackend, sim_device, simulated_cuda  # noqa: E402
+from support.cuda_sim import NotOnCupy, SimCupyBackend, sim_device, simulated_cuda  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import digits  # noqa: E402
@@ -126,7 +126,7 @@ def test_every_constant_upload_and_read_is_on_the_plans_stream(sim, gpu):
         fallback(backend.from_numpy(np.ones(3, np.float32)))
     assert {s for _, s, _ in sim.log} == {stream}
     # end to end: an extension op with only a NumPy kernel inside a plan
-    from extdemo_ops import scale_shift
+    from support.extdemo_ops import scale_shift
 
     extensions.install(base)
     assert getattr(base.kernels[scale_shift.wire], "host_fallback", False)

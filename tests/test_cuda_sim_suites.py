@@ -2,7 +2,7 @@
 tests on the simulated GPU.
 
 Every test of those files that takes the `device` fixture runs here once more, with each of
-its parameter sets, on the real CUDA backend over tests/cuda_sim.py: the NumPy-shaped
+its parameter sets, on the real CUDA backend over tests/support/cuda_sim.py: the NumPy-shaped
 kernels then make their array-module calls as they would on CuPy, and each call is checked
 against CuPy's own signature (a keyword CuPy lacks, a ufunc method it lacks or a dtype
 `scatter_add` refuses fails the case). The results are checked by the suites' own oracles.
@@ -84,7 +84,7 @@ def test_the_suites_are_collected():
 @pytest.mark.parametrize("fn,kwargs", CASES)
 def test_suite_case_on_simulated_cuda(fn, kwargs, monkeypatch):
     from conftest import assert_close
-    from cuda_sim import SimCupyBackend, sim_device, simulated_cuda
+    from support.cuda_sim import SimCupyBackend, sim_device, simulated_cuda
 
     monkeypatch.delenv("BURN_REMOTE_POOL", raising=False)
     with simulated_cuda() as sim:
@@ -128,7 +128,7 @@ def test_gpu_test_on_simulated_cuda(fn, kwargs, monkeypatch):
     """`Device.cuda(0)` is the simulated device for the duration."""
     from burn_remote import Device
     from burn_remote.engine import backend as backend_mod
-    from cuda_sim import SimCupyBackend, sim_device, simulated_cuda
+    from support.cuda_sim import SimCupyBackend, sim_device, simulated_cuda
 
     monkeypatch.delenv("BURN_REMOTE_POOL", raising=False)
     with simulated_cuda() as sim:
@@ -148,7 +148,7 @@ def test_gpu_test_on_simulated_cuda(fn, kwargs, monkeypatch):
 def test_every_kernel_the_suites_generated_compiles_with_nvrtc():
     """The programs (fused chains included) that the cases above made the CUDA backend
     generate, compiled for sm_80 and sm_90 (runs after them: pytest keeps file order)."""
-    import cuda_nvrtc
+    from support import cuda_nvrtc
 
     if not RECORDED:
         pytest.skip("no simulated suite case ran in this session (deselected)")

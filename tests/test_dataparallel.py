@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from burn_remote import DataParallel, Device, ReplicaDivergence, ShardError, collective, nn, optim
 from burn_remote import functional as F
-from dp_models import (
+from support.dp_models import (
     MODELS,
     assert_state_close,
     gpt_lora,

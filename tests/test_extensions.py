@@ -10,8 +10,8 @@ from burn_remote.fused import linear_bias_relu
 from burn_remote.protocol import extensions as ext
 from burn_remote.protocol.graph import Graph, GraphNode, decode, validate
 from conftest import _UNAVAILABLE
-from extdemo_ops import scale_shift, snap, testext
-from gradcheck import check_grad
+from support.extdemo_ops import scale_shift, snap, testext
+from support.gradcheck import check_grad
 
 
 @pytest.fixture

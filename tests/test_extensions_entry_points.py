@@ -1,6 +1,6 @@
 """Extensions found through the `burn_remote.extensions` entry-point group, as a server does.
 
-A throwaway dist-info in a temp directory announces `testext` (tests/extdemo_ops.py). A
+A throwaway dist-info in a temp directory announces `testext` (tests/support/extdemo_ops.py). A
 separate Python process stands in for the server: it loads entry points, checks a graph the
 client recorded against what it has, validates and runs it. Without the dist-info on its
 path the same process refuses the graph, naming the extension.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from burn_remote import Device
 from burn_remote.protocol import extensions as ext
-from extdemo_ops import scale_shift
+from support.extdemo_ops import scale_shift
 
 TESTS = pathlib.Path(__file__).resolve().parent
 
@@ -57,7 +57,7 @@ def _write_dist_info(root: pathlib.Path) -> None:
         "Metadata-Version: 2.1\nName: burn-remote-testext\nVersion: 0.1\n"
     )
     (info / "entry_points.txt").write_text(
-        "[burn_remote.extensions]\ntestext = extdemo_ops:testext\n"
+        "[burn_remote.extensions]\ntestext = support.extdemo_ops:testext\n"
     )
 
 

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fresh_venv import ROOT, fresh_venv, venv_bytes
+from support.fresh_venv import ROOT, fresh_venv, venv_bytes
 
 DEMO_VENV_LIMIT = 400 * 2**20
 

@@ -7,7 +7,7 @@ import pytest
 import scipy.linalg
 from burn_remote import Device, RecordError
 from burn_remote import linalg as la
-from gradcheck import check_grad
+from support.gradcheck import check_grad
 
 RNG = np.random.default_rng(7)
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 from burn_remote import DataParallel, Device, collective
-from dp_models import assert_state_close, mlp, train_one
+from support.dp_models import assert_state_close, mlp, train_one
 
 TIMEOUT = 0.5
 """The groups' timeout here: the busy phases below last three times longer."""

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 from burn_remote import Device, lora, nn, optim
-from cycle_training import cycle_steps
+from support.cycle_training import cycle_steps
 
 DEV = Device.cpu()
 CFG = nn.GPTConfig(n_layer=2, n_head=4, d_model=64, vocab=40, context=16)

@@ -7,7 +7,7 @@ import pytest
 import scipy.signal
 from burn_remote import Device, RecordError
 from burn_remote import signal as sg
-from gradcheck import check_grad
+from support.gradcheck import check_grad
 
 RNG = np.random.default_rng(11)
 

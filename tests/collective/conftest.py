@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from burn_remote.server.testing import Daemon
-from server_group import spawn_known
+from support.server_group import spawn_known
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from burn_remote import RemoteDevice
 from burn_remote import collective as C
-from server_group import bounded
+from support.server_group import bounded
 
 pytestmark = pytest.mark.slow
 
@@ -246,7 +246,7 @@ def test_a_cut_tcp_data_link_fails_every_rank_naming_the_cut_pair(servers):
     closes, nothing gets through) while every QUIC link still beats: the two ends name each
     other from the data links' progress within seconds, the third rank names one of them,
     nobody hangs, and a group of s1 + s2 works."""
-    from tcp_proxy import TcpCutProxy
+    from support.tcp_proxy import TcpCutProxy
 
     proxy = TcpCutProxy()
     try:

@@ -33,7 +33,7 @@ def diff(a: dict, b: dict) -> float:
 
 def main() -> None:
     from burn_remote import DataParallel, RemoteDevice, collective
-    from dp_models import MODELS, mlp, train_one, train_parallel
+    from support.dp_models import MODELS, mlp, train_one, train_parallel
 
     devices = [RemoteDevice(t) for t in sys.argv[1:4]]
     out: dict = {"equal": {}}

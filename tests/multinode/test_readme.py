@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fresh_venv import fresh_venv
-from readme_steps import Command, blocks, commands
+from support.fresh_venv import fresh_venv
+from support.readme_steps import Command, blocks, commands
 
 from .conftest import _ip, netns_refusal
 

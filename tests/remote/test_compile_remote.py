@@ -9,10 +9,10 @@ import threading
 import burn_remote as br
 import numpy as np
 import pytest
-import replay_memory
 from burn_remote import RemoteDevice
 from burn_remote._remote import MAX_STEPS_AHEAD, STEPS_PER_PACKET
-from capture_models import MODELS, train
+from support import replay_memory
+from support.capture_models import MODELS, train
 
 
 @pytest.mark.slow

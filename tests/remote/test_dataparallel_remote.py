@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from burn_remote import DataParallel, RemoteDevice, collective
 from burn_remote.server.testing import Daemon
-from dp_models import MODELS, assert_state_close, gpt2_small, mlp, train_one, train_parallel
-from server_group import bounded, spawn_known
+from support.dp_models import MODELS, assert_state_close, gpt2_small, mlp, train_one, train_parallel
+from support.server_group import bounded, spawn_known
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,6 +1,6 @@
 """Extensions remotely: a server runs only what its entry points installed; clients send no code.
 
-`testext` (tests/extdemo_ops.py) is announced by a throwaway dist-info on the server's
+`testext` (tests/support/extdemo_ops.py) is announced by a throwaway dist-info on the server's
 PYTHONPATH. A server started with it runs the client's graph; one started without it refuses
 the graph with an error naming the extension, and its session goes on.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from burn_remote import Device, OpFailed, RemoteDevice
-from extdemo_ops import scale_shift
+from support.extdemo_ops import scale_shift
 
 from .conftest import start_server, stop_server
 
@@ -27,7 +27,7 @@ def _site_with_testext(root: Path) -> Path:
         "Metadata-Version: 2.1\nName: burn-remote-testext\nVersion: 0.1\n"
     )
     (info / "entry_points.txt").write_text(
-        "[burn_remote.extensions]\ntestext = extdemo_ops:testext\n"
+        "[burn_remote.extensions]\ntestext = support.extdemo_ops:testext\n"
     )
     return root
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from burn_remote import Device, RemoteDevice, lora, nn
-from cycle_training import cycle_steps
+from support.cycle_training import cycle_steps
 
 CFG = nn.GPTConfig(n_layer=2, n_head=4, d_model=64, vocab=40, context=16)
 

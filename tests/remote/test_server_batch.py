@@ -19,7 +19,7 @@ from burn_remote.server._loopback import loopback_device
 from burn_remote.server._replies import Place
 from burn_remote.server._session import Session
 from burn_remote.server._state import LimitExceeded, Limits, ServerState
-from capture_models import mlp
+from support.capture_models import mlp
 
 STEPS_PER_READ = 6
 

@@ -37,7 +37,7 @@ ARCHS = ("80", "90")
 BATCH = 160
 """Kernels per translation unit."""
 
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "nvrtc"
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "nvrtc"
 
 # CuPy's argument kinds (cupy/_core/_kernel.pxd)
 _NDARRAY, _INDEXER = 1, 2
@@ -84,7 +84,7 @@ def table_programs() -> Iterator[Source]:
 
 
 def recorded_programs(programs: Iterable[FusedProgram]) -> Iterator[Source]:
-    """Fused programs recorded from real graphs (tests/cuda_sim.py records them)."""
+    """Fused programs recorded from real graphs (tests/support/cuda_sim.py records them)."""
     seen = set()
     for program in programs:
         key = (program.inputs, program.instructions)

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 from burn_remote import functional as F
 from burn_remote import lora, nn, optim
-from capture_models import _digits
+
+from support.capture_models import _digits
 
 GPT_CFG = nn.GPTConfig(n_layer=2, n_head=2, d_model=32, vocab=40, context=16, dropout=0.0)
 

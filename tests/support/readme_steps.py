@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
 HOST = re.compile(r"^# on (?:the )?([\w-]+)")
 PRINTS = re.compile(r"#\s*prints (\w+)\s*$")
