@@ -8,7 +8,9 @@ client-chosen, increasing). Bulk tensor bytes travel on their own streams as two
 one-message control-style frame (``Bulk``) then the raw bytes in chunks of at most
 BULK_CHUNK, acknowledged by the receiver (``BulkAck``) so a transfer cut by a lost link
 continues where it stopped (see ``protocol/bulk.py``). ``protocol/README.md`` is the prose
-version of this file.
+version of this file. The message classes are declared by concern (``messages_session``,
+``messages_bulk``, ``messages_jobs``, ``messages_groups``) and gathered here, in MESSAGES,
+the one table; every name is importable from this module.
 
 Decoding is strict: every size is bounded by the constants below, every field is type-checked,
 and any deviation raises :class:`DecodeError` naming what was wrong (never another exception).
@@ -21,9 +23,84 @@ import operator
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import msgpack
+
+from .messages_base import WireMessage
+from .messages_bulk import (  # noqa: F401  (their names are this module's too)
+    BULK_ACK_EVERY,
+    BULK_CHUNK,
+    BULK_THRESHOLD,
+    BULK_WIRE,
+    Bulk,
+    BulkAck,
+)
+from .messages_groups import (  # noqa: F401  (their names are this module's too)
+    GROUP_MESSAGE,
+    GROUP_MESSAGES,
+    GROUP_WIRE,
+    LINK_BEAT,
+    LINK_TIMEOUT,
+    MAX_GROUP,
+    RING_CONNECT_TIMEOUT,
+    RING_HELLO,
+    RING_MAGIC,
+    RING_MAX_HEADER,
+    RING_PLANES,
+    RING_SHARED_ALIGN,
+    RING_SHARED_BYTES,
+    RING_SHARED_OFFSET,
+    RING_TAG,
+    GroupAbort,
+    GroupBeat,
+    GroupClose,
+    GroupLink,
+    GroupReady,
+    GroupSetup,
+    GroupStart,
+    NcclId,
+    RingHeader,
+    RingPlane,
+)
+from .messages_jobs import (  # noqa: F401  (their names are this module's too)
+    ARTIFACT_CHUNK,
+    JOB_MESSAGES,
+    JOB_PAGE,
+    JOB_WIRE,
+    MAX_SPEC,
+    ArtifactChunk,
+    ArtifactGet,
+    ArtifactPut,
+    JobCancel,
+    JobEvents,
+    JobInfo,
+    JobList,
+    JobStatus,
+    JobSubmit,
+    JobWatch,
+)
+from .messages_session import (  # noqa: F401  (their names are this module's too)
+    SESSION_WIRE,
+    Ack,
+    Data,
+    Drop,
+    Error,
+    ExecuteGraph,
+    Expose,
+    Fetch,
+    Hello,
+    MemoryStats,
+    Read,
+    RegisterGraph,
+    Resync,
+    ServerStatus,
+    StatusInfo,
+    Sync,
+    Token,
+    Upload,
+    Welcome,
+)
 
 PROTOCOL_VERSION = 4
 """Sent in Hello and Welcome, and in GroupLink between servers; a server refuses any other
@@ -59,15 +136,6 @@ refuses a shape whose extent passes its address space even when a dimension is 0
 ([2**40, 2**40, 0] holds nothing, yet cannot be made), so such a shape is refused when the
 message is decoded, by name, instead of failing later inside the engine."""
 U64_MAX = 2**64 - 1
-BULK_THRESHOLD = 256 * 1024
-"""Tensor bytes above this travel on a bulk stream instead of inline (both directions); a
-server whose frame limit is smaller announces a smaller threshold in Welcome.limits."""
-BULK_CHUNK = 1024 * 1024
-"""Largest raw-bytes frame on a bulk stream: a tensor moves as a sequence of these, each
-written into its destination buffer as it arrives."""
-BULK_ACK_EVERY = 2 * 1024 * 1024
-"""The receiver of a bulk transfer sends BulkAck at least this often (in bytes) and at the
-end; after a lost link the sender continues from the last acknowledged offset."""
 
 # --- error codes ---------------------------------------------------------------------------
 MALFORMED = 1
@@ -111,722 +179,18 @@ class DecodeError(ValueError):
     """A frame or message did not follow this protocol; the text names what was wrong."""
 
 
-# --- messages ------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """Client -> server, first message of the control stream."""
-
-    TAG: ClassVar[int] = 1
-    version: int
-    """The client's PROTOCOL_VERSION."""
-    resume_token: bytes
-    """Empty for a new session (resuming a detached session is reserved for later versions)."""
-    extensions: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Op extensions the client has loaded, name -> version (at most MAX_EXTENSIONS)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Welcome:
-    """Server -> client, answer to Hello."""
-
-    TAG: ClassVar[int] = 2
-    version: int
-    """The server's PROTOCOL_VERSION."""
-    session_id: int
-    """Server-chosen id of this session (for logs and MemoryStats)."""
-    resume_token: bytes
-    """Opaque token naming this session (reserved for resumption)."""
-    server_peer_id: str
-    """The server's peer id (already proven by TLS; repeated for logs)."""
-    limits: dict[str, int]
-    """The server's limits: max_frame, max_tensors, max_graphs, session_memory, bulk_threshold."""
-    extensions: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Op extensions installed on the server (entry points), name -> version: a graph using
-    any other is refused with BAD_GRAPH naming it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Upload:
-    """Store a tensor under a client-chosen id (replacing any tensor with that id). No reply."""
-
-    TAG: ClassVar[int] = 3
-    tensor_id: int
-    """Client-chosen u64 id of the new tensor."""
-    dtype: str
-    """Wire dtype name (protocol/dtypes.py)."""
-    shape: tuple[int, ...]
-    """Dimensions; the data holds prod(shape) elements."""
-    data: bytes
-    """C-order little-endian element bytes; empty when ``bulk_id`` is set."""
-    bulk_id: int
-    """0 for inline data; else the id of the Bulk transfer that carries the bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class RegisterGraph:
-    """Make a graph known under its digest; the server recomputes the digest. No reply
-    (Error naming ``request_id`` when it is refused)."""
-
-    TAG: ClassVar[int] = 4
-    request_id: int
-    """Client-chosen id that an Error about this registration names."""
-    digest: bytes
-    """sha256 (32 bytes) of the canonical graph encoding."""
-    graph: bytes
-    """The graph encoding (protocol/graph.py ``Graph.encode``); the server re-encodes it
-    canonically and registers it under the canonical digest."""
-
-
-@dataclass(frozen=True, slots=True)
-class ExecuteGraph:
-    """Run a registered graph under bindings. Replies only on failure (Error)."""
-
-    TAG: ClassVar[int] = 5
-    request_id: int
-    """Client-chosen id that an Error about this execution names."""
-    digest: bytes
-    """Digest of a graph registered earlier in this or any session."""
-    input_ids: tuple[int, ...]
-    """Tensor ids bound to the graph's inputs, in order."""
-    values: tuple[float | int | bool, ...]
-    """Scalars bound to the graph's value nodes, in order."""
-    output_ids: tuple[int, ...]
-    """Ids under which the graph's outputs are stored, in order."""
-    drops: tuple[int, ...]
-    """Tensor ids to forget after the graph ran (batched drops)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Read:
-    """Ask for a tensor's value; answered by Data (or Error)."""
-
-    TAG: ClassVar[int] = 6
-    request_id: int
-    """Client-chosen id the Data reply repeats."""
-    tensor_id: int
-    """The tensor to read."""
-
-
-@dataclass(frozen=True, slots=True)
-class Data:
-    """A tensor's value, answer to Read (or to Fetch between servers)."""
-
-    TAG: ClassVar[int] = 7
-    request_id: int
-    """The Read's request id (0 on a Fetch stream)."""
-    dtype: str
-    """Wire dtype name."""
-    shape: tuple[int, ...]
-    """Dimensions."""
-    data: bytes
-    """Element bytes; empty when ``bulk_id`` is set."""
-    bulk_id: int
-    """0 for inline data; else the bytes follow on a bulk stream with this id."""
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """Forget tensors. No reply."""
-
-    TAG: ClassVar[int] = 8
-    tensor_ids: tuple[int, ...]
-    """Ids to forget; unknown ids are ignored."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sync:
-    """Barrier: answered by Ack once every earlier message was processed."""
-
-    TAG: ClassVar[int] = 9
-    request_id: int
-    """Client-chosen id the Ack repeats."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """Answer to Sync."""
-
-    TAG: ClassVar[int] = 10
-    request_id: int
-    """The Sync's request id."""
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    """Something failed; the session goes on (except after VERSION)."""
-
-    TAG: ClassVar[int] = 11
-    code: int
-    """One of the error codes above."""
-    message: str
-    """Human-readable cause."""
-    node: int
-    """Index of the failing graph node, or -1 (a signed integer)."""
-    request_id: int
-    """The request this error answers or is about (ExecuteGraph, Read, ...), or 0."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryStats:
-    """Request (client -> server, counts 0) and reply (server -> client) in one message."""
-
-    TAG: ClassVar[int] = 12
-    request_id: int
-    """Client-chosen id; the reply repeats it."""
-    session_tensors: int
-    """Tensors this session holds."""
-    session_bytes: int
-    """Bytes this session's tensors occupy."""
-    server_tensors: int
-    """Tensors all sessions hold."""
-    server_bytes: int
-    """Bytes all sessions' tensors occupy."""
-    sessions: int
-    """Live sessions on the server."""
-    session_peak: int = 0
-    """Highest `session_bytes` this session has reached."""
-    server_peak: int = 0
-    """Highest `server_bytes` since the server started."""
-
-
-@dataclass(frozen=True, slots=True)
-class Resync:
-    """Client -> server after UNKNOWN_GRAPH: leave the stalled state; the client then resends
-    RegisterGraph and every message from the failed ExecuteGraph on. No reply."""
-
-    TAG: ClassVar[int] = 13
-
-
-@dataclass(frozen=True, slots=True)
-class Expose:
-    """Client -> source server: grant a one-time capability to fetch a tensor. Answered by
-    Token."""
-
-    TAG: ClassVar[int] = 14
-    request_id: int
-    """Client-chosen id the Token repeats."""
-    tensor_id: int
-    """The tensor to expose (its value at this point of the session)."""
-    peer_id: str
-    """The only peer (the destination server) that may use the token."""
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """Source server -> client: the capability granted by Expose."""
-
-    TAG: ClassVar[int] = 15
-    request_id: int
-    """The Expose's request id."""
-    token: bytes
-    """32 random bytes; valid once, only for the peer named in Expose."""
-
-
-@dataclass(frozen=True, slots=True)
-class Fetch:
-    """Two uses. Client -> destination server (control stream): store under ``tensor_id`` the
-    tensor that ``source_peer`` exposed under ``token``. Destination -> source server (first
-    and only request on a fresh connection's stream): send the tensor; answered by Data."""
-
-    TAG: ClassVar[int] = 16
-    tensor_id: int
-    """Id under which the destination stores the tensor (0 on the server-to-server leg)."""
-    source_peer: str
-    """Peer id of the source server."""
-    source_address: str
-    """Always "": a server resolves the source's address itself and answers FORBIDDEN to a
-    Fetch that names one (version 2 clients sent theirs here)."""
-    token: bytes
-    """The capability from Token."""
-
-
-@dataclass(frozen=True, slots=True)
-class Bulk:
-    """First frame of a bulk stream; raw-bytes frames of at most BULK_CHUNK follow, covering
-    ``offset`` up to ``size``. Answered on the same stream by BulkAck."""
-
-    TAG: ClassVar[int] = 17
-    bulk_id: int
-    """The id an Upload or Data named."""
-    size: int
-    """Length of the whole transfer in bytes."""
-    offset: int
-    """Where this stream's bytes start: 0, or (after a lost link) the last offset the
-    receiver acknowledged; never beyond it."""
-
-
-@dataclass(frozen=True, slots=True)
-class BulkAck:
-    """Receiver -> sender, on the bulk stream: bytes ``0..received`` are in the destination
-    buffer. Sent at least every BULK_ACK_EVERY bytes and once the transfer is whole."""
-
-    TAG: ClassVar[int] = 18
-    bulk_id: int
-    """The transfer."""
-    received: int
-    """Bytes of the transfer held by the receiver, counted from 0."""
-
-
-# --- device groups and collectives (tags 60..69) ------------------------------------------
-MAX_GROUP = 256
-"""Most ranks in one device group (the length of GroupSetup.peers)."""
-LINK_TIMEOUT = 3.0
-"""Seconds of silence after which a server declares a ring neighbour dead or cut off (and
-fails the group naming it): the bound on how long a dead rank goes unnoticed."""
-LINK_BEAT = LINK_TIMEOUT / 6
-"""Seconds between GroupBeat heartbeats on each group link."""
-GROUP_MESSAGE = r"group (?P<group>[0-9a-f]{16}): rank (?P<rank>-?\d+) \((?P<peer>[^)]*)\): "
-"""The start of an Error(GROUP) message (a regular expression): the group and the culprit."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSetup:
-    """Client -> server: this server is rank ``rank`` of group ``group_id``; answered by
-    GroupReady. Its ring neighbours may then link to it presenting ``capability``."""
-
-    TAG: ClassVar[int] = 60
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    group_id: int
-    """Client-chosen, random, non-zero; the ``group`` attribute of the group's ops."""
-    rank: int
-    """This server's rank; ``peers[rank]`` must be its own peer id."""
-    peers: tuple[str, ...]
-    """Peer id of every rank, in rank order (1..MAX_GROUP, no repeats)."""
-    capability: bytes
-    """32 random bytes, the same for every rank: a link presenting them is of this group."""
-    timeout_ms: int
-    """How long a rank waits at a collective for the others (late ranks fail the group)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupReady:
-    """Server -> client: answer to GroupSetup."""
-
-    TAG: ClassVar[int] = 61
-    request_id: int
-    """The GroupSetup's id."""
-    device: str
-    """The server's device (``cpu``, ``cuda:0``, ...): the client picks the engine from them."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupStart:
-    """Client -> server, once every rank answered GroupSetup: link to the ring neighbours;
-    answered by Ack once both links are up, or Error(GROUP) naming the rank that failed."""
-
-    TAG: ClassVar[int] = 62
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    group_id: int
-    """The group."""
-    engine: str
-    """``ring`` (the ring over the servers' links) or ``nccl`` (every rank on a GPU)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupClose:
-    """Client -> server: leave the group (its links close; ranks waiting fail). No reply."""
-
-    TAG: ClassVar[int] = 63
-    group_id: int
-    """The group."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupLink:
-    """Server -> server, first frame of the first stream of a link connection: rank ``rank``
-    links to its ring successor. The successor answers with a GroupLink of its own rank and
-    an empty capability, or with Error(CAPABILITY) and closes the connection."""
-
-    TAG: ClassVar[int] = 64
-    version: int
-    """The sender's PROTOCOL_VERSION (the first field in every version from 3 on, so that
-    servers of different versions name each other's instead of failing to decode)."""
-    group_id: int
-    """The group."""
-    rank: int
-    """The sender's rank."""
-    capability: bytes
-    """GroupSetup.capability (empty in the answer)."""
-    ring_address: str
-    """In the answer: where the successor takes this link's ring data over TCP
-    (``HOST:PORT``, or ``:PORT`` for the host this QUIC link reached it at); empty when it
-    has no TCP data plane (then the data goes on the link's second QUIC stream). Empty in
-    the dial."""
-    ring_key: bytes
-    """In the answer, with ``ring_address``: 32 fresh random bytes, the AES-256-GCM key of
-    this link's TCP data plane (it travels only inside this authenticated, encrypted QUIC
-    link). Empty otherwise."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupBeat:
-    """Server -> server on a link's first stream, both ways, every LINK_BEAT seconds: the
-    sender is alive (LINK_TIMEOUT of silence fails the group, naming the silent rank). On a
-    link whose ring data goes over TCP it also says how far the data got, so a TCP data link
-    that stops carrying bytes while both QUIC ends still beat is found (a cut TCP path)."""
-
-    TAG: ClassVar[int] = 65
-    group_id: int
-    """The group."""
-    data: int
-    """TCP data plane only (else 0): from the dialler, the ring-data bytes it has written to
-    the TCP link; from the successor, the bytes it has read from it."""
-    waiting: int
-    """From the successor, 1 while its receiver has waited on the TCP data link with nothing
-    arriving for over LINK_BEAT during an all-reduce; 0 otherwise."""
-
-
-@dataclass(frozen=True, slots=True)
-class GroupAbort:
-    """Server -> server on a link's first stream: the group failed because of rank ``rank``;
-    the receiver fails it the same way and forwards this on its other link."""
-
-    TAG: ClassVar[int] = 66
-    group_id: int
-    """The group."""
-    rank: int
-    """The culprit."""
-    reason: str
-    """Why (for people)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RingHeader:
-    """First frame of one all-reduce on a link's data stream (the second stream the dialling
-    rank opens; data flows from it to its successor); the pieces follow as raw-bytes frames
-    in the order of the ring schedule (``engine/collective/ring.py``)."""
-
-    TAG: ClassVar[int] = 67
-    seq: int
-    """The collective's number in the group (0, 1, ...): every rank's k-th call meet."""
-    dtype: str
-    """Wire dtype of the tensor."""
-    count: int
-    """Elements of the (flattened) tensor."""
-    op: str
-    """``sum`` or ``mean``."""
-
-
-@dataclass(frozen=True, slots=True)
-class NcclId:
-    """Server -> server on a link's first stream (engine ``nccl``): rank 0's NCCL unique id,
-    passed along the ring so that every rank creates the same communicator."""
-
-    TAG: ClassVar[int] = 68
-    group_id: int
-    """The group."""
-    unique_id: bytes
-    """``cupy.cuda.nccl.get_unique_id()`` as bytes (128)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RingPlane:
-    """Server -> server on a link's first stream, once, from the dialler after GroupLink:
-    where this link's ring data will go. The successor counts the link as up only then."""
-
-    TAG: ClassVar[int] = 69
-    group_id: int
-    """The group."""
-    plane: str
-    """``tcp`` (the TCP data plane the answer's ``ring_address`` named, authenticated with
-    its ``ring_key``) or ``quic`` (the link's second QUIC stream)."""
-    reason: str
-    """Why ``quic`` (the TCP attempt's error, or that the successor offered none); empty
-    for ``tcp``."""
-
-
-RING_PLANES = ("tcp", "quic")
-"""Where a group link's ring data can go (RingPlane.plane)."""
-RING_MAGIC = b"burnring"
-"""First 8 bytes the dialler sends on a TCP ring data link (section 12)."""
-RING_HELLO = b"ring data link"
-"""Plain text the first sealed records of a TCP ring data link carry, both ways."""
-RING_TAG = 16
-"""Bytes of AES-GCM tag after each sealed record of a TCP ring data link."""
-RING_MAX_HEADER = 4096
-"""Largest sealed RingHeader record a TCP ring data link accepts."""
-RING_CONNECT_TIMEOUT = 3.0
-"""Seconds the dialler gives a TCP ring data link to connect and authenticate before it
-falls back to the QUIC stream."""
-RING_SHARED_OFFSET = 4096
-"""Where the ring buffer starts in a shared-memory link's segment (mode 2, section 12);
-the segment's first 16 bytes are the dialler's nonce."""
-RING_SHARED_BYTES = 16 * 1024 * 1024
-"""Bytes of a shared-memory link's ring buffer (mode 2, section 12)."""
-RING_SHARED_ALIGN = 8
-"""On a shared-memory link a RingHeader record is followed by zero bytes up to a multiple of
-this in the link's byte stream, so every all-reduce's pieces start aligned in the buffer
-(the successor adds them to its input where they lie, section 12)."""
-
-GROUP_MESSAGES = (GroupSetup, GroupReady, GroupStart, GroupClose)
-"""The client's group messages (server-to-server ones: GroupLink, GroupBeat, GroupAbort,
-RingHeader, NcclId, RingPlane)."""
-
-
-# --- jobs (server/jobs; tags 40..49 are reserved for them) -----------------------------------
-JOB_PAGE = 100
-"""Most jobs one JobList reply holds (a job row with its spec is at most ~MAX_SPEC bytes of
-JSON, but specs are small in practice; the server also cuts a page at MAX_FRAME / 2 bytes)."""
-ARTIFACT_CHUNK = 1024 * 1024
-"""Largest ``data`` of one ArtifactPut or ArtifactChunk (artifacts move in chunks inline)."""
-MAX_SPEC = 1024 * 1024
-"""Largest JSON job spec a server accepts."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobSubmit:
-    """Queue a job; answered by JobInfo (the new job) or Error(JOB) naming the bad key."""
-
-    TAG: ClassVar[int] = 40
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    spec: bytes
-    """The job spec as UTF-8 JSON (a TOML spec is parsed by the client); at most MAX_SPEC."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobInfo:
-    """Server -> client: answer to JobSubmit, JobList, JobStatus and JobCancel."""
-
-    TAG: ClassVar[int] = 41
-    request_id: int
-    """The request's id."""
-    info: bytes
-    """UTF-8 JSON: one job (id, kind, state, step, total, outputs, error...) or, for JobList,
-    an array of them."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobList:
-    """One page of the server's jobs, oldest first; answered by JobInfo whose ``info`` is
-    ``{"jobs": [...], "next": ID or null}``: ask again with ``after = next`` for the next
-    page (null: that was the last). Pages keep every reply under the frame limit."""
-
-    TAG: ClassVar[int] = 42
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    after: int
-    """List jobs with ids above this (0: from the first)."""
-    limit: int
-    """Jobs wanted (0 or more than the server's page size: the page size, JOB_PAGE)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobStatus:
-    """One job's row; answered by JobInfo."""
-
-    TAG: ClassVar[int] = 43
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    job_id: int
-    """The job."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobCancel:
-    """Cancel a queued or running job (a running one stops at its next step and keeps its
-    last checkpoint); answered by JobInfo."""
-
-    TAG: ClassVar[int] = 44
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    job_id: int
-    """The job."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobWatch:
-    """Long poll: answered by JobEvents as soon as the job has events numbered above
-    ``after`` (or after a couple of seconds with none)."""
-
-    TAG: ClassVar[int] = 45
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    job_id: int
-    """The job."""
-    after: int
-    """The last event sequence number the client has seen (0: from the start)."""
-
-
-@dataclass(frozen=True, slots=True)
-class JobEvents:
-    """Server -> client: answer to JobWatch."""
-
-    TAG: ClassVar[int] = 46
-    request_id: int
-    """The JobWatch's id."""
-    job_id: int
-    """The job."""
-    events: bytes
-    """UTF-8 JSON array of events in order, each with ``seq``, ``state`` and, for progress,
-    ``step``, ``total``, ``loss``, ``steps_per_s``, ``eta_s``."""
-
-
-@dataclass(frozen=True, slots=True)
-class ArtifactPut:
-    """One chunk of an artifact upload, in order; every chunk is answered by Ack. The last
-    chunk (``offset + len(data) == total``) is checked against ``digest`` before it is
-    stored; a mismatch is refused with Error(JOB)."""
-
-    TAG: ClassVar[int] = 47
-    request_id: int
-    """Client-chosen id the Ack repeats."""
-    digest: bytes
-    """sha256 (32 bytes) of the whole artifact; names it on the server."""
-    offset: int
-    """Where this chunk starts; chunks arrive in order from 0."""
-    total: int
-    """Size of the whole artifact."""
-    data: bytes
-    """At most ARTIFACT_CHUNK bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class ArtifactGet:
-    """Read a chunk of a stored artifact (job input or output); answered by ArtifactChunk."""
-
-    TAG: ClassVar[int] = 48
-    request_id: int
-    """Client-chosen id the reply repeats."""
-    digest: bytes
-    """sha256 of the artifact."""
-    offset: int
-    """First byte wanted."""
-    length: int
-    """Bytes wanted (the server sends at most ARTIFACT_CHUNK)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ArtifactChunk:
-    """Server -> client: answer to ArtifactGet; the client checks the sha256 of the whole."""
-
-    TAG: ClassVar[int] = 49
-    request_id: int
-    """The ArtifactGet's id."""
-    digest: bytes
-    """sha256 the server holds the artifact under."""
-    offset: int
-    """Where ``data`` starts."""
-    total: int
-    """Size of the whole artifact."""
-    data: bytes
-    """The chunk."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServerStatus:
-    """Ask for the server's status (sessions, memory, plan cache, jobs, errors); answered by
-    StatusInfo, or Error(FORBIDDEN) unless the peer is an admin or the server itself."""
-
-    TAG: ClassVar[int] = 50
-    request_id: int
-    """Client-chosen id the reply repeats."""
-
-
-@dataclass(frozen=True, slots=True)
-class StatusInfo:
-    """Server -> client: answer to ServerStatus."""
-
-    TAG: ClassVar[int] = 51
-    request_id: int
-    """The request's id."""
-    info: bytes
-    """UTF-8 JSON object: ``peer_id``, ``device``, ``uptime_s``, ``sessions`` (one row each),
-    ``memory``, ``plan_cache``, ``jobs``, ``errors`` (see ``server/_status.py``)."""
-
-
-JOB_MESSAGES = (
-    JobSubmit,
-    JobInfo,
-    JobList,
-    JobStatus,
-    JobCancel,
-    JobWatch,
-    JobEvents,
-    ArtifactPut,
-    ArtifactGet,
-    ArtifactChunk,
-)
-"""The job and artifact messages (see server/jobs and protocol/README.md)."""
-
-
-Message = (
-    Hello
-    | Welcome
-    | Upload
-    | RegisterGraph
-    | ExecuteGraph
-    | Read
-    | Data
-    | Drop
-    | Sync
-    | Ack
-    | Error
-    | MemoryStats
-    | Resync
-    | Expose
-    | Token
-    | Fetch
-    | Bulk
-    | BulkAck
-    | JobSubmit
-    | JobInfo
-    | JobList
-    | JobStatus
-    | JobCancel
-    | JobWatch
-    | JobEvents
-    | ArtifactPut
-    | ArtifactGet
-    | ArtifactChunk
-    | ServerStatus
-    | StatusInfo
-    | GroupSetup
-    | GroupReady
-    | GroupStart
-    | GroupClose
-    | GroupLink
-    | GroupBeat
-    | GroupAbort
-    | RingHeader
-    | NcclId
-    | RingPlane
-)
-MESSAGES: dict[int, type] = {
-    c.TAG: c
-    for c in (
-        Hello,
-        Welcome,
-        Upload,
-        RegisterGraph,
-        ExecuteGraph,
-        Read,
-        Data,
-        Drop,
-        Sync,
-        Ack,
-        Error,
-        MemoryStats,
-        Resync,
-        Expose,
-        Token,
-        Fetch,
-        Bulk,
-        BulkAck,
-        *JOB_MESSAGES,
-        ServerStatus,
-        StatusInfo,
-        *GROUP_MESSAGES,
-        GroupLink,
-        GroupBeat,
-        GroupAbort,
-        RingHeader,
-        NcclId,
-        RingPlane,
-    )
+# --- the one table of messages ---------------------------------------------------------------
+Message = WireMessage
+"""Any message of this protocol: an instance of one of the classes in MESSAGES."""
+
+MESSAGES: dict[int, type[WireMessage]] = {
+    c.TAG: c for c in (*SESSION_WIRE, *BULK_WIRE, *JOB_WIRE, *GROUP_WIRE)
 }
+"""Tag -> message class: every message, declared once in the module of its concern
+(messages_session, messages_bulk, messages_jobs, messages_groups); the decoder's schemas,
+the encoder's field getters and protocol/README.md's table are all read from here."""
+if len(MESSAGES) != len(SESSION_WIRE) + len(BULK_WIRE) + len(JOB_WIRE) + len(GROUP_WIRE):
+    raise ImportError("two messages share a tag")  # a declaration mistake, caught at import
 
 CLIENT_REQUESTS: tuple[type, ...] = (
     Upload,

@@ -90,3 +90,14 @@ def test_lazy_names_are_listed_for_dir_and_unknown_names_raise():
         assert "no_such_name" in str(exc)
     else:
         raise AssertionError("an unknown attribute did not raise")
+
+
+def test_shared_test_helpers_live_in_tests_support():
+    """A module at the root of tests/ is a test file or conftest.py; helpers shared by
+    several tests (models, simulators, proxies, oracles) are tests/support/ modules."""
+    loose = sorted(
+        p.name
+        for p in (ROOT / "tests").glob("*.py")
+        if not p.name.startswith("test_") and p.name != "conftest.py"
+    )
+    assert not loose, f"move these to tests/support/: {loose}"
