@@ -105,12 +105,13 @@ def worker_torch(steps: int, threads: int) -> dict:
 def _timed(step, steps: int) -> dict:
     for _ in range(WARMUP):
         step()
-    times = []
+    times, cpu = [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
-    return {"times": times, "peak_rss_mib": peak_rss_mib()}
+        cpu.append(time.process_time() - c0)
+    return {"times": times, "cpu": cpu, "peak_rss_mib": peak_rss_mib()}
 
 
 def run_worker(side: str, steps: int, threads: int) -> dict:
@@ -129,24 +130,26 @@ def bench_gpt2(rounds: int, steps: int, threads: int) -> None:
     for r in range(rounds):
         for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
             results[side].append(run_worker(side, steps, threads))
-            print(f"  round {r + 1}/{rounds} {side}: {results[side][-1]['times']}  ({load()})",
-                  flush=True)  # fmt: skip
+            res = results[side][-1]
+            print(f"  round {r + 1}/{rounds} {side}: wall {[round(t, 3) for t in res['times']]} "
+                  f"CPU {[round(t, 3) for t in res['cpu']]}  ({load()})", flush=True)  # fmt: skip
     med = {s: statistics.median(t for res in rs for t in res["times"]) for s, rs in results.items()}
+    cpu = {s: statistics.median(t for res in rs for t in res["cpu"]) for s, rs in results.items()}
     rss = {s: statistics.median(res["peak_rss_mib"] for res in rs) for s, rs in results.items()}
     print(
         f"GPT-2-small AdamW step (batch {BATCH} x {TOKENS}, {threads} threads), medians of "
         f"{rounds} rounds x {steps} steps, each side in its own process:"
     )
-    print(
-        f"  PyTorch eager (transformers) : {med['torch']:7.3f} s/step  peak RSS {rss['torch']:7.0f} MiB"
-    )
-    print(
-        f"  Device.cpu()                 : {med['ours']:7.3f} s/step  peak RSS {rss['ours']:7.0f} MiB"
-    )
+    for label, side in (("PyTorch eager (transformers)", "torch"), ("Device.cpu()", "ours")):
+        print(
+            f"  {label:28} : {med[side]:7.3f} s/step (CPU {cpu[side]:6.3f} s)  "
+            f"peak RSS {rss[side]:6.0f} MiB"
+        )
     print(
         f"  ratio (ours / torch)         : time {med['ours'] / med['torch']:5.2f}x (target <= 0.90x)"
-        f"   peak RSS {rss['ours'] / rss['torch']:5.2f}x (target <= 1.00x)"
-    )  # fmt: skip
+        f"  CPU {cpu['ours'] / cpu['torch']:5.2f}x  peak RSS {rss['ours'] / rss['torch']:5.2f}x "
+        "(target <= 1.00x)"
+    )
 
 
 def bench_mlp(rounds: int, iters: int) -> None:

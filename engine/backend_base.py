@@ -10,7 +10,7 @@ or call `backend.optimize_plan(plan)` instead of probing with `getattr`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -64,10 +64,12 @@ class Backend:
     """True when work must run inside `activate` (a GPU's device and stream). False lets the
     executor skip the context manager on every run, which is most of a small run's cost."""
 
-    writes_in_place: ClassVar[bool] = False
-    """True when the executor may hand a kernel that declares ``writes_into`` the donated
-    inputs to write its results into (the CPU backend: an optimizer step updates parameters
-    and moments where they lie). False: kernels always make new arrays."""
+    writes_into: ClassVar[Mapping[str, tuple[int, ...]]] = {}
+    """Op name -> the input positions its kernel may write its results into, passed as
+    ``out=`` (one per output for a multi-output kernel, candidates for a one-output one). The
+    executor passes only inputs nothing else holds (a graph input only when its caller donated
+    it), so an optimizer step updates parameters and moments where they lie and an
+    elementwise op reuses a dying operand. Empty: kernels always make new arrays."""
 
     reports_memory: ClassVar[bool] = False
     """True when `memory_stats` reports the backend's own pools; otherwise callers keep

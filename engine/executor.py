@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +46,11 @@ class Step:
     release: tuple[int, ...]
     """Slots whose last use is this step: dropped right after it runs."""
     write_into: tuple[int, ...] = ()
-    """Per output, the input slot the kernel may write it into (``kernel.writes_into``):
-    graph inputs whose last use is this step. A run writes there only if the caller donated
-    that input and nothing else holds it (``_donated_out``); empty: never."""
+    """Input slots the kernel may write its results into (``Backend.writes_into``), passed
+    as ``out=``: one per output for a multi-output kernel (all or none), candidates for a
+    single output (the first that may be written). A run writes into a slot only if nothing
+    else holds its array and, for a graph input, the caller donated it (``_writable_out``);
+    empty: the kernel always makes new arrays."""
 
 
 @dataclass(slots=True)
@@ -182,23 +184,34 @@ def _compile(graph: Graph, backend: Backend) -> Plan:
     collective = plan.collective
     plan = backend.optimize_plan(plan)
     plan.collective = collective  # a rewritten plan still waits for its ranks
-    if backend.writes_in_place:
-        _mark_in_place(plan)
+    if backend.writes_into:
+        _mark_in_place(plan, backend.writes_into)
     return plan
 
 
-def _mark_in_place(plan: Plan) -> None:
-    """Set ``write_into`` of the steps whose kernel may write into its inputs: allowed for
-    graph inputs this step reads once and last (a run still checks donation, ``_donated_out``)."""
+def _mark_in_place(plan: Plan, writes_into: Mapping[str, tuple[int, ...]]) -> None:
+    """Set ``write_into`` of the steps whose kernel may write into its inputs: inputs this
+    step reads once and last, of the output's declared shape and dtype for a one-output step
+    (whose operands must all have that dtype: the kernel then computes exactly as before)."""
+    shapes = [tuple(shape) for shape, _ in plan.graph.inputs]
+    dts = [dt for _, dt in plan.graph.inputs]
+    for node in plan.graph.nodes:
+        shapes.extend(tuple(shape) for shape, _ in node.outputs)
+        dts.extend(dt for _, dt in node.outputs)
     for step in plan.steps:
-        into = getattr(step.kernel, "writes_into", None)
-        if into is None:
+        into = writes_into.get(step.op)
+        if into is None or any(k >= len(step.inputs) for k in into):
             continue
         slots = tuple(step.inputs[k] for k in into)
-        if all(
-            s < plan.n_inputs and s in step.release and step.inputs.count(s) == 1 for s in slots
-        ):
-            step.write_into = slots
+        dying = [s in step.release and step.inputs.count(s) == 1 for s in slots]
+        if len(step.outputs) > 1:  # each output into its own input, or none
+            if len(slots) == len(step.outputs) and all(dying):
+                step.write_into = slots
+            continue
+        out = step.outputs[0]
+        if any(dts[i] != dts[out] for i in step.inputs):
+            continue
+        step.write_into = tuple(s for s, d in zip(slots, dying) if d and shapes[s] == shapes[out])
 
 
 class Executor:
@@ -277,11 +290,15 @@ class Executor:
         if mem is not None:
             for i in donated:
                 mem.donate(i, slots[i])
-        donated_set = frozenset(donated) if mem is None else frozenset()
+        in_place = mem is None  # pooled memory places every result itself
+        donated_set = frozenset(donated)
+        n_inputs = plan.n_inputs
+        result: Any = None
         for step in plan.steps:
             try:
-                if step.write_into and donated_set:
-                    out = _donated_out(step, slots, donated_set)
+                if step.write_into and in_place:
+                    result = None  # the last result's array is in its slot: no extra reference
+                    out = _writable_out(step, slots, n_inputs, donated_set)
                     if out is not None:
                         result = step.kernel(
                             *[slots[i] for i in step.inputs], out=out, **step.attrs
@@ -310,38 +327,44 @@ class Executor:
         return [slots[s] for s in plan.outputs]
 
 
-def _refs_when_unshared() -> int:
-    """What ``sys.getrefcount`` says of an array held only by a run's ``inputs`` sequence and
-    its slot list (measured, not assumed: interpreters count the call's own reference
-    differently)."""
-    probe = object()
-    held = ([probe], [probe])
-    count = sys.getrefcount(probe)
-    del held
-    return count
+def _refs_of(held: list[Any], s: int) -> int:
+    """``sys.getrefcount`` of ``held[s]``, always asked through this one call, so the count
+    of an array held by one list alone is measured once (``_HELD_ONCE``) rather than assumed:
+    interpreters count a call's own references differently."""
+    return sys.getrefcount(held[s])
 
 
-_UNSHARED_REFS = _refs_when_unshared()
+_HELD_ONCE = _refs_of([np.empty(1)], 0)
 
 
-def _donated_out(step: Step, slots: list[Any], donated: frozenset[int]) -> tuple[Any, ...] | None:
-    """The arrays a step may write its outputs into: its donated inputs, if every one is
-    donated, owns its memory (no view of another array), is writeable, and is held by
-    nothing but the run (no view of it, no reader's reference: a caller that kept the array
-    a device handed out still sees its old values). None: the kernel makes new arrays."""
-    arrays = []
+def _writable_out(
+    step: Step, slots: list[Any], n_inputs: int, donated: frozenset[int]
+) -> tuple[Any, ...] | None:
+    """The arrays a step may write its outputs into (``Step.write_into``): an input array
+    that owns its memory (no view of another array), is writeable, and is held by nothing but
+    the run (no view of it, no reader's reference: a caller that kept an array a device
+    handed out still sees its old values), and is a graph input only if the caller donated
+    it. None: the kernel makes new arrays."""
+    if len(step.outputs) > 1:
+        if all(_unshared(slots, s, n_inputs, donated) for s in step.write_into):
+            return tuple(slots[s] for s in step.write_into)
+        return None
     for s in step.write_into:
-        a = slots[s]
-        if (
-            s not in donated
-            or type(a) is not np.ndarray
-            or a.base is not None
-            or not a.flags.writeable
-            or sys.getrefcount(a) > _UNSHARED_REFS
-        ):
-            return None
-        arrays.append(a)
-    return tuple(arrays)
+        if _unshared(slots, s, n_inputs, donated):
+            return (slots[s],)
+    return None
+
+
+def _unshared(slots: list[Any], s: int, n_inputs: int, donated: frozenset[int]) -> bool:
+    """Whether ``slots[s]`` may be overwritten: held by the slot list alone (and, for a graph
+    input, the caller's ``inputs`` sequence, which donated it)."""
+    a = slots[s]
+    if type(a) is not np.ndarray or a.base is not None or not a.flags.writeable:
+        return False
+    del a
+    if s < n_inputs:
+        return s in donated and _refs_of(slots, s) <= _HELD_ONCE + 1
+    return _refs_of(slots, s) <= _HELD_ONCE
 
 
 def _place(mem: Any, step: Step, slots: list[Any]) -> None:

@@ -23,7 +23,7 @@ def test_the_cpu_backend_is_a_backend_with_the_host_defaults():
     assert cpu.memory_stats() is None and cpu.session() is cpu
     plan = object()
     assert Backend.optimize_plan(cpu, plan) is plan  # the default; the CPU's own merges GEMMs
-    assert not Backend.writes_in_place and cpu.writes_in_place
+    assert not Backend.writes_into and cpu.writes_into["adam_update"] == (0, 2, 3)
     with cpu.activate():
         pass
     a = np.arange(3, dtype=np.float32)

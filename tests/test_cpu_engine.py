@@ -16,7 +16,9 @@ from burn_remote import functional as F
 from burn_remote.engine.backends import cpu_threads
 from burn_remote.engine.backends import numpy_optim_kernels as optim_kernels
 from burn_remote.engine.backends.numpy_backend import NumpyBackend
+from burn_remote.engine.backends.numpy_kernels import WRITES_INTO
 from burn_remote.engine.executor import Executor, compile_graph
+from burn_remote.protocol.graph import Graph, GraphNode
 
 HYPER = dict(beta1=0.9, beta2=0.999, eps=1e-8)
 
@@ -72,7 +74,7 @@ def test_adam_update_is_bit_equal_to_the_unchunked_update(
         assert np.array_equal(a, b), name
 
 
-def _mlp_run(writes_in_place: bool, steps: int = 4, hold: int | None = None):
+def _mlp_run(writes_in_place: bool, steps: int = 4, hold: int | None = None):  # noqa: C901
     """Train the digits-sized MLP a few steps; returns (weights, losses, the first weight's
     array ids per step, the held array and its copy)."""
     dev = Device.cpu()
@@ -85,8 +87,8 @@ def _mlp_run(writes_in_place: bool, steps: int = 4, hold: int | None = None):
     y = dev.tensor(rng.integers(0, 3, 6))
     store = dev._rec.runtime.store
     ids, losses, held = [], [], None
-    old = backend.writes_in_place
-    backend.writes_in_place = writes_in_place
+    if not writes_in_place:
+        backend.writes_into = {}  # this instance only: kernels make new arrays
     try:
         dev._rec.runtime.executor._plans.clear()  # compiled again under this setting
         for i in range(steps):
@@ -101,7 +103,7 @@ def _mlp_run(writes_in_place: bool, steps: int = 4, hold: int | None = None):
                 held = (w.numpy(), w.numpy().copy())
         return [p.numpy().copy() for p in model.parameters()], losses, ids, held
     finally:
-        backend.writes_in_place = old
+        backend.__dict__.pop("writes_into", None)
         dev._rec.runtime.executor._plans.clear()
 
 
@@ -154,7 +156,7 @@ def _gpt_step_graph(batch: int):
 class _PlainCpu(NumpyBackend):
     """The CPU backend as it ran before: no plan rewrite, no in-place writes."""
 
-    writes_in_place = False
+    writes_into = {}
 
     def optimize_plan(self, plan):
         return plan
@@ -177,6 +179,45 @@ def test_weight_gradients_as_one_gemm_agree_with_the_unrewritten_plan() -> None:
             assert float(np.linalg.norm((a - b).astype(np.float64))) <= 1e-6 * scale
         else:
             assert np.array_equal(a, b)
+
+
+class _InPlaceCpu(_PlainCpu):
+    """No plan rewrite, but in-place writes: the same operations in the same order."""
+
+    writes_into = WRITES_INTO
+
+
+def test_in_place_writes_keep_every_bit_of_a_gpt_training_step() -> None:
+    capture, inputs = _gpt_step_graph(batch=2)
+    plain = compile_graph(capture.graph, _PlainCpu())
+    in_place = compile_graph(capture.graph, _InPlaceCpu())
+    assert sum(bool(s.write_into) for s in in_place.steps) > 50
+    want = Executor(_PlainCpu()).run(plain, [a.copy() for a in inputs], capture.values)
+    donated = list(range(len(inputs)))  # every input given up: parameters and moments too
+    got = Executor(_InPlaceCpu()).run(in_place, [a.copy() for a in inputs], capture.values, donated)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_an_intermediate_a_live_view_still_reads_is_not_overwritten() -> None:
+    # y = x * x; z = reshape(y) is a graph output (a view of y); w = y + x, y's last use:
+    # writing w into y would change z
+    f32 = "float32"
+    graph = Graph(
+        inputs=(((2, 3), f32),),
+        nodes=(
+            GraphNode("mul", (0, 0), (), (((2, 3), f32),)),
+            GraphNode("reshape", (1,), (("shape", (3, 2)),), (((3, 2), f32),)),
+            GraphNode("add", (1, 0), (), (((2, 3), f32),)),
+        ),
+        outputs=(2, 3),
+    )
+    plan = compile_graph(graph, NumpyBackend())
+    assert [s.write_into for s in plan.steps if s.op == "add"] == [(1, 0)]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    z, w = Executor(NumpyBackend()).run(plan, [x.copy()], [])
+    np.testing.assert_array_equal(z, (x * x).reshape(3, 2))
+    np.testing.assert_array_equal(w, x * x + x)
 
 
 def test_a_batch_of_rows_times_a_matrix_is_one_gemm_with_numpys_result() -> None:

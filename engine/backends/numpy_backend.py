@@ -9,7 +9,7 @@ import numpy as np
 from ...protocol import dtypes
 from ..backend_base import Backend
 from .cpu_threads import threads
-from .numpy_kernels import KERNELS
+from .numpy_kernels import KERNELS, WRITES_INTO
 
 
 class NumpyBackend(Backend):
@@ -17,9 +17,7 @@ class NumpyBackend(Backend):
 
     name = "cpu"
     kernels = KERNELS
-    writes_in_place = True
-    """The executor may hand a kernel its donated inputs to write results into
-    (``kernel.writes_into``): an optimizer step updates parameters and moments where they lie."""
+    writes_into = WRITES_INTO
 
     def __init__(self) -> None:
         threads()  # BLAS and the engine's own pool: one thread count, set once (cpu_threads)

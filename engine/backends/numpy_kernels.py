@@ -117,6 +117,13 @@ for _name, _fn in _BINARY.items():
     KERNELS[_name] = _fn
 
 
+WRITES_INTO: dict[str, tuple[int, ...]] = {
+    **{name: (0, 1) for name in ("add", "sub", "mul", "maximum", "minimum")},  # ufuncs: out=
+    "adam_update": (0, 2, 3),  # p, m, v
+}
+"""The CPU backend's ``Backend.writes_into``: op -> inputs its kernel may write into (out=)."""
+
+
 def _like(x: np.ndarray, value: Any) -> np.ndarray:
     return np.asarray(value, dtype=x.dtype)
 

@@ -173,10 +173,6 @@ def _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decou
     return p2, m2, v2
 
 
-_adam_update.writes_into = (0, 2, 3)  # type: ignore[attr-defined]  # read by the executor
-"""Output k may be written into input ``writes_into[k]`` when the executor donates it."""
-
-
 def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
     lr = lr.astype(p.dtype)
     if weight_decay:
