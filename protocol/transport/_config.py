@@ -154,10 +154,6 @@ def quic_configuration(
     host name in a peer-to-peer network); each end proves its key above TLS instead, over a
     binding made of the secret aioquic writes to ``secrets`` (``_auth``).
     """
-    # Jumbo paths handshake at a small size (see PeerQuicConnection._use_datagram_size);
-    # Ethernet-sized ones keep theirs, so their congestion state never restarts.
-    if datagram_size > JUMBO_THRESHOLD:
-        datagram_size = DEFAULT_DATAGRAM_SIZE
     return QuicConfiguration(
         alpn_protocols=[ALPN] if is_client else [ALPN, *LEGACY_ALPNS],
         is_client=is_client,

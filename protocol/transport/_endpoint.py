@@ -32,12 +32,12 @@ from aioquic.quic.packet import (
 from ._addressing import Resolver
 from ._auth import PeerAuth
 from ._authorized import AuthorizedPeers
-from ._config import EndpointConfig, qh3_part, quic_configuration
+from ._config import EndpointConfig, qh3_part
 from ._connection import Connection, Handler, LegacyRefusal
 from ._engine import EndpointEngine, ReceiveLedger
 from ._errors import PeerRejected, TransportError
 from ._identity import Identity, PeerId
-from ._quic import PeerQuicConnection, client_connection
+from ._quic import aioquic_connection, client_connection
 
 log = logging.getLogger("burn_remote.transport")
 
@@ -547,16 +547,15 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
         return qh3_quic
 
     def aioquic_quic(identity, config, size, odcid, retry_cid, auth, ledger):
-        return PeerQuicConnection(
-            configuration=quic_configuration(
-                identity, is_client=False, config=config, datagram_size=size, secrets=auth.sink
-            ),
-            path_datagram_size=size,
+        return aioquic_connection(
+            identity,
+            config,
+            size,
+            auth.sink,
+            ledger,
+            is_client=False,
             original_destination_connection_id=odcid,
             retry_source_connection_id=retry_cid,
-            ledger=ledger,
-            max_streams=config.max_streams,
-            max_packets_in_flight=config.max_packets_in_flight,
         )
 
     return aioquic_quic

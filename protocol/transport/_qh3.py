@@ -39,12 +39,12 @@ from ._config import ALPN, EndpointConfig
 from ._engine import ReceiveLedger
 from ._errors import TransportError
 from ._identity import Identity
-from ._quic import ACK_DELAY, ACK_EVERY_BYTES
+from ._quic_fast import ACK_DELAY, ACK_EVERY_BYTES
 
 BULK_DATAGRAM = 1200
 """Bytes from which a received datagram is bulk data (a tensor read), not a reply: QUIC's
 smallest full datagram. Its ACK keeps qh3's own timing (within ~1 ms, at once on a gap), as
-``_quic.BULK_ACK_DELAY`` does for aioquic: held ``ACK_DELAY``, a sender whose window held
+``_quic_fast.BULK_ACK_DELAY`` does for aioquic: held ``ACK_DELAY``, a sender whose window held
 less than ``ACK_EVERY_BYTES`` waited 20 ms per window (slow start, after every loss). A fixed
 floor, not half our own datagram size as ``_quic`` judges "full": a qh3 server's datagrams
 may be far smaller than ours (``MAX_UDP_PAYLOAD``; ~1.2 KB after losses)."""

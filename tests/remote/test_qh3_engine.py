@@ -98,7 +98,7 @@ def test_an_idle_pacing_timer_waits_like_an_ack_and_paced_data_does_not() -> Non
     made the next request wait. With nothing queued, its pacing timer waits ``ACK_DELAY``
     like an ACK (the ACK rides on the next request); stream data, the handshake and
     ``ACK_EVERY_BYTES`` unacknowledged keep qh3's time."""
-    from burn_remote.protocol.transport._quic import ACK_DELAY, ACK_EVERY_BYTES
+    from burn_remote.protocol.transport._quic_fast import ACK_DELAY, ACK_EVERY_BYTES
 
     assert _policy(("pacing", 10.0004)).get_timer() == 10.0 + ACK_DELAY
     assert _policy(("ack_application", 10.001)).get_timer() == 10.0 + ACK_DELAY
@@ -115,7 +115,7 @@ def test_bulk_data_is_acknowledged_on_qh3s_time() -> None:
     congestion window was small (slow start, after a loss) sent its window and waited, and
     a 4 MiB read through 1 % loss at 1350-byte datagrams took ~8 s instead of ~1 s."""
     from burn_remote.protocol.transport._qh3 import BULK_DATAGRAM
-    from burn_remote.protocol.transport._quic import ACK_DELAY
+    from burn_remote.protocol.transport._quic_fast import ACK_DELAY
 
     assert (
         _policy(("ack_application", 10.001), got=BULK_DATAGRAM - 1).get_timer() == 10.0 + ACK_DELAY

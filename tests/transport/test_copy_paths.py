@@ -1,4 +1,4 @@
-"""The fewer-copies paths of ``_quic`` (a client's and a server's) against aioquic's own code as the oracle: the
+"""The fewer-copies paths of ``_quic_fast`` (a client's and a server's) against aioquic's own code as the oracle: the
 same protected packets (``_OneCopySend`` vs ``CryptoContext.encrypt_packet``), the same stream
 frames and sender state (``_take_frame`` vs ``QuicStreamSender.get_frame``), the same
 datagrams and packet records (``_OneCopyBuilder`` vs ``QuicPacketBuilder``). In memory, no
@@ -18,7 +18,7 @@ from aioquic.quic.packet_builder import (
 )
 from aioquic.quic.stream import QuicStreamSender
 from aioquic.tls import CipherSuite
-from burn_remote.protocol.transport._quic import _OneCopyBuilder, _OneCopySend, _take_frame
+from burn_remote.protocol.transport._quic_fast import _OneCopyBuilder, _OneCopySend, _take_frame
 
 VERSION = 0x00000001
 SUITES = [

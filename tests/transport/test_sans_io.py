@@ -1,4 +1,4 @@
-"""The sans-I/O connection in memory: two ``PeerQuicConnection`` objects, datagrams moved by
+"""The sans-I/O connection in memory: two ``AioquicConnection`` objects, datagrams moved by
 hand with a round cap (aioquic's own test style). No sockets, no event loop, fake time."""
 
 from __future__ import annotations
@@ -8,10 +8,15 @@ from aioquic.quic import events
 from burn_remote.protocol.transport import EndpointConfig, Identity
 from burn_remote.protocol.transport._auth import AuthFailure, PeerAuth, SecretSink
 from burn_remote.protocol.transport._config import quic_configuration
-from burn_remote.protocol.transport._quic import PeerQuicConnection
+from burn_remote.protocol.transport._quic import AioquicConnection
+from burn_remote.protocol.transport._quic_fast import FAST
 
 CLIENT_ADDR = ("1.2.3.4", 1234)
 SERVER_ADDR = ("2.3.4.5", 4433)
+
+
+fast_only = pytest.mark.skipif(not FAST, reason="aioquic's performance overrides are off")
+"""For tests of ``_quic_fast``'s overrides (ACK policy, builds): stock aioquic has its own."""
 
 
 def make_pair(config=None, sinks=None):
@@ -19,13 +24,13 @@ def make_pair(config=None, sinks=None):
     config = config or EndpointConfig()
     server_id, client_id = Identity.generate(), Identity.generate()
     client_sink, server_sink = sinks or (SecretSink(), SecretSink())
-    client = PeerQuicConnection(
+    client = AioquicConnection(
         configuration=quic_configuration(
             client_id, is_client=True, config=config, datagram_size=1452, secrets=client_sink
         ),
     )
     client.connect(SERVER_ADDR, now=Clock.now)
-    server = PeerQuicConnection(
+    server = AioquicConnection(
         configuration=quic_configuration(
             server_id, is_client=False, config=config, datagram_size=1452, secrets=server_sink
         ),
@@ -162,12 +167,13 @@ def test_handshake_survives_lost_datagrams():
     assert client.handshake_confirmed and server.handshake_confirmed
 
 
+@fast_only
 def test_acks_wait_for_the_delay_or_a_burst():
     """One small packet is acknowledged ACK_DELAY later (not aioquic's 1 ms); a burst is
     acknowledged at once on the datagram that makes ACK_EVERY_DATAGRAMS full datagrams (at a
     real network's datagram size that is fewer bytes than ACK_EVERY_BYTES)."""
     from aioquic import tls
-    from burn_remote.protocol.transport._quic import (
+    from burn_remote.protocol.transport._quic_fast import (
         ACK_DELAY,
         ACK_EVERY_BYTES,
         ACK_EVERY_DATAGRAMS,
@@ -205,12 +211,13 @@ def test_acks_wait_for_the_delay_or_a_burst():
     assert len(sizes) == ACK_EVERY_DATAGRAMS
 
 
+@fast_only
 def test_a_full_datagram_is_acknowledged_within_the_bulk_delay():
     """A full datagram (bulk data) is acknowledged BULK_ACK_DELAY after it came, a small one
     (a request) ACK_DELAY after: a sender whose congestion window holds fewer datagrams than
     ACK_EVERY_DATAGRAMS (slow start, after a loss) is not held ACK_DELAY per window."""
     from aioquic import tls
-    from burn_remote.protocol.transport._quic import ACK_DELAY, BULK_ACK_DELAY
+    from burn_remote.protocol.transport._quic_fast import ACK_DELAY, BULK_ACK_DELAY
 
     client, server, _, _ = make_pair()
     exchange(client, server)
@@ -231,12 +238,13 @@ def test_a_full_datagram_is_acknowledged_within_the_bulk_delay():
     assert server.datagrams_to_send(now + BULK_ACK_DELAY)
 
 
+@fast_only
 def test_a_gap_in_the_packet_numbers_is_acknowledged_at_once():
     """A datagram after a lost one, and the retransmission that fills the gap, make the ACK
     due at once (RFC 9000 13.2.1): the sender learns of the loss without waiting for our
     delay (4 MiB each way through 10 % loss took ~40 s at 1350-byte datagrams before)."""
     from aioquic import tls
-    from burn_remote.protocol.transport._quic import ACK_DELAY
+    from burn_remote.protocol.transport._quic_fast import ACK_DELAY
 
     client, server, _, _ = make_pair()
     exchange(client, server)
@@ -259,10 +267,11 @@ def test_a_gap_in_the_packet_numbers_is_acknowledged_at_once():
     assert space.ack_at == later + 1e-4
 
 
+@fast_only
 def test_a_datagram_is_built_after_receiving_only_when_one_is_due():
     """send_due: true through the handshake; after a packet whose ACK may wait, false until
     the delay expires; true while stream data waits to go out."""
-    from burn_remote.protocol.transport._quic import ACK_DELAY
+    from burn_remote.protocol.transport._quic_fast import ACK_DELAY
 
     client, server, _, _ = make_pair()
     assert client.send_due(Clock.now)  # the handshake is on
@@ -280,13 +289,14 @@ def test_a_datagram_is_built_after_receiving_only_when_one_is_due():
     assert server.datagrams_to_send(now + ACK_DELAY)
 
 
+@fast_only
 def test_a_reply_carries_the_ack_it_owes_and_a_request_one_old_enough():
     """A server's owed ACK rides on its next reply (a qh3 client holds its next request back
     until it comes); a client's rides on its next request only once it is ACK_RIDE_AFTER
     old (processing an ACK per request cost the server more than the request itself). In
     request/reply traffic no ACK-only datagram is sent."""
     from aioquic import tls
-    from burn_remote.protocol.transport._quic import ACK_RIDE_AFTER
+    from burn_remote.protocol.transport._quic_fast import ACK_RIDE_AFTER
 
     client, server, _, _ = make_pair()
     exchange(client, server)
@@ -315,6 +325,7 @@ def test_a_reply_carries_the_ack_it_owes_and_a_request_one_old_enough():
     assert not server.datagrams_to_send(now) and not client.datagrams_to_send(now)
 
 
+@fast_only
 def test_a_build_ends_with_the_packet_that_left_nothing_behind(monkeypatch):
     """aioquic starts one more 1-RTT packet after each non-empty one and throws it away when
     it stays empty (~8 us of Python per build, on both ends of every round trip). Here a
