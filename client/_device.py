@@ -439,7 +439,7 @@ class Device:
         if self._rec.partners:  # the other ranks of our groups must reach their collectives
             self._rec.flush_partners()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | str]:
         """Counters of this device's runtime (graphs registered, replays, tensors held, ...)."""
         return self._rec.runtime.stats()
 

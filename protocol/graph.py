@@ -109,7 +109,7 @@ def _spec(raw: Any) -> Spec:
     return tuple(shape), dtype
 
 
-class _Specs(dict):
+class _Specs(dict[Any, Spec]):
     """Specs checked once each: a graph repeats a handful of (shape, dtype) pairs over
     thousands of nodes, and its nodes share one tuple per pair."""
 
@@ -187,7 +187,7 @@ def validate(graph: Graph) -> None:
             raise GraphError(f"{where}: input id out of range", index)
         try:
             attrs = op.bind_attrs(dict(node.attrs))
-            inferred = op.infer([_SpecView(*specs[i]) for i in node.inputs], attrs)
+            inferred = op.shapes([_SpecView(*specs[i]) for i in node.inputs], attrs)
         except (ShapeError, TypeError, ValueError, KeyError, IndexError) as exc:
             raise GraphError(f"{where}: {exc}", index) from None
         inferred = [(tuple(s), d) for s, d in inferred]

@@ -37,10 +37,10 @@ def _dtype_rule(op: OpDef) -> str:
     results: dict[str, str] = {}
     for dtype in DTYPES:
         try:
-            out = op.infer([_Operand(_PROBE_SHAPE, dtype)] * arity, attrs)
+            specs = op.shapes([_Operand(_PROBE_SHAPE, dtype)] * arity, attrs)
         except Exception:  # the rule refuses this dtype (or these shapes)
             continue
-        results[dtype] = ", ".join(d for _, d in out)
+        results[dtype] = ", ".join(d for _, d in specs)
     if not results:
         return ""
     if all(out == ", ".join([d] * op.n_outputs) for d, out in results.items()):

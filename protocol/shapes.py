@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from .registry import ShapeError
 
@@ -57,7 +57,7 @@ def reduce(shape: Shape, axes: tuple[int, ...], keepdims: bool) -> Shape:
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
-def numel(shape: Sequence[int]) -> int:
+def numel(shape: Iterable[int]) -> int:
     n = 1
     for d in shape:
         n *= d

@@ -78,7 +78,7 @@ def ones_(t: Tensor) -> Tensor:
 def eye_(t: Tensor) -> Tensor:
     if t.ndim != 2:
         raise ValueError("eye_: only 2-d tensors")
-    return _set(t, np.eye(*t.shape))
+    return _set(t, np.eye(t.shape[0], t.shape[1]))
 
 
 def xavier_uniform_(t: Tensor, gain: float = 1.0) -> Tensor:
