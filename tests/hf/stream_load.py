@@ -4,14 +4,25 @@
 from __future__ import annotations
 
 import json
-import resource
 import sys
 from pathlib import Path
 
 
-def write_checkpoint(directory: Path, hidden: int = 1024, vocab: int = 32000) -> int:
-    """A 2-layer bf16 Llama checkpoint of ~150 MB written from random bits (no transformers:
-    the loader's memory, not the writer's, is measured). Returns its size in bytes."""
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM), bytes. Not ru_maxrss: it survives execve, so
+    a child of a large process (pytest) would report its parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def write_checkpoint(
+    directory: Path, hidden: int = 1024, vocab: int = 32000, layers: int = 2
+) -> int:
+    """A bf16 Llama checkpoint written from random bits (no transformers: the loader's
+    memory, not the writer's, is measured); by default 2 layers and ~160 MB, most of it the
+    embedding and the head. Returns its size in bytes."""
     import numpy as np
     from burn_remote import nn
     from burn_remote.nn._llm_config import decoder_config
@@ -22,7 +33,7 @@ def write_checkpoint(directory: Path, hidden: int = 1024, vocab: int = 32000) ->
         "model_type": "llama",
         "hidden_size": hidden,
         "intermediate_size": 2 * hidden,
-        "num_hidden_layers": 2,
+        "num_hidden_layers": layers,
         "num_attention_heads": 8,
         "num_key_value_heads": 2,
         "vocab_size": vocab,
@@ -54,9 +65,9 @@ def main() -> None:
 
         dev = RemoteDevice(target)
     dev.tensor([1.0]).numpy()  # the device's own start-up is not the load's
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = peak_rss()
     model = nn.AutoModelForCausalLM.from_pretrained(directory, device=dev)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     size = (directory / "model.safetensors").stat().st_size
     print(json.dumps({"growth": peak - before, "size": size, "dtype": model.dtype}))
 
