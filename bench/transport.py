@@ -226,13 +226,15 @@ def remote_device(target: str, engine: str, key=None):  # type: ignore[no-untype
     for a whole process), connected; another ``key`` file (created if missing) gives a new
     session on a new connection."""
     from burn_remote import RemoteDevice, _remote_link
+    from burn_remote.protocol.transport._quic import PeerQuicConnection
 
     _remote_link.QUIC_ENGINE = engine
     dev = RemoteDevice(target, key=key)
     dev.sync()
-    runs = type(dev._rec.runtime.link._conn._quic).__name__  # noqa: SLF001 - what it runs on
-    want = {"aioquic": "PeerQuicConnection", "qh3": "Qh3ClientConnection"}[engine]
-    if runs != want:  # an earlier device for this target and key: another engine's figures
+    quic = dev._rec.runtime.link._conn._quic  # noqa: SLF001 - what it runs on
+    runs = type(quic).__name__
+    aioquic = isinstance(quic, PeerQuicConnection)  # (with or without its fast paths)
+    if aioquic != (engine == "aioquic"):  # an earlier device for this target and key
         raise RuntimeError(f"the {engine} device runs {runs}: give it a key of its own")
     return dev
 

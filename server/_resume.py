@@ -254,6 +254,14 @@ async def run_session(
         token = _resume_token(m.decode(inner)) if seq == 0 else None
     except m.DecodeError:
         token = None
+    if seq == 0 and token is None:  # neither a resume nor a session's first frame (seq 1)
+        why = (
+            "a first control frame with seq 0 must hold one Hello with a resume token "
+            "(section 10); a new session starts with seq 1"
+        )
+        await control.send_frame(wrap(0, 0, m.encode(m.Error(m.MALFORMED, why, -1, 0))))
+        await conn.close("malformed first frame", flush_timeout=2.0)
+        return
     if token is not None:
         claimed = await parking.claim(token, peer)
         frames = claimed[1].resend_after(ack) if claimed is not None else None

@@ -534,6 +534,7 @@ def test_a_session_resumes_with_a_full_welcome_and_an_unknown_token_expires(
     seq, ack, (resumed,) = _unwrap(next(again.frames()))
     assert (seq, ack, resumed["name"]) == (0, 3, "Welcome")
     assert resumed["session_id"] == welcome["session_id"]
+    assert resumed["resume_token"] == welcome["resume_token"]  # section 10: the same token
     assert resumed["extensions"] == welcome["extensions"] and resumed["limits"] == welcome["limits"]
     again.send(raw=_wrap(4, 2, frame(msg("Read", 2, 1))))
     (data,) = _unwrap(next(again.frames()))[2]
@@ -721,3 +722,114 @@ def test_a_group_link_of_another_version_is_version_and_fails_the_group_naming_b
     (err,) = errors(raw.replies("Error", timeout=60))
     assert err["code"] == ERR["GROUP"] and f"rank 1 ({neighbour})" in err["message"]
     assert f"protocol version {VERSION + 1}, this server version {VERSION}" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [b"\x92\x01", frame(msg("Hello", VERSION, b"", {})), frame(msg("Sync", 1))],
+    ids=["undecodable", "hello-without-token", "not-hello"],
+)
+def test_a_first_frame_with_seq_0_that_is_no_resume_is_answered_malformed(
+    server: Daemon, tmp_path: Path, inner: bytes
+) -> None:
+    """Section 10: seq 0 marks an uncounted frame; a session's first frame is seq 1, or a
+    seq 0 Hello with a resume token. Anything else first gets Error(MALFORMED) (section 2),
+    in a seq 0 frame, and the connection ends."""
+    client = Raw(server, tmp_path / "key")
+    client.send(raw=_wrap(0, 0, inner))
+    seq, _ack, (err,) = _unwrap(next(client.frames()))
+    assert (seq, err["name"], err["code"], err["request_id"]) == (0, "Error", ERR["MALFORMED"], 0)
+    assert "seq 1" in err["message"]
+    assert isinstance(client.closed.get(timeout=10), Exception)
+
+
+# --- gaps of the spec closed (issue 38) ------------------------------------------------------
+def test_a_counted_hello_with_a_token_opens_a_new_session(server: Daemon, tmp_path: Path) -> None:
+    """Section 10: a token is read only from a seq 0 Hello; in a counted frame (seq 1) it is
+    ignored and the Hello opens a new session."""
+    client = Raw(server, tmp_path / "key")
+    client.send(raw=_wrap(1, 0, frame(msg("Hello", VERSION, os.urandom(16), {}))))
+    seq, ack, (welcome,) = _unwrap(next(client.frames()))
+    assert (seq, ack, welcome["name"]) == (1, 1, "Welcome")
+    assert len(welcome["resume_token"]) == 16
+    client.close()
+
+
+def test_a_seq_0_frame_with_an_empty_array_only_acknowledges(
+    server: Daemon, tmp_path: Path
+) -> None:
+    """Section 10: a seq 0 frame whose inner frame is an empty array (0x90) carries only its
+    ack; the session goes on (an empty inner frame would be the goodbye)."""
+    client = Raw(server, tmp_path / "key")
+    client.send(raw=_wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
+    next(client.frames())
+    client.send(raw=_wrap(0, 1, b"\x90"))
+    client.send(raw=_wrap(2, 1, frame(msg("Sync", 1))))
+    seq, ack, (reply,) = _unwrap(next(client.frames()))
+    assert (seq, ack, reply["name"], reply["request_id"]) == (2, 2, "Ack", 1)
+    client.close()
+
+
+def test_hello_extension_versions_are_strings(server: Daemon, tmp_path: Path) -> None:
+    """Section 4: ``extensions`` maps str to str; another type of version is MALFORMED."""
+    client = Raw(server, tmp_path / "key")
+    client.send(msg("Hello", VERSION, b"", {"demo": 1}))
+    (err,) = client.replies("Error")
+    assert err["code"] == ERR["MALFORMED"]
+    client.close()
+    ok = Raw(server, tmp_path / "key2")
+    welcome = ok.hello()
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in welcome["extensions"].items())
+    ok.close()
+
+
+def test_bad_graph_names_the_node_that_failed_validation(raw: Raw) -> None:
+    """Section 6: BAD_GRAPH's ``node`` is the index of the node that failed validation, -1
+    for a failure that is no node's (here: the format)."""
+    data, digest = graph(
+        [[[2], F32]], [["neg", [0], [], [[[2], F32]]], ["no_such_op", [1], [], [[[2], F32]]]], [2]
+    )
+    raw.send(msg("RegisterGraph", 1, digest, data), msg("Sync", 2))
+    (err,) = errors(raw.replies("Ack"))
+    assert (err["code"], err["node"], err["request_id"]) == (ERR["BAD_GRAPH"], 1, 1)
+    bad = msgpack.packb([9, [], [], []], use_bin_type=True)
+    raw.send(msg("RegisterGraph", 3, hashlib.sha256(bad).digest(), bad), msg("Sync", 4))
+    (err,) = errors(raw.replies("Ack"))
+    assert (err["code"], err["node"], err["request_id"]) == (ERR["BAD_GRAPH"], -1, 3)
+
+
+def test_artifact_get_sends_at_most_one_artifact_chunk(raw: Raw) -> None:
+    """Section 8: an ArtifactGet answers at most ARTIFACT_CHUNK (1 MiB) bytes whatever
+    ``length`` asks; the client asks again from where the chunk ended."""
+    chunk = 2**20
+    blob = os.urandom(chunk + chunk // 2)
+    digest = hashlib.sha256(blob).digest()
+    raw.send(
+        msg("ArtifactPut", 1, digest, 0, len(blob), blob[:chunk]),
+        msg("ArtifactPut", 2, digest, chunk, len(blob), blob[chunk:]),
+        msg("ArtifactGet", 3, digest, 0, len(blob)),
+    )
+    first = raw.replies("ArtifactChunk")[-1]
+    assert (len(first["data"]), first["offset"], first["total"]) == (chunk, 0, len(blob))
+    raw.send(msg("ArtifactGet", 4, digest, chunk, len(blob)))
+    (rest,) = raw.replies("ArtifactChunk")
+    assert first["data"] + rest["data"] == blob
+    raw.send(msg("ArtifactPut", 5, digest, 0, len(blob), bytes(chunk + 1)))
+    (err,) = raw.replies("Error")
+    assert (err["code"], err["request_id"]) == (ERR["JOB"], 5) and str(chunk) in err["message"]
+
+
+def test_server_status_has_the_documented_limits_and_traffic(server: Daemon) -> None:
+    """Section 4: StatusInfo's JSON ``limits`` and ``traffic`` keys (the server's own key
+    is an admin)."""
+    import json
+
+    admin = Raw(server, server.data_dir / "key")
+    admin.hello()
+    admin.send(msg("ServerStatus", 1))
+    (info,) = admin.replies("StatusInfo")
+    status = json.loads(info["info"])
+    assert set(status["limits"]) == {"max_sessions", "session_memory", "memory_limit"}
+    assert set(status["traffic"]) == {"steps", "bytes_received", "bytes_sent", "messages"}
+    assert all(isinstance(v, int) for v in status["traffic"].values())
+    admin.close()
