@@ -74,7 +74,7 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
     in_pos = {i: k for k, i in enumerate(capture.input_ids)}
     out_pos = {o: j for j, o in enumerate(capture.output_ids)}
     # --- inputs
-    inputs = []
+    inputs: list[tuple[int, Any, Any]] = []  # (kind, where from, spec): see _Replay.inputs
     aliases: list[tuple[Tensor, list[Tensor]]] = []
     for k, i in enumerate(capture.input_ids):
         spec_i = tuple(capture.key[0][k])
@@ -95,7 +95,7 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
             holders = [o for o in cands if o._id == i]
             carrier = holders[0] if holders else None
             if len(holders) > 1:
-                aliases.append((carrier, holders[1:]))
+                aliases.append((holders[0], holders[1:]))
         if carrier is None:
             raise CaptureError(
                 f"compiled function {compiled.name}: input {k} of the step ({spec_i[1]}"
@@ -170,9 +170,9 @@ def _analyse(compiled: Compiled, replay: _Replay, dev: Any, capture: Capture, se
     _plan_in_place(replay, inputs)
     # --- bindings
     slot_of: dict[int, int] = {}
-    for n in capture.nodes:
-        if n.op == "value":
-            slot_of[n.outputs[0]] = len(slot_of)
+    for node in capture.nodes:
+        if node.op == "value":
+            slot_of[node.outputs[0]] = len(slot_of)
     replay.values = list(capture.values)
     replay.actions = [(slot_of.get(tid, -1), fn) for tid, fn in journal.actions]
     replay.arg_values = [(slot_of[tid], pos) for tid, pos in scalar_ids.items() if tid in slot_of]

@@ -32,6 +32,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from threading import get_ident
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -151,7 +152,7 @@ class _Log:
 def _sync_kind() -> str:
     """Name the read that happened, from the package frames on the stack (errors only)."""
     names: set[str] = set()
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         names.add(f.f_code.co_name)
         f = f.f_back

@@ -6,18 +6,22 @@ replay walks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
 from typing import Any
 
 from ._capture_analysis import _SINK_GRAD, _SINK_RET
-from ._recorder import Capture
+from ._recorder import Capture, Recorder
 from ._tensor import Tensor, make_tensor
 
 _LEAF = "*"
 """An argument or result tree's leaf (a tensor or a number), in its structure spec."""
 
 _ID = attrgetter("_id")
+
+Spec = tuple[tuple[int, ...], str]
+"""A tensor's (shape, dtype)."""
 
 
 class _Miss(Exception):
@@ -77,6 +81,42 @@ class _Replay:
         "hold_set",
     )
 
+    template: Capture
+    inputs: list[tuple[int, Any, Spec]]
+    """Per graph input: (kind, where from: a Tensor, an argument position or an id, spec)."""
+    values: list[Any]
+    actions: list[tuple[int, Callable[[], Any]]]
+    arg_values: list[tuple[int, int]]
+    outputs: list[tuple[tuple[int, ...], str, tuple[tuple[int, Any], ...]]]
+    """Per graph output: (shape, dtype, its sinks as (kind, where to))."""
+    result_spec: Any
+    result_leaves: list[tuple[str, Any]]
+    consts: list[int]
+    signature: tuple[Any, ...]
+    rec: Recorder
+    dev: Any
+    aliases: list[tuple[Tensor, list[Tensor]]]
+    base_ids: list[int]
+    obj_inputs: list[tuple[int, Tensor, Spec]]
+    arg_inputs: list[tuple[int, int]]
+    grad_inputs: list[tuple[int, Tensor, Spec]]
+    obj_sinks: list[tuple[int, Tensor]]
+    other_sinks: list[tuple[int, int, Any]]
+    result_fixups: list[tuple[int, str, Any]]
+    inplace_out: list[int]
+    inplace_in: list[int]
+    holders: list[Tensor]
+    ones: list[int]
+    fresh_out: list[int]
+    obj_sinks_rest: list[tuple[int, Tensor]]
+    obj_holders: list[Tensor]
+    same_holders: bool
+    seen_obj_ids: list[int] | None
+    seen_ids: list[int]
+    seen_hold_ids: list[int] | None
+    seen_out_ids: list[int]
+    hold_set: set[int]
+
     def release(self) -> None:
         """Give back the constants this capture kept alive (uploads inside the body)."""
         for i in self.consts:
@@ -94,6 +134,9 @@ class _Replay:
         is stored under that same id, so the object keeps it and its version is bumped (a
         tape that saved it refuses to run, as after `_assign`). Otherwise the object takes a
         new id, as an uncaptured step's `_assign` does: an alias keeps the old value."""
+        x: Any  # (loop names reused below for a tensor, an id or a position)
+        o: Any
+        kind: Any
         rec = self.rec
         if rec.pending:  # ops recorded before the call run first: they may read the state
             rec.flush()
