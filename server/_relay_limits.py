@@ -38,6 +38,14 @@ HOST_CONTROL_BURST = 10 * CONTROL_BURST
 """Control requests one IP address may send at once (over all its ports)."""
 MAX_CONTROL_SOURCES = 4096
 """Source addresses whose control rate is remembered at once (oldest forgotten first)."""
+MAX_PEERS_PER_HOST = 64
+"""Registered peers from one IP address (a NAT's peers share one); the relay holds as many
+of its address records (``protocol/relay/_records.py``, ``MAX_RECORDS_PER_HOST``)."""
+MAX_PEERS_PER_NET = 256
+"""Registered peers from one /24 (IPv4) or /64 (IPv6), and as many records."""
+MAX_NONCES_PER_HOST = 64
+"""Outstanding challenges one IP address may have (its oldest forgotten first), so that one
+host's HELLOs cannot push everyone else's challenges out."""
 LIMIT_LOG_INTERVAL = 10.0
 """Seconds between two log lines about the same limited peer or address."""
 
@@ -103,6 +111,9 @@ __all__ = [
     "HOST_CONTROL_BURST",
     "HOST_CONTROL_RATE",
     "HOST_DATAGRAM_RATE",
+    "MAX_NONCES_PER_HOST",
+    "MAX_PEERS_PER_HOST",
+    "MAX_PEERS_PER_NET",
     "MIB",
     "PEER_BANDWIDTH",
     "PEER_DATAGRAM_RATE",

@@ -16,20 +16,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..protocol.transport import PeerId
+from ._relay_limits import MAX_NONCES_PER_HOST, MAX_PEERS_PER_HOST, MAX_PEERS_PER_NET
 
 REGISTRATION_TTL = 60.0
 """Seconds a peer stays registered without a PING or a SEND (clients PING every 10 s)."""
 MAX_PEERS = 10_000
 """Registered peers at once."""
-MAX_PEERS_PER_HOST = 64
-"""Registered peers from one IP address (a NAT's peers share one)."""
-MAX_PEERS_PER_NET = 256
-"""Registered peers from one /24 (IPv4) or /64 (IPv6)."""
 MAX_NONCES = 4096
 """Outstanding challenges kept (oldest forgotten first)."""
-MAX_NONCES_PER_HOST = 64
-"""Outstanding challenges one IP address may have (its oldest forgotten first), so that one
-host's HELLOs cannot push everyone else's challenges out."""
 IPV4_NET_BITS, IPV6_NET_BITS = 24, 64
 """Prefix lengths of a source's network."""
 

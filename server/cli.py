@@ -389,7 +389,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--http",
-        metavar="HOST:PORT",
+        metavar="[HOST:]PORT",
         help="serve /healthz and Prometheus /metrics over HTTP here (off by default; a bare "
         "PORT binds 127.0.0.1, port 0 picks one, printed as `http:`). Bounded: 32 connections, "
         "8 per address, 10 s each. Another host (0.0.0.0) is reachable beyond this machine: "
@@ -548,13 +548,18 @@ def _rate(text: str) -> float:
 
 
 def _add_relay(sub: argparse._SubParsersAction) -> None:
+    from burn_remote.server._relay_limits import MAX_PEERS_PER_HOST, MAX_PEERS_PER_NET
+
     p = sub.add_parser(
         "relay",
         help="run a discovery and relay node",
         description=(
             "Hold signed address records (refusing unsigned, stale and replayed ones) and "
             "forward end-to-end encrypted QUIC datagrams between peers that cannot reach "
-            "each other directly. Peers prove their key by signing a challenge."
+            "each other directly. Peers prove their key by signing a challenge; only a "
+            "registered peer publishes, its own record. Keys cost nothing, so one IP address "
+            f"holds at most {MAX_PEERS_PER_HOST} registrations and as many records (a /24 or "
+            f"/64: {MAX_PEERS_PER_NET}), and its peers share --host-bandwidth."
         ),
     )
     p.add_argument(
@@ -568,7 +573,7 @@ def _add_relay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capture", metavar="FILE", help="append every forwarded datagram (tests)")
     p.add_argument(
         "--http",
-        metavar="HOST:PORT",
+        metavar="[HOST:]PORT",
         help="serve /healthz and Prometheus /metrics over HTTP here (off by default; a bare "
         "PORT binds 127.0.0.1; bounded as serve's)",
     )

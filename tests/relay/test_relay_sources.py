@@ -11,6 +11,7 @@ from burn_remote.protocol.relay import AddressRecord, RecordStore
 from burn_remote.protocol.relay import _records as records
 from burn_remote.protocol.relay import _wire as w
 from burn_remote.protocol.transport import Identity
+from burn_remote.server import _relay_limits as relay_limits
 from burn_remote.server import _relay_peers as peers
 from burn_remote.server._relay import RelayState
 from burn_remote.server._relay_limits import BURST_SECONDS, MIB, RelayLimits
@@ -58,8 +59,8 @@ def test_ten_thousand_fake_ids_from_one_address_leave_room_for_a_real_peer(fake_
     # a slot for, however many it makes
     refused = [a for a in answers if a[0] == w.ERR]
     assert refused and b"too many peers registered from 203.0.113.7" in refused[-1]
-    assert relay.peers.on_host(ATTACKER) <= peers.MAX_PEERS_PER_HOST
-    assert len(relay.peers) <= peers.MAX_PEERS_PER_HOST  # one id per port left, at most
+    assert relay.peers.on_host(ATTACKER) <= relay_limits.MAX_PEERS_PER_HOST
+    assert len(relay.peers) <= relay_limits.MAX_PEERS_PER_HOST  # one id per port left, at most
     # its /24 neighbour still gets its share, and the real peer registers and publishes
     assert _auth(relay, Identity.generate(), (NEIGHBOUR, 1)) == bytes([w.OK]) + b"registered"
     real = Identity.generate()
@@ -74,23 +75,23 @@ def test_ten_thousand_fake_ids_from_one_address_leave_room_for_a_real_peer(fake_
 
 def test_one_network_holds_a_bounded_share() -> None:
     relay = RelayState(Identity.generate(), limits=UNLIMITED)
-    hosts = peers.MAX_PEERS_PER_NET // peers.MAX_PEERS_PER_HOST + 2
+    hosts = relay_limits.MAX_PEERS_PER_NET // relay_limits.MAX_PEERS_PER_HOST + 2
     ok = 0
     for h in range(hosts):
-        for p in range(peers.MAX_PEERS_PER_HOST):
+        for p in range(relay_limits.MAX_PEERS_PER_HOST):
             ok += _auth(relay, Identity.generate(), (f"203.0.113.{10 + h}", p))[0] == w.OK
-    assert ok == peers.MAX_PEERS_PER_NET
+    assert ok == relay_limits.MAX_PEERS_PER_NET
     answer = _auth(relay, Identity.generate(), ("203.0.113.200", 1))
     assert b"too many peers registered from 203.0.113.0/24" in answer
     assert _auth(relay, Identity.generate(), ("203.0.114.1", 1))[0] == w.OK  # the next /24
     v6 = [_auth(relay, Identity.generate(), (f"2001:db8::{i:x}", 1)) for i in range(300)]
-    assert sum(a[0] == w.OK for a in v6) == peers.MAX_PEERS_PER_NET  # one /64
+    assert sum(a[0] == w.OK for a in v6) == relay_limits.MAX_PEERS_PER_NET  # one /64
     assert _auth(relay, Identity.generate(), ("2001:db8:0:1::1", 1))[0] == w.OK
 
 
 def test_idle_registrations_of_a_host_make_room_for_its_new_ones() -> None:
     relay = RelayState(Identity.generate(), limits=UNLIMITED)
-    for p in range(peers.MAX_PEERS_PER_HOST):
+    for p in range(relay_limits.MAX_PEERS_PER_HOST):
         assert _auth(relay, Identity.generate(), (ATTACKER, p))[0] == w.OK
     assert _auth(relay, Identity.generate(), (ATTACKER, 999))[0] == w.ERR
     later = NOW + peers.REGISTRATION_TTL + 1  # nobody pinged: all idle
@@ -147,7 +148,7 @@ def test_a_full_host_displaces_only_its_idle_peers_records() -> None:
     (which replaces that port's id) publishes by displacing the replaced id's record, and
     every live peer's record stays. (Registrations per host are capped at the records'
     cap, so a live peer always finds room.)"""
-    assert peers.MAX_PEERS_PER_HOST <= records.MAX_RECORDS_PER_HOST
+    assert relay_limits.MAX_PEERS_PER_HOST <= records.MAX_RECORDS_PER_HOST
     relay = RelayState(Identity.generate(), limits=UNLIMITED)
     keys = [Identity.generate() for _ in range(records.MAX_RECORDS_PER_HOST)]
     for p, key in enumerate(keys):
