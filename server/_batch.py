@@ -234,6 +234,7 @@ class _Run:
                 except BaseException as exc:
                     self.drop(in_place)
                     self.drop(msg.drops)
+                    s.note_failed(msg.output_ids)
                     if not isinstance(exc, Exception):
                         raise
                     return done, msg, engine_failure(exc)

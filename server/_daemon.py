@@ -157,17 +157,19 @@ async def _close_on_exit(close: Callable[[], None]) -> None:
         close()
 
 
-HEARTBEAT = 0.5
-"""Seconds between the network loop's ticks that ``/healthz`` checks."""
-
-
 async def _heartbeat(state: ServerState) -> None:
-    """Tick while the loop turns: a handler that blocked the loop would stop the ticks."""
+    """Tick while the loop turns: a handler that blocked the loop would stop the ticks. Each
+    tick also measures how late it woke (``loop_lag``): the loop's real delay, which the
+    time since the last tick (0 to HEARTBEAT on an idle server) is not."""
     import time
 
+    from ._status import HEARTBEAT
+
     while True:
-        state.heartbeat = time.monotonic()
+        before = time.monotonic()
+        state.heartbeat = before
         await trio.sleep(HEARTBEAT)
+        state.loop_lag = max(0.0, time.monotonic() - before - HEARTBEAT)
 
 
 async def _connection(

@@ -136,6 +136,7 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
     except BaseException:
         if in_place:
             s.drop(in_place)
+        s.note_failed(msg.output_ids)
         raise
     try:  # one ledger update: the outputs' charge and the run's arena returned
         s.put_many(zip(msg.output_ids, outs), release=getattr(plan, "peak_bytes", 0))

@@ -16,7 +16,18 @@ from typing import Any, TextIO
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
-FIELDS = ("event", "session", "peer", "job", "kind", "state", "error", "retry_s", "seconds")
+FIELDS = (
+    "event",
+    "session",
+    "peer",
+    "address",
+    "job",
+    "kind",
+    "state",
+    "error",
+    "retry_s",
+    "seconds",
+)
 """``extra`` keys shown (in this order), besides the message."""
 
 _STANDARD = set(vars(logging.makeLogRecord({})))
@@ -69,20 +80,32 @@ def _show(v: Any) -> str:
     return json.dumps(text) if (not text or " " in text or '"' in text) else text
 
 
+LIBRARY_LEVEL = logging.WARNING
+"""Least level shown from other libraries' loggers (aioquic's ``quic``, trio...): their
+warnings and errors, in this format; their info and debug chatter is per packet."""
+
+
 def configure(level: str = "info", fmt: str = "text", stream: TextIO | None = None) -> None:
-    """Route the ``burn_remote`` loggers to ``stream`` (stderr) at ``level`` in ``fmt``."""
+    """Route every logger to ``stream`` (stderr) in ``fmt``: ``burn_remote``'s at ``level``,
+    other libraries' (aioquic's among them) at LIBRARY_LEVEL or ``level`` if higher, through
+    the one handler on the root logger, so that with ``--log-format json`` every line on
+    stderr is JSON (Python's last-resort handler would print a library's warning raw)."""
     if level not in LEVELS:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
     if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r}: expected one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    root = logging.getLogger("burn_remote")
+    root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(level.upper())
-    root.propagate = False
+    root.setLevel(max(LIBRARY_LEVEL, logging.getLevelName(level.upper())))
+    ours = logging.getLogger("burn_remote")
+    for old in list(ours.handlers):  # an earlier configure() of this process
+        ours.removeHandler(old)
+    ours.setLevel(level.upper())
+    ours.propagate = True
 
 
 __all__ = ["FORMATS", "LEVELS", "JsonFormatter", "TextFormatter", "configure"]

@@ -66,9 +66,12 @@ Reply = Sequence["m.Message | SendBulk"] | Wait | None
 class Failure(Exception):
     """An error answered to the client as ``Error(code, message, node)``."""
 
-    def __init__(self, code: int, message: str, node: int = -1) -> None:
+    def __init__(self, code: int, message: str, node: int = -1, consequence: bool = False) -> None:
         super().__init__(message)
         self.code, self.node = code, node
+        self.consequence = consequence
+        """It follows from an error already answered (a read of what a failed step would
+        have made): answered, but not counted again in ``errors_total``."""
 
 
 @dataclass(frozen=True, slots=True)

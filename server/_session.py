@@ -77,6 +77,10 @@ _RUN_STARTS = (m.Upload, m.ExecuteGraph)
 """Messages a run of replays (``_batch.replay_run``) may start with."""
 
 
+MAX_FAILED_OUTPUTS = 65_536
+"""Ids of tensors failed steps would have made, remembered per session (bounded)."""
+
+
 class Session:
     """Tensor store and message interpreter of one client connection."""
 
@@ -91,6 +95,8 @@ class Session:
         self.nbytes = 0
         self.peak = 0
         self.refused: dict[str, tuple[int, str, int]] = {}
+        self.failed_outputs: set[int] = set()
+        """Ids a failed step would have stored (``note_failed``)."""
         """Digests this session registered and the server refused: executing one fails with the
         reason (error code, message, node) instead of asking the client to re-register."""
         self.graphs: set[str] = set()
@@ -384,6 +390,9 @@ class Session:
         self.waiting = None
         if isinstance(exc, Failure):
             err = m.Error(exc.code, str(exc), exc.node, _request_id(msg))
+            if exc.consequence:  # the error it follows from was counted
+                self._replies.append(err)
+                return
         elif isinstance(exc, LimitExceeded):
             err = m.Error(m.LIMIT, str(exc), -1, _request_id(msg))
         else:  # a bug must not end the server or the session
@@ -518,9 +527,24 @@ class Session:
         try:
             return self.store[tensor_id]
         except KeyError:
+            if tensor_id in self.failed_outputs:
+                raise Failure(
+                    m.MISSING_TENSOR,
+                    f"tensor {tensor_id} was not made: the step that makes it failed (its "
+                    "error was answered before)",
+                    consequence=True,
+                ) from None
             raise Failure(
                 m.MISSING_TENSOR, f"tensor {tensor_id} does not exist in this session"
             ) from None
+
+    def note_failed(self, output_ids: tuple[int, ...]) -> None:
+        """A step failed: the tensors it would have stored are remembered (up to
+        MAX_FAILED_OUTPUTS), so that reading one is told why and not counted as a second
+        error."""
+        if len(self.failed_outputs) + len(output_ids) > MAX_FAILED_OUTPUTS:
+            self.failed_outputs.clear()
+        self.failed_outputs.update(output_ids)
 
     def close(self) -> None:
         """Free everything this session holds (the client went away)."""

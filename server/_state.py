@@ -135,6 +135,8 @@ class ServerState:
         self.started = time.monotonic()
         self.heartbeat = self.started
         """When the network loop last ticked (``/healthz`` reports a stalled loop)."""
+        self.loop_lag = 0.0
+        """How late the network loop's last heartbeat woke (seconds; /healthz)."""
         self.steps = 0
         """ExecuteGraph messages run by sessions that have ended (live ones count their own:
         ``Session.traffic``; ``traffic()`` adds them up for metrics)."""

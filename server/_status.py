@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+HEARTBEAT = 0.5
+"""Seconds between the network loop's ticks that ``/healthz`` checks."""
 HEALTH_STALL = 5.0
 """Seconds without a tick of the network loop after which ``/healthz`` answers 503: a loop
 that stopped turning serves no one, whatever else is fine."""
@@ -52,11 +54,16 @@ def jobs(state: Any) -> dict[str, Any] | None:
 
 
 def health(state: Any) -> tuple[bool, dict[str, Any]]:
-    """(healthy, body): unhealthy only when the network loop stopped ticking."""
+    """(healthy, body): unhealthy only when the network loop stopped ticking.
+
+    ``loop_lag_s`` is how late the loop's last tick woke, or, while a tick is overdue, how
+    overdue it is: about 0 on an idle server (the time since the last tick, up to
+    HEARTBEAT, is not a delay)."""
     lag = time.monotonic() - state.heartbeat
+    late = max(getattr(state, "loop_lag", 0.0), lag - HEARTBEAT)
     body: dict[str, Any] = {
         "status": "ok" if lag < HEALTH_STALL else "stalled",
-        "loop_lag_s": round(lag, 3),
+        "loop_lag_s": round(max(0.0, late), 3),
         "sessions": len(state.sessions),
         "uptime_s": round(time.monotonic() - state.started, 1),
     }

@@ -29,6 +29,7 @@ from aioquic.quic.packet import (
     pull_quic_header,
 )
 
+from ..addressing import format_host_port
 from ._addressing import Resolver
 from ._auth import PeerAuth
 from ._authorized import AuthorizedPeers
@@ -40,6 +41,11 @@ from ._identity import Identity, PeerId
 from ._quic import aioquic_connection, client_connection
 
 log = logging.getLogger("burn_remote.transport")
+
+REFUSED_LOG_EVERY = 10.0
+"""Seconds between two ``peer_refused`` log lines for one peer and reason."""
+REFUSED_LOG_PEERS = 4096
+"""Peers remembered for that throttle (the table is cleared past it: bounded memory)."""
 
 CID_LENGTH = 8
 """Length of the connection ids this endpoint issues (short headers carry no length)."""
@@ -102,6 +108,8 @@ class Endpoint:
         self._sock = sock
         self._config = config
         self._authorized = authorized
+        self._refused_logged: dict[tuple[str, str], float] = {}
+        """(peer, reason) -> when its refusal was last logged (``_admit``)."""
         self._nursery = nursery
         self._cids: dict[bytes, Connection] = {}
         self._conns: set[Connection] = set()
@@ -451,6 +459,28 @@ class Endpoint:
             addr,
         )
 
+    def _admit(self, peer: PeerId, addr: tuple, now: float) -> str | None:
+        """The admission policy's answer, logged when it refuses: one structured
+        ``peer_refused`` event per peer and reason every REFUSED_LOG_EVERY seconds (a peer
+        retrying in a loop does not flood the log)."""
+        reason = self._authorized.check(peer)
+        if reason is None:
+            return None
+        key = (str(peer), reason)
+        if now - self._refused_logged.get(key, -REFUSED_LOG_EVERY) >= REFUSED_LOG_EVERY:
+            if len(self._refused_logged) > REFUSED_LOG_PEERS:
+                self._refused_logged.clear()
+            self._refused_logged[key] = now
+            where = format_host_port(str(addr[0]), int(addr[1]))
+            log.warning(
+                "peer %s... refused from %s: %s",
+                str(peer)[:12],
+                where,
+                reason,
+                extra={"event": "peer_refused", "peer": str(peer), "address": where},
+            )
+        return reason
+
     def _accept_initial(self, data: bytes, addr: tuple, now: float) -> Connection | None:
         if self._admission.exhausted(addr, now):  # a flooding source: not even parsed
             return None
@@ -497,7 +527,9 @@ class Endpoint:
             retry_cid, header_dcid = header.destination_cid, original
         else:
             header_dcid = header.destination_cid
-        auth = PeerAuth(self.identity, is_client=False, authorize=self._authorized.check)
+        auth = PeerAuth(
+            self.identity, is_client=False, authorize=lambda peer: self._admit(peer, addr, now)
+        )
         ledger = ReceiveLedger()
         quic = self._server_quic(
             self.identity, self._config, size, header_dcid, retry_cid, auth, ledger

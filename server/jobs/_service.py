@@ -66,6 +66,15 @@ WATCH_WAIT = 2.0
 """Seconds a JobWatch long poll waits for a new event before answering with none."""
 
 
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # SpecError, ExportError, HFConfigError, CheckpointError: named inputs
+    FloatingPointError,  # the loss diverged: the spec's learning rate, not the server
+    ConnectionError,  # a server the spec names cannot be reached or was lost
+)
+"""A job's failures that come from what the user asked (the message names the key or the
+file), logged as one WARNING line; anything else is a fault of ours: ERROR and traceback."""
+
+
 class JobRefused(Exception):
     """A request about jobs failed; the message is for the client (spec key path included)."""
 
@@ -212,15 +221,8 @@ class JobService:
             spec = validate(spec)
             for key, ref in refs(spec):
                 self.resolve(ref, key, check_only=True, owner=owner, admin=admin)
-            spec = preflight(
-                spec, lambda ref, key: self.resolve(ref, key, owner=owner, admin=admin)
-            )
         except SpecError as exc:
-            log.warning(
-                "job refused: %s", str(exc).replace("\n", "; "), extra={"event": "job_refused"}
-            )
-            raise JobRefused(str(exc)) from None
-        total = spec.get("steps", 1)
+            raise self._refused(exc) from None
         try:  # a job writes checkpoints, events and outputs: none while the disk is full
             check_room(self.store.root, 0, self.state.limits.disk_limit, "job")
         except NoRoom as exc:
@@ -238,6 +240,13 @@ class JobService:
                     f"you have {active} jobs queued or running on this server "
                     f"(max_peer_jobs {self.state.limits.max_peer_jobs}); wait for one to end"
                 )
+        try:  # last: it reads the files' headers (and a text data set's characters)
+            spec = preflight(
+                spec, lambda ref, key: self.resolve(ref, key, owner=owner, admin=admin)
+            )
+        except SpecError as exc:
+            raise self._refused(exc) from None
+        total = spec.get("steps", 1)
         try:
             job_id = self.store.add_job(spec, self.device, total, owner or "")
         except (sqlite3.Error, OSError) as exc:
@@ -250,6 +259,12 @@ class JobService:
         )
         self._wake()
         return self.status(job_id)
+
+    @staticmethod
+    def _refused(exc: SpecError) -> JobRefused:
+        """A spec refused: one WARNING line for the operator, the whole text for the user."""
+        log.warning("job refused: %s", str(exc).replace("\n", "; "), extra={"event": "job_refused"})
+        return JobRefused(str(exc))
 
     def _job(self, job_id: int, owner: str | None, admin: bool) -> dict[str, Any]:
         if not 0 < job_id < 2**63:  # SQLite's integers end there
@@ -497,8 +512,16 @@ class JobService:
         except Exception as exc:
             if is_storage_error(exc):  # not the job's fault: it runs again when space returns
                 raise
-            log.exception("job %d failed", job_id, extra={"event": "job_failed", "job": job_id})
             error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, USER_ERRORS):  # what the spec or its files asked: one line
+                log.warning(
+                    "job %d failed: %s",
+                    job_id,
+                    error.replace("\n", "; "),
+                    extra={"event": "job_failed", "job": job_id},
+                )
+            else:  # a fault of ours: the traceback is what finds it
+                log.exception("job %d failed", job_id, extra={"event": "job_failed", "job": job_id})
             self.store.update(job_id, state="failed", error=error, finished=time.time())
             self._event(job_id, {"state": "failed", "error": error})
             return

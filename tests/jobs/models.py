@@ -40,3 +40,16 @@ def lora_spec(weights: Any, data: Any, steps: int = 30, **extra: Any) -> dict[st
     }
     spec.update(extra)
     return spec
+
+
+def failing_spec(folder: Path, steps: int = 2) -> dict[str, Any]:
+    """A spec accepted at submit whose run fails at once: its weights file is a readable
+    safetensors file with no GPT in it (only an embedding), and its one target is a pattern,
+    which only the built model can check."""
+    from safetensors.numpy import save_file
+
+    weights = folder / "headless.safetensors"
+    save_file({"wte.weight": np.zeros((4, 4), np.float32)}, str(weights))
+    data = folder / "text.txt"
+    data.write_text("some text to train on " * 8)
+    return lora_spec(weights, data, steps=steps, lora={"target_modules": "c_attn"})

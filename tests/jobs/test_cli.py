@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from tests.jobs.conftest import wait_for
-from tests.jobs.models import lora_spec
+from tests.jobs.models import failing_spec, lora_spec
 from tests.remote.conftest import env_with_home
 
 EXE = str(Path(sys.executable).with_name("burn-remote"))
@@ -70,10 +69,7 @@ def test_jobs_cli(base, spawn, tmp_path, client_home):  # type: ignore[no-untype
     bad = dict(spec, model=dict(spec["model"], weights=str(garbage)))
     refused = _jobs(client_home, "submit", str(_toml(bad, tmp_path / "bad.toml")), *peer)
     assert refused.returncode == 1 and "model.weights: not a safetensors file" in refused.stderr
-    headless = tmp_path / "headless.safetensors"  # readable, but no GPT in it: fails running
-    save_file({"wte.weight": np.zeros((4, 4), np.float32)}, str(headless))
-    lora = dict(spec["lora"], target_modules="c_attn")
-    bad = dict(spec, model=dict(spec["model"], weights=str(headless)), lora=lora)
+    bad = failing_spec(tmp_path, steps=3)  # accepted, but its run fails
     failed = _jobs(client_home, "submit", str(_toml(bad, tmp_path / "bad.toml")), *peer, "--watch")
     assert failed.returncode == 1
     assert "failed:" in failed.stderr and "job 2" in failed.stderr, failed.stderr
@@ -124,7 +120,6 @@ def test_the_documented_address_book_serves_remote_device_and_jobs_peer(
 ):  # type: ignore[no-untyped-def]
     """One format, one reader: a [[peer]] entry (by id or by name) is what RemoteDevice and
     `jobs --peer` dial."""
-    import numpy as np
     from burn_remote import RemoteDevice
 
     server = spawn("--data-dir", str(tmp_path / "d"))

@@ -18,7 +18,7 @@ from burn_remote.server._replies import Place
 from burn_remote.server._state import ServerState
 from burn_remote.server.jobs import JobService
 
-from tests.jobs.models import lora_spec
+from tests.jobs.models import failing_spec
 
 
 def test_every_client_message_has_exactly_one_handler() -> None:
@@ -118,9 +118,7 @@ def test_job_polling_does_not_stall_other_sessions(spawn, tmp_path: Path) -> Non
     go on inside each poll's wait. Before the handler table, every poll froze the loop for 2 s."""
     server = spawn("--data-dir", str(tmp_path / "d"))
     polls = RemoteDevice(server.target)
-    garbage = tmp_path / "garbage.safetensors"
-    garbage.write_bytes(b"not a safetensors file")
-    job = polls.jobs.submit(lora_spec(garbage, garbage, steps=2))
+    job = polls.jobs.submit(failing_spec(tmp_path))
     info = job.watch(progress=False, timeout=60)
     assert info["state"] == "failed"  # terminal: no event will ever come
     last = job.events(0)[-1]["seq"]
