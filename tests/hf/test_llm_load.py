@@ -157,6 +157,10 @@ def test_sharded_bf16_checkpoint_loads_in_bf16(tmp_path):
     scale = np.abs(exact).max()
     assert np.abs(got - ref).max() < 0.03 * scale
     assert np.abs(got - exact).max() < 2 * np.abs(ref - exact).max() + 1e-3 * scale
+    # saved back in bf16, bit for bit: transformers gives the same logits as from the original
+    model.save_pretrained(tmp_path / "saved")
+    again = hf_logits(hf_model(tmp_path / "saved", dtype=torch.bfloat16), ids)
+    np.testing.assert_array_equal(again, ref)
     # dtype= overrides the storage: float32 compute of the bf16 weights, as transformers'
     wide = nn.AutoModelForCausalLM.from_pretrained(d, dtype="float32")
     assert wide.dtype == "float32"
