@@ -331,7 +331,7 @@ _BY_NAME = {"shape": _shape, "node": _i64}
 """Fields whose check is stricter (shape) or signed (node: -1 means none)."""
 _SCHEMAS: dict[type, tuple[tuple[str, Any, str], ...]] = {
     cls: tuple(
-        (f.name, _BY_NAME.get(f.name) or _CHECKS[f.type], f"({cls.__name__}).{f.name}")
+        (f.name, _BY_NAME.get(f.name) or _CHECKS[str(f.type)], f"({cls.__name__}).{f.name}")
         for f in dataclasses.fields(cls)
     )
     for cls in MESSAGES.values()
@@ -605,7 +605,8 @@ def read_group_link(frame: bytes | bytearray | memoryview) -> GroupLink:
     raw = _unpack_frame(frame)
     one = raw[0] if len(raw) == 1 else None
     if type(one) is not list or not one or one[0] != GroupLink.TAG:
-        return decode_message(one, "GroupLink")  # names what it is instead
+        other = decode_message(one, "GroupLink")  # a malformed one raises, naming the fault
+        raise DecodeError(f"expected a GroupLink, got {type(other).__name__}")
     if len(one) - 1 in GROUP_LINK_V2_FIELDS:
         raise VersionMismatch(2, _int_at(one, 1))
     theirs = one[1] if len(one) > 1 else None

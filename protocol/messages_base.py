@@ -6,7 +6,7 @@ wire fields. `messages.MESSAGES` is the one table of them (protocol/messages.py)
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class WireMessage:
@@ -15,6 +15,8 @@ class WireMessage:
     __slots__ = ()
     TAG: ClassVar[int]
     """The message's tag: the first element of its msgpack array."""
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    """(Every subclass is a dataclass: what type checkers look for.)"""
 
 
 __all__ = ["WireMessage"]

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 
 import msgpack
+import pytest
 from burn_remote.protocol import messages as m
 from burn_remote.protocol.graph import decode, validate
 
@@ -62,6 +63,9 @@ def test_a_group_link_of_another_version_names_it() -> None:
     tag, gid = m.GroupLink.TAG, 0x1234
     v3 = m.encode(m.GroupLink(m.PROTOCOL_VERSION, gid, 1, bytes(32), "", b""))
     assert m.is_group_link(v3) and m.read_group_link(v3).group_id == gid
+    hello = m.encode(m.Hello(m.PROTOCOL_VERSION, b"", {}))  # another message: refused by name
+    with pytest.raises(m.DecodeError, match="expected a GroupLink, got Hello"):
+        m.read_group_link(hello)
     for raw, theirs in [
         ([tag, gid, 1, bytes(32)], 2),  # version 2 as first released
         ([tag, gid, 1, bytes(32), ":7001", bytes(32)], 2),  # version 2 with the data plane
