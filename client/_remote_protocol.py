@@ -194,7 +194,7 @@ class ClientProtocol:
         if n > self._bulk_threshold:
             data = a.tobytes()  # the one copy: the caller may change its array after this
             self._bulk += 1
-            self._queue(m.Upload(tensor_id, name, a.shape, b"", self._bulk), data)
+            self._queue(m.Upload(0, tensor_id, name, a.shape, b"", self._bulk), data)
         else:  # encoded now, straight from the array's memory (the one copy)
             # (ml_dtypes' bfloat16 exports no buffer: its bits go as uint16, the same bytes)
             data = a.data if name != "bfloat16" else a.view(np.uint16).data

@@ -385,12 +385,13 @@ def encode_one(msg: Message, packer: msgpack.Packer) -> bytes:
 
 
 def encode_inline_upload(
-    packer: msgpack.Packer, tensor_id: int, dtype: str, shape: Any, data: Any
+    packer: msgpack.Packer, tensor_id: int, dtype: str, shape: Any, data: Any, request_id: int = 0
 ) -> bytes:
-    """``encode_one(Upload(tensor_id, dtype, shape, data, 0))`` without building the message:
+    """``encode_one(Upload(request_id, tensor_id, dtype, shape, data, 0))`` without building
+    the message:
     ``data`` may be any buffer (an array's memory), packed as bin without a copy first. The
     field order is Upload's, kept here beside its class (the step's hot path)."""
-    return packer.pack((Upload.TAG, tensor_id, dtype, shape, data, 0))
+    return packer.pack((Upload.TAG, request_id, tensor_id, dtype, shape, data, 0))
 
 
 def encode_execute_graph(

@@ -47,9 +47,12 @@ class Welcome(WireMessage):
 
 @dataclass(frozen=True, slots=True)
 class Upload(WireMessage):
-    """Store a tensor under a client-chosen id (replacing any tensor with that id). No reply."""
+    """Store a tensor under a client-chosen id (replacing any tensor with that id). No reply
+    (an Error naming ``request_id`` when it fails)."""
 
     TAG: ClassVar[int] = 3
+    request_id: int
+    """Names this Upload in an Error about it (0: the client does not need it named)."""
     tensor_id: int
     """Client-chosen u64 id of the new tensor."""
     dtype: str

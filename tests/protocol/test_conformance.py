@@ -126,7 +126,7 @@ def errors(replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def upload(tid: int, a: np.ndarray) -> list[Any]:
     a = np.asarray(a, order="C")  # keeps a 0-d array 0-d (ascontiguousarray makes it 1-d)
-    return msg("Upload", tid, str(a.dtype), list(a.shape), a.tobytes(), 0)
+    return msg("Upload", 0, tid, str(a.dtype), list(a.shape), a.tobytes(), 0)
 
 
 def graph(inputs: list, nodes: list, outputs: list) -> tuple[bytes, bytes]:
@@ -201,7 +201,7 @@ def test_a_scalar_is_read_with_shape_empty_alone_or_with_other_messages(raw: Raw
     """Data carries the tensor's own dimensions: [] for a 0-d tensor, whether the Read comes
     alone in its frame (the server's fast path) or with other messages."""
     x = np.array(2.5, dtype=np.float32)
-    raw.send(msg("Upload", 7, F32, [], x.tobytes(), 0))
+    raw.send(msg("Upload", 0, 7, F32, [], x.tobytes(), 0))
     raw.send(msg("Read", 8, 7))
     (alone,) = raw.replies("Data")
     raw.send(msg("Read", 9, 7), msg("Sync", 10))
@@ -210,10 +210,14 @@ def test_a_scalar_is_read_with_shape_empty_alone_or_with_other_messages(raw: Raw
         assert (data["dtype"], data["shape"], data["data"]) == (F32, [], x.tobytes())
 
 
-def test_an_upload_of_the_wrong_size_is_malformed(raw: Raw) -> None:
-    raw.send(msg("Upload", 1, F32, [4], b"\0" * 12, 0), msg("Sync", 1))
+def test_an_upload_of_the_wrong_size_is_malformed_and_named_by_its_request_id(raw: Raw) -> None:
+    raw.send(msg("Upload", 5, 1, F32, [4], b"\0" * 12, 0), msg("Sync", 6))
     err, _ = raw.replies("Ack")
     assert err["code"] == ERR["MALFORMED"] and "needs 16 bytes" in err["message"]
+    assert err["request_id"] == 5  # section 4: an Upload's errors name it
+    raw.send(msg("Upload", 0, 1, "int3", [4], b"\0" * 16, 0), msg("Sync", 7))
+    err, _ = raw.replies("Ack")
+    assert (err["code"], err["request_id"]) == (ERR["MALFORMED"], 0)  # 0: none asked
 
 
 def test_one_bad_message_is_answered_in_its_place(raw: Raw) -> None:
@@ -373,7 +377,7 @@ def test_an_unknown_digest_stalls_until_resync(raw: Raw) -> None:
 def test_bulk_upload_and_read_back_in_acknowledged_chunks(raw: Raw) -> None:
     x = np.random.default_rng(0).standard_normal(3 * 2**20 // 4 + 5).astype(np.float32)
     payload = x.tobytes()
-    raw.send(msg("Upload", 1, F32, [x.size], b"", 1))
+    raw.send(msg("Upload", 0, 1, F32, [x.size], b"", 1))
     sid = raw.conn.open_stream()
     raw.conn.send_frame(sid, frame(msg("Bulk", 1, len(payload), 0)))
     chunk = 2**20
@@ -415,7 +419,7 @@ def _receive_bulk(raw: Raw, bulk_id: int) -> tuple[bytes, int]:
 
 def test_a_transfer_over_the_memory_quota_is_limit_and_nothing_is_kept(raw: Raw) -> None:
     size = QUOTA + 4
-    raw.send(msg("Upload", 1, F32, [size // 4], b"", 1))
+    raw.send(msg("Upload", 0, 1, F32, [size // 4], b"", 1))
     sid = raw.conn.open_stream()
     raw.conn.send_frame(sid, frame(msg("Bulk", 1, size, 0)))
     raw.send(msg("MemoryStats", 2, 0, 0, 0, 0, 0, 0, 0))
@@ -426,7 +430,7 @@ def test_a_transfer_over_the_memory_quota_is_limit_and_nothing_is_kept(raw: Raw)
 
 
 def test_an_oversized_control_frame_is_limit_then_the_connection_ends(raw: Raw) -> None:
-    raw.send(raw=frame(msg("Upload", 1, "uint8", [MAX_FRAME], b"\0" * MAX_FRAME, 0)))
+    raw.send(raw=frame(msg("Upload", 0, 1, "uint8", [MAX_FRAME], b"\0" * MAX_FRAME, 0)))
     (err,) = raw.replies("Error")
     assert err["code"] == ERR["LIMIT"] and err["request_id"] == 0
     assert isinstance(raw.closed.get(timeout=30), Exception)

@@ -38,7 +38,7 @@ def _run(s: Session, *msgs: m.Message | bytes) -> list[m.Message]:
 
 
 def _upload(tid: int, a: np.ndarray) -> m.Upload:
-    return m.Upload(tid, "float32", a.shape, a.astype(np.float32).tobytes(), 0)
+    return m.Upload(0, tid, "float32", a.shape, a.astype(np.float32).tobytes(), 0)
 
 
 def _errors(replies: list[m.Message]) -> list[m.Error]:

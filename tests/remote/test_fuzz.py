@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from .conftest import Server
 
 _VALID = [
-    m.encode(m.Upload(1, "float32", (2,), b"\0" * 8, 0)),
+    m.encode(m.Upload(0, 1, "float32", (2,), b"\0" * 8, 0)),
     m.encode([m.Read(3, 1), m.Sync(4)]),
     m.encode(m.ExecuteGraph(5, b"\1" * 32, (1,), (0.5,), (2,), (1,))),
     m.encode(m.RegisterGraph(7, b"\2" * 32, b"\x94\x01\x90\x90\x90")),
@@ -84,7 +84,7 @@ def test_generated_frames_never_crash_the_session(value: object) -> None:
 @given(seed=st.integers(0, 2**32 - 1), which=st.integers(0, len(_VALID) - 1))
 def test_mutated_frames_never_crash_the_session(seed: int, which: int) -> None:
     s = _fresh_session()
-    s.feed_control(m.encode(m.Upload(1, "float32", (2,), b"\0" * 8, 0)))
+    s.feed_control(m.encode(m.Upload(0, 1, "float32", (2,), b"\0" * 8, 0)))
     s.feed_control(_mutate(_VALID[which], random.Random(seed)))
     for out in s.step(0.0):
         assert isinstance(out, bytes)

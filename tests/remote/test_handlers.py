@@ -78,7 +78,7 @@ def test_loop_handlers_never_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         tid = next(iter(session.store))
         frames = [
             replay,
-            m.encode(m.Upload(900, "float32", (2,), b"\0" * 8, 0)),
+            m.encode(m.Upload(0, 900, "float32", (2,), b"\0" * 8, 0)),
             m.encode([m.Sync(901), m.MemoryStats(902, 0, 0, 0, 0, 0, 0, 0), m.Resync()]),
             m.encode([m.Expose(903, tid, "a" * 52), m.Read(904, 900), m.Drop((900,))]),
             # group set-up runs on the loop too (this in-process state serves no groups:

@@ -143,12 +143,12 @@ def _missing_input(msgs: list[Any], k: int) -> None:
 def _bad_upload(msgs: list[Any], k: int) -> None:
     up = msgs[k - 1]
     assert type(up) is m.Upload
-    msgs[k - 1] = m.Upload(up.tensor_id, up.dtype, up.shape, up.data[:-4], 0)
+    msgs[k - 1] = m.Upload(0, up.tensor_id, up.dtype, up.shape, up.data[:-4], 0)
 
 
 def _wrong_shape(msgs: list[Any], k: int) -> None:
     up = msgs[k - 1]
-    msgs[k - 1] = m.Upload(up.tensor_id, "int8", (len(up.data),), up.data, 0)
+    msgs[k - 1] = m.Upload(0, up.tensor_id, "int8", (len(up.data),), up.data, 0)
 
 
 def _drops_with_the_step(msgs: list[Any], k: int) -> None:

@@ -143,7 +143,7 @@ def test_a_replayed_step_asks_the_plan_cache_once_and_the_ledger_twice() -> None
     assert state.held == held and state.tensors == tensors  # nothing leaked or lost
 
     state.lock.count = 0
-    session.feed_control(m.encode(m.Upload(10**6, "float32", (3,), b"\0" * 12, 0)))
+    session.feed_control(m.encode(m.Upload(0, 10**6, "float32", (3,), b"\0" * 12, 0)))
     session.step(2.0, Place.LOOP)
     assert state.lock.count == 1 and state.tensors == tensors + 1
 

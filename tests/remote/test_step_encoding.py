@@ -21,7 +21,7 @@ from burn_remote.server._loopback import loopback_device
 
 def _some_messages(n: int) -> list[m.Message]:
     kinds = [
-        lambda i: m.Upload(i, "float32", (2, 3), np.arange(6, dtype=np.float32).tobytes(), 0),
+        lambda i: m.Upload(0, i, "float32", (2, 3), np.arange(6, dtype=np.float32).tobytes(), 0),
         lambda i: m.ExecuteGraph(i, b"\x01" * 32, (1, 2**40, i), (0.5, -3, True), (7,), ()),
         lambda i: m.Drop((i, i + 1)),
         lambda i: m.Sync(i),

@@ -27,12 +27,12 @@ def test_bad_inputs_get_named_errors(server_engine, secure, peers, raw, guard_of
     guard = guard_of(server, peers.victim)
     c = raw(server, peers.attacker)
     c.hello()
-    ok = m.Upload(1, "float32", (2,), b"\0" * 8, 0)
+    ok = m.Upload(0, 1, "float32", (2,), b"\0" * 8, 0)
     c.send(ok, m.Sync(1))
     assert c.replies() == [m.Ack(1)]
 
     # a shape whose product wraps past 2**64 to exactly the bytes sent (0)
-    c.send(m.Upload(2, "float32", (2**32, 2**32, 4), b"", 0), m.Sync(2))
+    c.send(m.Upload(0, 2, "float32", (2**32, 2**32, 4), b"", 0), m.Sync(2))
     _error(c.replies(), m.MALFORMED, "too large")
 
     # a graph input of 2**62 elements
@@ -75,7 +75,7 @@ def test_absurd_shapes_and_dtypes_get_named_errors(secure, peers, raw):
     server = secure()
     c = raw(server, peers.attacker)
     c.hello()
-    c.send(m.Upload(1, "float32", (2,), b"\0" * 8, 0), m.Sync(1))
+    c.send(m.Upload(0, 1, "float32", (2,), b"\0" * 8, 0), m.Sync(1))
     assert c.replies() == [m.Ack(1)]
     cases = [
         (("float32", (2**40, 2**40, 0), b""), "too large"),
@@ -87,14 +87,14 @@ def test_absurd_shapes_and_dtypes_get_named_errors(secure, peers, raw):
         (("bool", (2**20, 2**20, 2**8), b""), "needs"),
     ]
     for i, ((dtype, shape, data), words) in enumerate(cases, start=2):
-        c.send(m.Upload(i, dtype, shape, data, 0), m.Sync(i))
+        c.send(m.Upload(0, i, dtype, shape, data, 0), m.Sync(i))
         _error(c.replies(), m.MALFORMED, words)
     # a graph declaring such an input is refused when it is registered
     raw_graph = msgpack.packb([GRAPH_FORMAT, [[[2**40, 2**40, 0], "float32"]], [], [0]])
     c.send(m.RegisterGraph(50, hashlib.sha256(raw_graph).digest(), raw_graph), m.Sync(50))
     _error(c.replies(), m.BAD_GRAPH, "elements")
     # an empty tensor of a shape that can be made is fine, and tensor 1 is still there
-    c.send(m.Upload(51, "float32", (2**20, 0, 2**20), b"", 0), m.Sync(51))
+    c.send(m.Upload(0, 51, "float32", (2**20, 0, 2**20), b"", 0), m.Sync(51))
     assert c.replies() == [m.Ack(51)]
     got = c.call(m.Read(52, 51))
     assert isinstance(got, m.Data) and tuple(got.shape) == (2**20, 0, 2**20)

@@ -18,7 +18,7 @@ for a loaded 2-core machine."""
 def _upload_then_more(c, bulk_id: int) -> int:
     """An Upload of 2 MiB through bulk ``bulk_id``, and that stream with its header sent."""
     size = 2 * m.BULK_CHUNK
-    c.send(m.Upload(1, "uint8", (size,), b"", bulk_id))
+    c.send(m.Upload(0, 1, "uint8", (size,), b"", bulk_id))
     sid = c.conn.open_stream()
     c.conn.send_frame(sid, m.encode(m.Bulk(bulk_id, size, 0)))
     return sid
@@ -27,7 +27,7 @@ def _upload_then_more(c, bulk_id: int) -> int:
 def _later_messages_answered(c, *words: str) -> None:  # noqa: ANN001
     """The Upload's named error, then the later messages' answers, all promptly."""
     x = np.arange(4, dtype=np.float32)
-    c.send(m.Upload(2, "float32", (4,), x.tobytes(), 0), m.Sync(3), m.Read(4, 2))
+    c.send(m.Upload(0, 2, "float32", (4,), x.tobytes(), 0), m.Sync(3), m.Read(4, 2))
     got: list = []
     while not any(isinstance(r, m.Data) for r in got):
         got += c.replies(timeout=ANSWER_WITHIN)

@@ -47,7 +47,7 @@ def test_unclaimed_bulk_streams_are_charged_and_refused(
     # Uploads naming them now: at most two fit under 64 MiB, the others were refused
     answers = []
     for bulk_id in range(1, 25):
-        upload = m.Upload(bulk_id, "uint8", (32 * MiB,), b"", bulk_id)
+        upload = m.Upload(0, bulk_id, "uint8", (32 * MiB,), b"", bulk_id)
         attacker.send(upload, m.Sync(1000 + bulk_id))
         while True:
             got = attacker.replies(timeout=30)
