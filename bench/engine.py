@@ -9,14 +9,18 @@ Prints:
     step of every round;
   - the digits-MLP step (64-128-10, batch 64, AdamW) as the engine replays its cached plan,
     against the same step written by hand in NumPy (bench/ops.py's), interleaved, medians;
-  - the SmolLM2-135M LoRA step against PEFT: pending (the Llama-family models are not on
-    this branch yet).
+  - the LoRA step of the LLM work (r 8 on q_proj/v_proj, batch 4 x 128 tokens, AdamW) on a
+    SmolLM2-135M-shaped Llama (its config: hidden 576, 30 layers, 9 heads, 3 KV heads,
+    intermediate 1536, vocab 49152, tied; random init by transformers, saved with
+    save_pretrained, nothing downloaded), captured with ``br.compile`` on ``Device.cpu()``,
+    against PEFT on transformers' LlamaForCausalLM, eager, the same threads; peak RSS each.
 
 Both sides get the same threads: ``--threads`` (default: BURN_REMOTE_THREADS, else every
 core) goes to BURN_REMOTE_THREADS (BLAS and the engine's pool) and to
 ``torch.set_num_threads``. The machine's load average is printed before and after.
 
-Run: .venv/bin/python bench/engine.py [--threads N] [--rounds R] [--steps S] [--skip-gpt2]
+Run: .venv/bin/python bench/engine.py [--threads N] [--rounds R] [--steps S]
+         [--skip-gpt2] [--skip-lora]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,6 +107,81 @@ def worker_torch(steps: int, threads: int) -> dict:
     return _timed(step, steps)
 
 
+SMOLLM2 = dict(
+    hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+    intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, rms_norm_eps=1e-5,
+    rope_theta=100000.0, hidden_act="silu", max_position_embeddings=2048,
+)  # fmt: skip
+LORA_BATCH, LORA_TOKENS = 4, 128
+
+
+def make_smollm2(directory: Path) -> None:
+    """The SmolLM2-135M-shaped base, random init by transformers (float32)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**SMOLLM2)).save_pretrained(directory)
+
+
+def lora_tokens() -> list[list[int]]:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    return rng.integers(0, SMOLLM2["vocab_size"], (LORA_BATCH, LORA_TOKENS + 1)).tolist()
+
+
+def worker_lora_ours(steps: int, base: str) -> dict:
+    import burn_remote as br
+    import numpy as np
+    from burn_remote import lora, nn, optim
+
+    model = nn.AutoModelForCausalLM.from_pretrained(base)
+    model.apply_lora(lora.LoraConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"]))
+    opt = optim.AdamW(model, lr=1e-4)
+    dev = model.device
+    seq = np.asarray(lora_tokens(), dtype=np.int64)
+    x, y = dev.tensor(seq[:, :-1]), dev.tensor(seq[:, 1:])
+
+    def one(x, y):  # noqa: ANN001, ANN202
+        loss = model.loss(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    run = br.compile(one)
+    return _timed(lambda: float(run(x, y).item()), steps)
+
+
+def worker_lora_peft(steps: int, threads: int, base: str) -> dict:
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(base, attn_implementation="eager")
+    model = peft.get_peft_model(
+        model, peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    )
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    seq = torch.tensor(lora_tokens())
+    x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+    def step() -> float:
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), y.view(-1)
+        )
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.item())
+
+    return _timed(step, steps)
+
+
 def _timed(step, steps: int) -> dict:
     for _ in range(WARMUP):
         step()
@@ -114,10 +194,11 @@ def _timed(step, steps: int) -> dict:
     return {"times": times, "cpu": cpu, "peak_rss_mib": peak_rss_mib()}
 
 
-def run_worker(side: str, steps: int, threads: int) -> dict:
-    env = dict(os.environ, BURN_REMOTE_THREADS=str(threads))
+def run_worker(side: str, steps: int, threads: int, base: str = "") -> dict:
+    env = dict(os.environ, BURN_REMOTE_THREADS=str(threads), HF_HUB_OFFLINE="1")
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", side, "--steps", str(steps), "--threads", str(threads)],
+        [sys.executable, __file__, "--worker", side, "--steps", str(steps), "--threads", str(threads),
+         "--base", base],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if out.returncode != 0:
@@ -125,30 +206,34 @@ def run_worker(side: str, steps: int, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_gpt2(rounds: int, steps: int, threads: int) -> None:
-    results: dict[str, list[dict]] = {"ours": [], "torch": []}
+def side_by_side(
+    title: str, sides: tuple[tuple[str, str], tuple[str, str]], target: str,
+    rounds: int, steps: int, threads: int, base: str = "",
+) -> None:  # fmt: skip
+    """Alternate the two workers ``sides`` ((label, worker) baseline first) round by round,
+    each in a process of its own; print medians, CPU per step, peak RSS and the ratios."""
+    (base_label, theirs), (our_label, ours) = sides
+    results: dict[str, list[dict]] = {ours: [], theirs: []}
     for r in range(rounds):
-        for side in ("ours", "torch") if r % 2 == 0 else ("torch", "ours"):
-            results[side].append(run_worker(side, steps, threads))
+        for side in (ours, theirs) if r % 2 == 0 else (theirs, ours):
+            results[side].append(run_worker(side, steps, threads, base))
             res = results[side][-1]
             print(f"  round {r + 1}/{rounds} {side}: wall {[round(t, 3) for t in res['times']]} "
                   f"CPU {[round(t, 3) for t in res['cpu']]}  ({load()})", flush=True)  # fmt: skip
     med = {s: statistics.median(t for res in rs for t in res["times"]) for s, rs in results.items()}
     cpu = {s: statistics.median(t for res in rs for t in res["cpu"]) for s, rs in results.items()}
     rss = {s: statistics.median(res["peak_rss_mib"] for res in rs) for s, rs in results.items()}
-    print(
-        f"GPT-2-small AdamW step (batch {BATCH} x {TOKENS}, {threads} threads), medians of "
-        f"{rounds} rounds x {steps} steps, each side in its own process:"
-    )
-    for label, side in (("PyTorch eager (transformers)", "torch"), ("Device.cpu()", "ours")):
+    print(f"{title} ({threads} threads), medians of {rounds} rounds x {steps} steps, each side "
+          "in its own process:")  # fmt: skip
+    for label, side in ((base_label, theirs), (our_label, ours)):
         print(
             f"  {label:28} : {med[side]:7.3f} s/step (CPU {cpu[side]:6.3f} s)  "
             f"peak RSS {rss[side]:6.0f} MiB"
         )
     print(
-        f"  ratio (ours / torch)         : time {med['ours'] / med['torch']:5.2f}x (target <= 0.90x)"
-        f"  CPU {cpu['ours'] / cpu['torch']:5.2f}x  peak RSS {rss['ours'] / rss['torch']:5.2f}x "
-        "(target <= 1.00x)"
+        f"  {'ratio (ours / theirs)':28} : time {med[ours] / med[theirs]:5.2f}x (target <= "
+        f"{target})  CPU {cpu[ours] / cpu[theirs]:5.2f}x  peak RSS "
+        f"{rss[ours] / rss[theirs]:5.2f}x (target <= 1.00x)"
     )
 
 
@@ -206,6 +291,15 @@ def bench_mlp(rounds: int, iters: int) -> None:
     )
 
 
+WORKERS = {
+    "ours": lambda steps, threads, base: worker_ours(steps),
+    "torch": lambda steps, threads, base: worker_torch(steps, threads),
+    "lora_ours": lambda steps, threads, base: worker_lora_ours(steps, base),
+    "lora_peft": worker_lora_peft,
+}
+"""Worker name -> fn(steps, threads, base directory): the dict of its timed steps."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,14 +317,13 @@ def main() -> None:
     ap.add_argument("--mlp-rounds", type=int, default=9)
     ap.add_argument("--mlp-iters", type=int, default=200)
     ap.add_argument("--skip-gpt2", action="store_true")
-    ap.add_argument("--worker", choices=("ours", "torch"), help=argparse.SUPPRESS)
+    ap.add_argument("--skip-lora", action="store_true")
+    ap.add_argument("--lora-rounds", type=int, default=2)
+    ap.add_argument("--worker", choices=tuple(WORKERS), help=argparse.SUPPRESS)
+    ap.add_argument("--base", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        threads = args.threads or 1
-        res = (
-            worker_ours(args.steps) if args.worker == "ours" else worker_torch(args.steps, threads)
-        )
-        print(json.dumps(res))
+        print(json.dumps(WORKERS[args.worker](args.steps, args.threads or 1, args.base)))
         return
     try:
         from burn_remote.engine.backends.cpu_threads import default_threads
@@ -243,8 +336,20 @@ def main() -> None:
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '')!r}", flush=True)  # fmt: skip
     bench_mlp(args.mlp_rounds, args.mlp_iters)
     if not args.skip_gpt2:
-        bench_gpt2(args.rounds, args.steps, threads)
-    print("SmolLM2-135M LoRA step vs PEFT: pending (the Llama-family models are not on main yet)")
+        side_by_side(
+            f"GPT-2-small AdamW step (batch {BATCH} x {TOKENS})",
+            (("PyTorch eager (transformers)", "torch"), ("Device.cpu()", "ours")),
+            "0.90x", args.rounds, args.steps, threads,
+        )  # fmt: skip
+    if not args.skip_lora:
+        with tempfile.TemporaryDirectory(prefix="bench-smollm2-") as tmp:
+            make_smollm2(Path(tmp))
+            side_by_side(
+                f"SmolLM2-135M-shaped LoRA step (r 8 q/v, batch {LORA_BATCH} x {LORA_TOKENS})",
+                (("PEFT + transformers eager", "lora_peft"),
+                 ("Device.cpu(), br.compile", "lora_ours")),
+                "1.00x", args.lora_rounds, args.steps, threads, tmp,
+            )  # fmt: skip
     print(f"end: {load()}")
 
 

@@ -10,18 +10,26 @@ from the cores this process may run on.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 THREADS_ENV = "BURN_REMOTE_THREADS"
 """Threads of the CPU engine (BLAS and fused kernels); unset: every core this process may use."""
 
+SMALL_GEMM_MACS = 1 << 24
+"""A matrix product with fewer multiply-adds than this (per matrix of a batch: ~0.1-0.2 ms on
+one core) runs BLAS on one thread: split over threads its work is smaller than the threads'
+hand-offs, and on a loaded machine a BLAS thread spinning for a descheduled partner measured
+5-30x slower (a LoRA step of 3 s took 43 s on two threads). A batch of such products is
+spread over the engine's threads instead, one BLAS thread each."""
+
 PARALLEL_MIN_ELEMENTS = 1 << 18
 """Work below this many elements runs on the calling thread: handing it to the pool costs
 more (~20-50 us a hand-off) than a second core gains on it."""
 
-_state: dict[str, Any] = {"threads": None, "pool": None, "blas": None}
+_state: dict[str, Any] = {"threads": None, "pool": None, "blas": None, "controllers": []}
 
 
 def default_threads() -> int:
@@ -67,7 +75,29 @@ def set_threads(n: int) -> int:
         return n
     # not a context manager: the limit stays for the life of the process
     _state["blas"] = threadpool_limits(limits=n, user_api="blas")
+    from threadpoolctl import ThreadpoolController
+
+    _state["controllers"] = ThreadpoolController().select(user_api="blas").lib_controllers
     return n
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS on one thread inside the block (``SMALL_GEMM_MACS``), the engine's count after.
+    A call each way into the BLAS library (~1 us); nothing when the engine has one thread or
+    threadpoolctl cannot reach BLAS."""
+    n = threads()
+    controllers = _state["controllers"]
+    if n == 1 or not controllers:
+        yield
+        return
+    for c in controllers:
+        c.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for c in controllers:
+            c.set_num_threads(n)
 
 
 def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int) -> None:
