@@ -7,6 +7,7 @@ allows. Plans are cached by graph hash in a bounded LRU shared by every caller.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,12 @@ from ..protocol.ops import COLLECTIVE
 from ..protocol.registry import OPS
 from .backend_base import Backend
 
+CONSTANT_CACHE_BYTES = 1 << 20
+"""A `full` node up to this size is made once at compile time and kept with the plan; a
+larger one is made by each run (``FreshConstant``): a cached plan would otherwise hold it for
+as long as the plan lives (an optimizer's first step holds zeros as large as the model's
+moments: 944 MiB for GPT-2 small), and a run's own array may take a kernel's result."""
+
 PLAN_CACHE_SIZE = 256
 """Compiled plans kept per executor; the least recently used is evicted past this."""
 
@@ -32,6 +39,17 @@ class ExecutionError(RuntimeError):
         super().__init__(message)
         self.node = node
         self.op = op
+
+
+@dataclass(frozen=True, slots=True)
+class FreshConstant:
+    """A `full` node too large to keep with its plan: each run makes it anew."""
+
+    kernel: Any
+    attrs: dict[str, Any]
+
+    def make(self) -> Any:
+        return self.kernel(**self.attrs)
 
 
 @dataclass(slots=True)
@@ -61,8 +79,9 @@ class Plan:
     n_inputs: int
     value_slots: list[tuple[int, str]]
     constants: list[tuple[int, Any]]
-    """(slot, array) of `full` nodes, computed once at compile time; kernels never write
-    their inputs, so every replay can share them."""
+    """(slot, array) of `full` nodes, computed once at compile time and shared by every
+    replay (kernels never write them: the slot list is not their only holder); a larger one
+    than CONSTANT_CACHE_BYTES is a FreshConstant, made by each run."""
     outputs: tuple[int, ...]
     liveness: list[tuple[int, int, int]] = field(default_factory=list)
     """(slot, first step, last step) of every slot; memory planning reads it."""
@@ -129,7 +148,10 @@ def _compile(graph: Graph, backend: Backend) -> Plan:
         slot += len(node.outputs)
         if node.op == "full":
             attrs = OPS["full"].bind_attrs(dict(node.attrs))
-            constants.append((outs[0], backend.kernels["full"](**attrs)))
+            size = math.prod(attrs["shape"]) * dtypes.to_numpy(attrs["dtype"]).itemsize
+            full = backend.kernels["full"]
+            made = full(**attrs) if size <= CONSTANT_CACHE_BYTES else FreshConstant(full, attrs)
+            constants.append((outs[0], made))
             first_use[outs[0]] = -1
             continue
         if node.op == "value":
@@ -282,7 +304,7 @@ class Executor:
         slots[: plan.n_inputs] = inputs
         backend = self.backend
         for s, array in plan.constants:
-            slots[s] = array
+            slots[s] = array.make() if type(array) is FreshConstant else array
         for (s, dt), v in zip(plan.value_slots, values, strict=True):
             slots[s] = backend.scalar(v, dt)
         conform = backend.conform

@@ -220,6 +220,38 @@ def test_an_intermediate_a_live_view_still_reads_is_not_overwritten() -> None:
     np.testing.assert_array_equal(w, x * x + x)
 
 
+@pytest.mark.parametrize("n", [16, 1 << 19])  # kept with the plan / made by each run
+def test_constants_are_never_overwritten_across_runs(n) -> None:
+    from burn_remote.engine.executor import CONSTANT_CACHE_BYTES, FreshConstant
+
+    f32 = "float32"
+    graph = Graph(
+        inputs=(((n,), f32),),
+        nodes=(
+            GraphNode("full", (), (("shape", (n,)), ("value", 1.5), ("dtype", f32)), (((n,), f32),)),
+            GraphNode("add", (1, 0), (), (((n,), f32),)),
+        ),
+        outputs=(2,),
+    )  # fmt: skip
+    plan = compile_graph(graph, NumpyBackend())
+    fresh = n * 4 > CONSTANT_CACHE_BYTES
+    assert (type(plan.constants[0][1]) is FreshConstant) == fresh
+    x = np.arange(n, dtype=np.float32)
+    ex = Executor(NumpyBackend())
+    first = ex.run(plan, [x.copy()], [])[0]
+    second = ex.run(plan, [x.copy()], [])[0]
+    np.testing.assert_array_equal(first, x + 1.5)
+    np.testing.assert_array_equal(second, x + 1.5)
+    assert first is not second
+
+
+def test_zeros_of_full_keep_the_sign_of_negative_zero() -> None:
+    from burn_remote.engine.backends.numpy_kernels import KERNELS
+
+    assert np.signbit(KERNELS["full"]((3,), -0.0, "float32")).all()
+    assert not np.signbit(KERNELS["full"]((3,), 0.0, "float32")).any()
+
+
 def test_a_batch_of_rows_times_a_matrix_is_one_gemm_with_numpys_result() -> None:
     from burn_remote.engine.backends.numpy_kernels import KERNELS
 

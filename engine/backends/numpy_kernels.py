@@ -203,6 +203,9 @@ def _cast(x, dtype):
 
 @kernel("full")
 def _full(shape, value, dtype):
+    if value == 0 and math.copysign(1.0, float(value)) > 0:
+        # zeros from calloc: pages untouched until written (an optimizer's moments); not -0.0
+        return np.zeros(shape, dtype=dtypes.to_numpy(dtype))
     return np.full(shape, value, dtype=dtypes.to_numpy(dtype))
 
 
