@@ -443,7 +443,9 @@ def _min_max(name: str, x: Any, dim: int, keepdim: bool) -> Any:
 def matmul(a: Any, b: Any) -> Any:
     """NumPy matmul semantics, 1-d operands included (promoted, then squeezed back)."""
     if not isinstance(a, TensorMath) or not isinstance(b, TensorMath):
-        raise TypeError("matmul: both operands must be tensors")
+        from ._recorder import not_a_tensor
+
+        raise not_a_tensor("matmul", b if isinstance(a, TensorMath) else a)
     squeeze = []
     if a.ndim == 1:
         a = a.reshape(1, a.shape[0])

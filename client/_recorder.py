@@ -15,6 +15,7 @@ from threading import get_ident
 from types import FrameType
 from typing import Any, Protocol
 
+import numpy as np
 from burn_remote.protocol import ops as _declared  # noqa: F401  (the registry, filled)
 from burn_remote.protocol.graph import Graph, GraphNode
 from burn_remote.protocol.registry import by_category
@@ -61,6 +62,20 @@ def user_location() -> tuple[str, int]:
 
 def fmt_location(where: tuple[str, int] | None) -> str:
     return f"{where[0]}:{where[1]}" if where else "<unknown>"
+
+
+def not_a_tensor(name: str, value: Any) -> TypeError:
+    """The error for a non-tensor operand, naming the user's line and, for host data (a
+    NumPy array, a list: the usual mistake, a batch passed straight to a layer), the fix."""
+    kind = "NumPy array" if isinstance(value, np.ndarray) else type(value).__name__
+    if isinstance(value, np.ndarray) or type(value).__module__.startswith(("numpy", "torch")):
+        hint = f"; a {kind} is host data: upload it first with dev.tensor(x)"
+    elif isinstance(value, list | tuple):
+        hint = f"; a {kind} is host data: make it a tensor first with dev.tensor(x)"
+    else:
+        hint = ""
+    where = fmt_location(user_location())
+    return TypeError(f"{name}: expected tensor operands, got {kind}{hint} (at {where})")
 
 
 class Node:

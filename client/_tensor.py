@@ -21,7 +21,7 @@ from burn_remote.protocol.registry import OPS, ShapeError
 
 from . import _autograd, _indexing, _recorder
 from ._math import TensorMath, matmul
-from ._recorder import Node, fmt_location, user_location
+from ._recorder import Node, fmt_location, not_a_tensor, user_location
 
 
 class RecordError(ValueError):
@@ -32,8 +32,10 @@ def _device_of(name: str, inputs: tuple[Tensor, ...]) -> Any:
     dev = inputs[0]._dev
     for t in inputs[1:]:
         if t._dev is not dev:
+            where = fmt_location(user_location())
             raise RecordError(
-                f"{name}: operands are on different devices ({dev} and {t._dev}); move one with .to()"
+                f"{name}: operands are on different devices ({dev} and {t._dev}); move one "
+                f"with .to() (at {where})"
             )
     return dev
 
@@ -49,7 +51,7 @@ def call(name: str, *inputs: Tensor, _device: Any = None, _where: Any = None, **
         raise RecordError(f"unknown op {name!r}")
     for t in inputs:
         if type(t) is not Tensor:
-            raise TypeError(f"{name}: expected Tensor operands, got {type(t).__name__}")
+            raise not_a_tensor(name, t)
     try:
         bound = op.bind_attrs(attrs) if (attrs or op.attrs) else attrs
         if op.decompose is not None:

@@ -13,9 +13,18 @@ Shape-based computations (see `_trace`). Weights above 2 GiB go to external data
 Needs the `onnx` package (the `onnx` extra); onnxruntime is only needed to run the result.
 """
 
-from ._export import MAX_INLINE_BYTES, MIN_OPSET, export, save, to_onnx
-from ._lowering import LOWERINGS, NOT_EXPORTABLE
-from ._trace import ExportError
+try:
+    from ._export import MAX_INLINE_BYTES, MIN_OPSET, export, save, to_onnx
+    from ._lowering import LOWERINGS, NOT_EXPORTABLE
+    from ._trace import ExportError
+except ModuleNotFoundError as exc:  # the extra is not installed: say how to install it
+    if exc.name != "onnx":
+        raise
+    raise ModuleNotFoundError(
+        "burn_remote.onnx needs the onnx package, which a plain install leaves out: "
+        "pip install 'burn-remote[onnx]' (onnx, and onnxruntime to run the file)",
+        name="onnx",
+    ) from None
 
 __all__ = [
     "LOWERINGS",

@@ -216,13 +216,30 @@ def _unexpressible(where: str, v0: Any, v: Any, names: Sequence[str], p: Point) 
     )
 
 
-def trace(
-    fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray], axes: Axes | None
-) -> Trace:
-    """Record `fn(*arrays)` without running it; with dynamic `axes`, find what follows them."""
-    names = axes.symbols if axes is not None else []
-    sizes = axes.sizes(arrays) if axes is not None else {}
-    capture, in_rel, out_rel = _record(fn, dev, arrays)
+SHRINK = 3
+"""How much smaller an example at the model's largest size is traced (it, +1 and +2 are
+then all below that size)."""
+
+
+class _GrowFailed(Exception):
+    """Recording at a larger size raised; ``error`` says so for the user."""
+
+    def __init__(self, error: ExportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _traces(
+    fn: Callable[..., Any],
+    dev: Any,
+    arrays: Sequence[np.ndarray],
+    axes: Any,
+    names: Sequence[str],
+    capture: Any,
+    in_rel: Any,
+    out_rel: Any,
+) -> dict[Point, Any]:
+    """The graphs recorded at each of ``_points`` (the example's own first)."""
     points = _points(len(names))
     graphs = {points[0]: capture.graph}
     for p in points[1:]:
@@ -233,13 +250,41 @@ def trace(
             raise
         except Exception as exc:
             grown = ", ".join(f"{n}+{d}" for n, d in delta.items() if d)
-            raise ExportError(
-                f"tracing the model at {grown} (to find what follows the dynamic axes) "
-                f"failed: {exc}; export from an example that leaves room on those axes"
+            raise _GrowFailed(
+                ExportError(
+                    f"tracing the model at {grown} (to find what follows the dynamic axes) "
+                    f"failed: {exc}; export from an example that leaves room on those axes"
+                )
             ) from None
         if (in_more, out_more) != (in_rel, out_rel):
             raise ExportError("the model's graph changes with a dynamic axis")
         graphs[p] = more.graph
+    return graphs
+
+
+def trace(
+    fn: Callable[..., Any], dev: Any, arrays: Sequence[np.ndarray], axes: Axes | None
+) -> Trace:
+    """Record `fn(*arrays)` without running it; with dynamic `axes`, find what follows them."""
+    names = axes.symbols if axes is not None else []
+    sizes = axes.sizes(arrays) if axes is not None else {}
+    capture, in_rel, out_rel = _record(fn, dev, arrays)
+    try:
+        graphs = _traces(fn, dev, arrays, axes, names, capture, in_rel, out_rel)
+    except _GrowFailed as grown:
+        # An example at the model's largest size (a GPT at its full context) cannot grow;
+        # what follows the axes shows as well from a smaller example (traced at it, +1 and
+        # +2, all within the model), and the exported sizes stay symbolic.
+        shrink = {n: -SHRINK for n in names if sizes[n] > SHRINK}
+        if not shrink or axes is None:
+            raise grown.error from None
+        arrays = axes.grow(arrays, shrink)
+        sizes = axes.sizes(arrays)
+        capture, in_rel, out_rel = _record(fn, dev, arrays)
+        try:
+            graphs = _traces(fn, dev, arrays, axes, names, capture, in_rel, out_rel)
+        except _GrowFailed:
+            raise grown.error from None
     g0 = capture.graph
     gs = list(graphs.values())
     if any(len(g.nodes) != len(g0.nodes) or len(g.inputs) != len(g0.inputs) for g in gs[1:]):

@@ -70,6 +70,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,  # SpecError, ExportError, HFConfigError, CheckpointError: named inputs
     FloatingPointError,  # the loss diverged: the spec's learning rate, not the server
     ConnectionError,  # a server the spec names cannot be reached or was lost
+    ModuleNotFoundError,  # an extra this server lacks (onnx): the message says what to install
 )
 """A job's failures that come from what the user asked (the message names the key or the
 file), logged as one WARNING line; anything else is a fault of ours: ERROR and traceback."""
