@@ -837,3 +837,14 @@ def test_server_status_has_the_documented_limits_and_traffic(server: Daemon) -> 
     assert set(status["traffic"]) == {"steps", "bytes_received", "bytes_sent", "messages"}
     assert all(isinstance(v, int) for v in status["traffic"].values())
     admin.close()
+
+
+def test_a_job_list_page_is_json_with_jobs_and_next(raw: Raw) -> None:
+    """Section 8: JobList's JobInfo holds {"jobs": [...], "next": id or null}."""
+    import json
+
+    raw.send(msg("JobList", 1, 0, 0))
+    (info,) = raw.replies("JobInfo")
+    page = json.loads(info["info"])
+    assert set(page) == {"jobs", "next"} and page["next"] is None
+    assert isinstance(page["jobs"], list)
