@@ -53,12 +53,55 @@ def summary(obj: object) -> str:
     return " ".join(doc.strip().split("\n\n")[0].split()) if doc else ""
 
 
+def value_text(obj: object) -> str:
+    """A constant as the page shows it: a number or string itself, a table by its size, an
+    object by its repr (never an address, so the page is the same on every run)."""
+    if isinstance(obj, int | float | str | bool):
+        return f"`{obj!r}`"
+    if isinstance(obj, dict | list | tuple | set | frozenset):
+        return f"a {type(obj).__name__} of {len(obj)} entries"
+    shown = repr(obj)
+    if " at 0x" in shown:
+        return f"a `{type(obj).__name__}`"
+    return f"`{shown if len(shown) <= 60 else shown[:57] + '...'}`"
+
+
 def kind(obj: object) -> str:
     if inspect.ismodule(obj):
         return "module"
     if inspect.isclass(obj):
         return "exception" if issubclass(obj, BaseException) else "class"
-    return "function" if callable(obj) else "value"
+    return "function" if inspect.isroutine(obj) or callable(obj) else "value"
+
+
+def undocumented() -> list[str]:
+    """Public classes and functions without a docstring of their own (a test keeps this
+    empty: ``help(name)`` should say what a name is for)."""
+    out = []
+    for mod_name in PUBLIC_MODULES:
+        module = importlib.import_module(mod_name)
+        for name in public_names(module):
+            obj = getattr(module, name)
+            if (inspect.isclass(obj) or inspect.isroutine(obj)) and not summary(obj):
+                out.append(f"{mod_name}.{name}")
+    return out
+
+
+DOCUMENTED_CLASSES = ("burn_remote.nn.Module",)
+"""Classes whose every public method must say what it does (``help(Module.state_dict)``)."""
+
+
+def undocumented_methods() -> list[str]:
+    """Public methods of DOCUMENTED_CLASSES without a docstring."""
+    out = []
+    for dotted in DOCUMENTED_CLASSES:
+        mod_name, _, name = dotted.rpartition(".")
+        cls = getattr(importlib.import_module(mod_name), name)
+        for attr, value in vars(cls).items():
+            func = value.fget if isinstance(value, property) else value
+            if not attr.startswith("_") and inspect.isfunction(func) and not summary(func):
+                out.append(f"{dotted}.{attr}")
+    return out
 
 
 def render() -> str:
@@ -78,7 +121,12 @@ def render() -> str:
         lines += ["| name | kind | what it is |", "|---|---|---|"]
         for name in public_names(module):
             obj = getattr(module, name)
-            text = f"see `{obj.__name__}`" if inspect.ismodule(obj) else summary(obj)
+            if inspect.ismodule(obj):
+                text = f"see `{obj.__name__}`"
+            elif inspect.isclass(obj) or inspect.isroutine(obj):
+                text = summary(obj)
+            else:  # a constant or an instance (an extension): what it holds
+                text = value_text(obj)
             cell = text.replace("|", "\\|")
             lines.append(f"| `{name}` | {kind(obj)} | {cell} |")
     return "\n".join(lines) + "\n"

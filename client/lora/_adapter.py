@@ -56,6 +56,8 @@ def parent_library(hf_class: str) -> str:
 
 
 def adapter_state(model: Module, hf_class: str | None = None) -> dict[str, Any]:
+    """The adapters' weights as PEFT names them (``base_model.model.<path>.lora_A.weight``),
+    keyed for the Hugging Face class ``hf_class`` (default: the one the model came from)."""
     prefix = key_prefix(model, hf_class)
     out = {}
     for path, layer in lora_layers(model):
@@ -104,6 +106,8 @@ def save_adapter(
 
 
 def read_config(directory: str | Path) -> LoraConfig:
+    """The LoraConfig of a PEFT adapter directory (its ``adapter_config.json``); an adapter
+    that is not LoRA is refused."""
     doc = json.loads((Path(directory) / CONFIG).read_text())
     if doc.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"load_adapter: peft_type {doc['peft_type']!r} is not LORA")

@@ -62,6 +62,7 @@ def _unmatched_names(model: Module, target: Any) -> list[str]:
 
 
 def lora_layers(model: Module) -> list[tuple[str, LoraLinear]]:
+    """(path, layer) of every LoRA-wrapped Linear of ``model``, in model order."""
     return [(p, m) for p, m in model.named_modules() if isinstance(m, LoraLinear)]
 
 
@@ -107,11 +108,14 @@ def merge_and_unload(model: Module) -> Module:
 
 
 def merge(model: Module) -> None:
+    """Add every adapter's update into its base weight (inference without the extra
+    matmuls); ``unmerge`` takes it out again."""
     for _, layer in lora_layers(model):
         layer.merge()
 
 
 def unmerge(model: Module) -> None:
+    """Take every merged adapter's update back out of its base weight."""
     for _, layer in lora_layers(model):
         layer.unmerge()
 

@@ -72,28 +72,35 @@ class Module:
         return head + "\n" + "\n".join(lines) + "\n)"
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """What the module computes; subclasses define it and `module(x)` calls it."""
         raise NotImplementedError
 
     # --- the tree -------------------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, Module]]:
+        """(name, module) of the direct children, in the order they were set."""
         yield from list(self.__dict__.get("_children", {}).items())
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """(dotted path, module) of this module and every descendant, depth first."""
         yield prefix, self
         for name, child in self.named_children():
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
 
     def children(self) -> Iterator[Module]:
+        """The direct child modules."""
         return (m for _, m in self.named_children())
 
     def modules(self) -> Iterator[Module]:
+        """This module and every descendant."""
         return (m for _, m in self.named_modules())
 
     def zero_grad(self) -> None:
+        """Forget every parameter's gradient (frozen ones included)."""
         for _, t in self.named_parameters(include_frozen=True):
             t.grad = None
 
     def get_submodule(self, path: str) -> Module:
+        """The descendant at a dotted path such as ``"blocks.0.attn"``."""
         mod = self
         for part in filter(None, path.split(".")):
             mod = mod.__dict__.get("_children", {})[part]
@@ -113,6 +120,7 @@ class Module:
         return self._named(("_params", "_buffers"), persistent_only=True)
 
     def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
+        """(dotted name, tensor) of every buffer (running statistics...), transient ones too."""
         return self._named(("_buffers",), persistent_only=False)
 
     def named_parameters(self, include_frozen: bool = False) -> Iterator[tuple[str, Tensor]]:
@@ -122,9 +130,11 @@ class Module:
                 yield name, t
 
     def parameters(self, include_frozen: bool = False) -> list[Tensor]:
+        """The trainable parameters (what an optimizer takes); frozen ones too on request."""
         return [t for _, t in self.named_parameters(include_frozen)]
 
     def num_parameters(self, trainable_only: bool = False) -> int:
+        """How many numbers the parameters hold (only the trainable ones on request)."""
         return sum(t.size for _, t in self.named_parameters(include_frozen=not trainable_only))
 
     # --- devices, modes ---------------------------------------------------------------------
@@ -140,11 +150,14 @@ class Module:
 
     @property
     def device(self) -> Device:
+        """The device the module's tensors are on (the CPU for a module without any)."""
         for _, t in self._named(("_params", "_buffers"), persistent_only=False):
             return t.device
         return Device.cpu()
 
     def train(self, mode: bool = True) -> Module:
+        """Training mode (dropout on, batch statistics) for this module and its children;
+        ``train(False)`` is ``eval()``. A change makes compiled steps capture again."""
         changed = False
         for _, m in self.named_modules():
             changed = changed or m.training != mode
@@ -154,10 +167,13 @@ class Module:
         return self
 
     def eval(self) -> Module:
+        """Inference mode: dropout off, running statistics used."""
         return self.train(False)
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Every parameter and persistent buffer as a NumPy array, by dotted name (reads the
+        device): what ``save`` writes and ``load_state_dict`` takes back."""
         return {name: t.numpy() for name, t in self.named_tensors()}
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
@@ -187,6 +203,8 @@ class Module:
         save_arrays(self.state_dict(), path, metadata)
 
     def load(self, path: str | Path, strict: bool = True) -> None:
+        """Read a safetensors file written by ``save`` (or any with the same names) into
+        this module's tensors; ``strict`` refuses missing or unexpected names."""
         from ._serialize import load_arrays
 
         self.load_state_dict(load_arrays(path), strict=strict)
@@ -199,6 +217,7 @@ class Module:
         return _lora().apply_lora(self, config)
 
     def merge_lora(self) -> None:
+        """Add each adapter's update into its base weight (faster inference, same outputs)."""
         _lora().merge(self)
 
     def merge_and_unload(self) -> Module:
@@ -206,6 +225,7 @@ class Module:
         return _lora().merge_and_unload(self)
 
     def unmerge_lora(self) -> None:
+        """Take merged adapter updates back out of the base weights (to train them again)."""
         _lora().unmerge(self)
 
     def save_adapter(
@@ -215,6 +235,8 @@ class Module:
         _lora().save_adapter(self, directory, hf_class, **config_fields)
 
     def load_adapter(self, directory: str | Path) -> None:
+        """Load a PEFT adapter directory (``adapter_config.json`` and its weights) onto
+        this model, wrapping the layers it targets."""
         _lora().load_adapter(self, directory)
 
 
@@ -248,6 +270,7 @@ class ModuleList(Module):
             self.append(m)
 
     def append(self, m: Module) -> None:
+        """Add ``m`` as the next child (named by its position)."""
         setattr(self, str(len(self)), m)
 
     def __iter__(self) -> Iterator[Module]:

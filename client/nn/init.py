@@ -22,6 +22,8 @@ def _set(t: Tensor, values: np.ndarray) -> Tensor:
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
+    """The recommended scale for an activation (torch.nn.init.calculate_gain): tanh 5/3,
+    relu sqrt(2), leaky_relu sqrt(2 / (1 + slope^2)), selu 3/4, linear and conv 1."""
     if nonlinearity in ("linear", "sigmoid", "identity") or nonlinearity.startswith("conv"):
         return 1.0
     if nonlinearity == "tanh":
@@ -44,10 +46,12 @@ def _fans(t: Tensor) -> tuple[int, int]:
 
 
 def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
+    """Fill ``t`` in place with U(a, b) draws from the generator ``nn.seed`` sets."""
     return _set(t, _init._rng.uniform(a, b, size=t.shape))
 
 
 def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
+    """Fill ``t`` in place with N(mean, std^2) draws from the generator ``nn.seed`` sets."""
     return _set(t, _init._rng.normal(mean, std, size=t.shape))
 
 
@@ -64,30 +68,36 @@ def trunc_normal_(
 
 
 def constant_(t: Tensor, val: float) -> Tensor:
+    """Fill ``t`` in place with ``val``."""
     return _set(t, np.full(t.shape, val))
 
 
 def zeros_(t: Tensor) -> Tensor:
+    """Fill ``t`` in place with zeros."""
     return constant_(t, 0.0)
 
 
 def ones_(t: Tensor) -> Tensor:
+    """Fill ``t`` in place with ones."""
     return constant_(t, 1.0)
 
 
 def eye_(t: Tensor) -> Tensor:
+    """Fill a 2-d ``t`` in place with the identity (ones on the diagonal, zeros elsewhere)."""
     if t.ndim != 2:
         raise ValueError("eye_: only 2-d tensors")
     return _set(t, np.eye(t.shape[0], t.shape[1]))
 
 
 def xavier_uniform_(t: Tensor, gain: float = 1.0) -> Tensor:
+    """Glorot uniform: U(-b, b) with b = gain * sqrt(6 / (fan_in + fan_out)), in place."""
     fan_in, fan_out = _fans(t)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(t, -bound, bound)
 
 
 def xavier_normal_(t: Tensor, gain: float = 1.0) -> Tensor:
+    """Glorot normal: N(0, std^2) with std = gain * sqrt(2 / (fan_in + fan_out)), in place."""
     fan_in, fan_out = _fans(t)
     return normal_(t, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
 
@@ -102,6 +112,7 @@ def _kaiming_std(t: Tensor, a: float, mode: str, nonlinearity: str) -> float:
 def kaiming_uniform_(
     t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu"
 ) -> Tensor:
+    """He uniform, as torch's: U(-b, b) with b = sqrt(3) * gain / sqrt(fan), in place."""
     bound = math.sqrt(3.0) * _kaiming_std(t, a, mode, nonlinearity)
     return uniform_(t, -bound, bound)
 
@@ -109,6 +120,7 @@ def kaiming_uniform_(
 def kaiming_normal_(
     t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu"
 ) -> Tensor:
+    """He normal, as torch's: N(0, std^2) with std = gain / sqrt(fan), in place."""
     return normal_(t, 0.0, _kaiming_std(t, a, mode, nonlinearity))
 
 
