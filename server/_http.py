@@ -152,9 +152,10 @@ def relay_health(relay: Any, heartbeat: Any) -> Callable[[], tuple[bool, dict[st
     import time
 
     def health() -> tuple[bool, dict[str, Any]]:
-        lag = time.monotonic() - heartbeat.last
-        ok = lag < _status.HEALTH_STALL
-        return ok, {"status": "ok" if ok else "stalled", "loop_lag_s": round(lag, 3)}
+        silent = time.monotonic() - heartbeat.last
+        late = max(getattr(heartbeat, "lag", 0.0), silent - _status.HEARTBEAT, 0.0)
+        ok = silent < _status.HEALTH_STALL
+        return ok, {"status": "ok" if ok else "stalled", "loop_lag_s": round(late, 3)}
 
     return health
 

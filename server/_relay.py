@@ -304,15 +304,20 @@ async def serve_relay(
 
 
 class Heartbeat:
-    """When the relay's loop last turned (its ``/healthz`` reports a stalled loop)."""
+    """When the relay's loop last turned (its ``/healthz`` reports a stalled loop), and how
+    late that tick woke (``lag``: the loop's delay, about 0 when idle)."""
 
     def __init__(self) -> None:
         self.last = time.monotonic()
+        self.lag = 0.0
 
     async def run(self) -> None:
+        from ._status import HEARTBEAT
+
         while True:
             self.last = time.monotonic()
-            await trio.sleep(0.5)
+            await trio.sleep(HEARTBEAT)
+            self.lag = max(0.0, time.monotonic() - self.last - HEARTBEAT)
 
 
 def run_relay(

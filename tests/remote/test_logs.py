@@ -109,3 +109,10 @@ def test_a_users_bad_job_is_one_warning_line(tmp_path: Path, caplog) -> None:
     failed = [r for r in caplog.records if getattr(r, "event", None) == "job_failed"]
     assert len(failed) == 1 and failed[0].levelno == logging.WARNING, failed
     assert failed[0].exc_info is None and "context" in failed[0].getMessage()
+
+
+def test_an_idle_relay_reports_no_lag() -> None:
+    from burn_remote.server._http import relay_health
+
+    beat = SimpleNamespace(last=time.monotonic() - 0.4, lag=0.001)
+    assert relay_health(None, beat)()[1]["loop_lag_s"] == 0.001
