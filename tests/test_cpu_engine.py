@@ -266,6 +266,32 @@ def test_a_batch_of_rows_times_a_matrix_is_one_gemm_with_numpys_result() -> None
     np.testing.assert_allclose(KERNELS["matmul"](strided, b), np.matmul(strided, b), rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [((600, 1000), (1000,)), ((1, 1000), (600, 1000)), ((600, 1), (600, 1000)),
+     ((3, 200, 500), (200, 500)), ((), (600, 1000)), ((600, 1000), (600, 1000))],
+)  # fmt: skip
+def test_large_elementwise_ops_split_over_threads_give_numpys_bits(a_shape, b_shape) -> None:
+    from burn_remote.engine.backends.numpy_kernels import KERNELS
+
+    before = cpu_threads.threads()
+    cpu_threads.set_threads(2)
+    try:
+        rng = np.random.default_rng(6)
+        a = rng.random(a_shape).astype(np.float32)
+        b = rng.random(b_shape).astype(np.float32)
+        for op, ufunc in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply)):
+            got, want = KERNELS[op](a, b), ufunc(a, b)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            assert np.array_equal(got, want), op
+        if a.shape == np.broadcast_shapes(a_shape, b_shape):
+            into = a.copy()
+            assert KERNELS["mul"](into, b, out=(into,)) is into
+            assert np.array_equal(into, a * b)
+    finally:
+        cpu_threads.set_threads(before)
+
+
 def test_the_thread_setting_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv(cpu_threads.THREADS_ENV, "3")
     assert cpu_threads.default_threads() == 3

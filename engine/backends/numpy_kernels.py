@@ -17,7 +17,13 @@ from ...protocol import dtypes
 from ...protocol.ops_nn import NF4_CODEBOOK, pool_params
 from ..collective import all_reduce_kernel
 from .array_module import array_module as _mod
-from .cpu_threads import SMALL_GEMM_MACS, one_blas_thread, run_parallel, threads
+from .cpu_threads import (
+    PARALLEL_MIN_ELEMENTS,
+    SMALL_GEMM_MACS,
+    one_blas_thread,
+    run_parallel,
+    threads,
+)
 from .numpy_optim_kernels import OPTIM_KERNELS
 
 Kernel = Callable[..., Any]
@@ -99,7 +105,7 @@ _UNARY: dict[str, Callable[..., Any]] = {
 for _name, _fn in _UNARY.items():
     _ufunc(_name, _fn)
 
-_BINARY: dict[str, Callable[..., Any]] = {
+_BINARY: dict[str, np.ufunc] = {
     "add": np.add,
     "sub": np.subtract,
     "mul": np.multiply,
@@ -114,8 +120,54 @@ _BINARY: dict[str, Callable[..., Any]] = {
     "logical_and": np.logical_and,
     "logical_or": np.logical_or,
 }
+
+
+def _threaded_binary(fn: np.ufunc) -> Callable[..., Any]:
+    """``fn(a, b[, out])``, split along the result's first axis over the engine's threads when
+    it is large (cpu_threads.PARALLEL_MIN_ELEMENTS): each element is computed exactly as one
+    call would (NumPy releases the GIL in its loops); small or mixed-dtype calls go straight
+    to the ufunc, and so do CuPy arrays."""
+
+    def run(a: Any, b: Any, out: Any = None) -> Any:
+        if (
+            type(a) is np.ndarray
+            and type(b) is np.ndarray
+            and a.dtype == b.dtype
+            and max(a.size, b.size) >= PARALLEL_MIN_ELEMENTS
+            and threads() > 1
+        ):
+            return _split_binary(fn, a, b, out)
+        return fn(a, b) if out is None else fn(a, b, out=out)
+
+    run.__name__ = fn.__name__
+    return run
+
+
+def _split_binary(fn: np.ufunc, a: np.ndarray, b: np.ndarray, out: Any) -> Any:
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    if not shape or shape[0] < 2:
+        return fn(a, b) if out is None else fn(a, b, out=out)
+    target = (
+        np.empty(shape, fn.resolve_dtypes((a.dtype, b.dtype, None))[2]) if out is None else out[0]
+    )
+    rows = shape[0]
+    per = -(-rows // threads())
+    spans = [(i, min(i + per, rows)) for i in range(0, rows, per)]
+
+    def rows_of(x: np.ndarray, i: int, j: int) -> np.ndarray:
+        # an operand along the result's first axis is cut; a broadcast one is passed whole
+        return x[i:j] if x.ndim == len(shape) and x.shape[0] == rows else x
+
+    def part(span: tuple[int, int]) -> None:
+        i, j = span
+        fn(rows_of(a, i, j), rows_of(b, i, j), out=target[i:j])
+
+    run_parallel(part, spans, target.size)
+    return target
+
+
 for _name, _fn in _BINARY.items():
-    KERNELS[_name] = _fn
+    KERNELS[_name] = _threaded_binary(_fn) if _name in ("add", "sub", "mul") else _fn
 
 
 WRITES_INTO: dict[str, tuple[int, ...]] = {
