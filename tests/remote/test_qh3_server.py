@@ -54,9 +54,12 @@ def test_uploads_compute_and_a_tensor_larger_than_a_frame(
     one 64 MiB frame: chunked bulk streams through the qh3 server's unread limit)."""
     dev = RemoteDevice(qh3_server.target)
     dev.sync()
-    assert type(dev._rec.runtime.link._conn._quic).__name__ == (
-        "Qh3ClientConnection" if client_engine == "qh3" else "PeerQuicConnection"
-    )
+    from burn_remote.protocol.transport._qh3 import Qh3ClientConnection
+    from burn_remote.protocol.transport._quic import PeerQuicConnection
+
+    engine_class = Qh3ClientConnection if client_engine == "qh3" else PeerQuicConnection
+    quic = dev._rec.runtime.link._conn._quic
+    assert isinstance(quic, engine_class), type(quic).__mro__
     small = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert np.array_equal((dev.tensor(small) @ dev.tensor(small.T)).numpy(), small @ small.T)
     assert dev.tensor(small).sum().item() == small.sum()
