@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -61,6 +62,11 @@ thousand of them started a collection, dozens of them full ones that walk the wh
 while every thread waits. ``bench/graph_gc.py`` (three 100 000-node graphs, 2 shared
 cores): 36 full collections taking 7.7 s, a 1 ms sleep on another thread late by 5.8 ms
 (median) and 281 ms (p99); with these 4 taking 1.1 s, late by 0.8 and 23 ms."""
+
+MAX_HEADLESS_FAILURES = 16
+"""Bulk streams of one connection that failed before their header named a transfer, kept
+until an Upload waits for a transfer whose stream never opened (each such Upload takes one
+and fails at once; older ones are dropped beyond this many)."""
 
 FETCH_TIMEOUT = 120.0
 """Seconds a server-to-server fetch may take before the destination reports CAPABILITY."""
@@ -274,6 +280,9 @@ class _SessionPump:
         self._arrived = trio.Event()
         self._progress = 0
         """Chunks received on any bulk stream (a long transfer that moves is not stalled)."""
+        self._headless: deque[Failure] = deque(maxlen=MAX_HEADLESS_FAILURES)
+        """Why bulk streams failed before their header (an oversized or undecodable first
+        frame, a stream reset before it): which Upload each was for is unknown."""
         self._why = "session refused"
         """The reason the connection is closed with when the session must end."""
         self._idle = False
@@ -421,6 +430,8 @@ class _SessionPump:
         session = self.session
         seen = self._progress
         while not session.ready():
+            if self._blame_headless():
+                continue
             with trio.move_on_after(BULK_WAIT) as scope:
                 await self._arrived.wait()
                 self._arrived = trio.Event()
@@ -431,6 +442,21 @@ class _SessionPump:
                 if session.waiting and session.waiting[0] == "bulk":
                     session.feed_bulk(session.waiting[1], None)  # never came: the Upload fails
                 return
+
+    def _blame_headless(self) -> bool:
+        """Fail the transfer the session waits for with a headless stream's failure, when
+        that transfer's stream never opened: the client's stream for it is the one that
+        failed (only its own Uploads can be blamed, and one failure fails one Upload)."""
+        session = self.session
+        if not self._headless or session.waiting is None or session.waiting[0] != "bulk":
+            return False
+        bulk_id = session.waiting[1]
+        if bulk_id in session.bulk_partial or bulk_id in session.bulk_in:
+            return False
+        failure = self._headless.popleft()
+        message = f"bulk {bulk_id}: a bulk stream failed before its header: {failure}"
+        session.refuse_bulk(bulk_id, failure.code, message)
+        return True
 
     async def _send_bulk(self, send: BulkSend) -> None:
         """One transfer to the client on a stream of its own, from the last offset the
@@ -508,21 +534,17 @@ class _SessionPump:
                     session.feed_bulk(header.bulk_id, rx.buffer)
                     self._arrived.set()
         except TransportError as exc:
-            if header is None or self.conn.is_closed:
+            if self.conn.is_closed:
                 return  # the connection died; the partial transfer waits for a resume
             s.stop_reading()
             code = m.LIMIT if isinstance(exc, FrameTooLarge) else m.MALFORMED
-            session.refuse_bulk(header.bulk_id, code, f"bulk {header.bulk_id} failed: {exc}")
-            self._arrived.set()
+            name = f"bulk {header.bulk_id}" if header is not None else "a bulk stream"
+            self._bulk_failed(header, Failure(code, f"{name} failed: {exc}"))
             return
         except (m.DecodeError, LimitExceeded) as exc:
             code = m.LIMIT if isinstance(exc, LimitExceeded) else m.MALFORMED
             s.stop_reading()
-            if header is not None:
-                session.refuse_bulk(header.bulk_id, code, str(exc))
-                self._arrived.set()
-            else:
-                await self.control.send_frame(m.encode(m.Error(code, str(exc), -1, 0)))
+            self._bulk_failed(header, Failure(code, str(exc)))
             return
         # Both directions finished (ours now, the client's next): QUIC and the connection
         # free the stream's state at both ends.
@@ -530,6 +552,15 @@ class _SessionPump:
             await s.close()
             while await s.receive_frame() is not None:
                 pass
+
+    def _bulk_failed(self, header: m.Bulk | None, failure: Failure) -> None:
+        """A bulk stream failed on a live connection: its Upload fails at once (before its
+        header, the Upload waiting for a stream that never opened: ``_blame_headless``)."""
+        if header is not None:
+            self.session.refuse_bulk(header.bulk_id, failure.code, str(failure))
+        else:
+            self._headless.append(failure)
+        self._arrived.set()
 
     async def _fetch(self, out: StartFetch) -> None:
         result: Any

@@ -63,3 +63,29 @@ def test_a_bulk_stream_the_client_ends_early_fails_its_upload_at_once(
     c.conn.send_frame(sid, bytes(m.BULK_CHUNK))
     c.conn.finish(sid)  # half of it, then the end of the stream, on a live connection
     _later_messages_answered(c, "bulk 9", "ended the stream")
+
+
+def test_an_oversized_first_frame_fails_the_upload_waiting_for_its_stream(
+    server_engine, secure, peers, raw
+):
+    """The stream's header itself is too large: which transfer it was is unknown, so the
+    Upload waiting for a stream that never opened fails with it."""
+    server = secure("--max-frame", str(MAX_FRAME))
+    c = raw(server, peers.attacker, max_frame=4 * MAX_FRAME)
+    c.hello()
+    c.send(m.Upload(0, 1, "uint8", (2 * m.BULK_CHUNK,), b"", 11))
+    sid = c.conn.open_stream()
+    c.conn.send_frame(sid, bytes(MAX_FRAME + 1))
+    _later_messages_answered(c, "bulk 11", "before its header", "frame")
+
+
+def test_an_undecodable_header_fails_the_upload_waiting_for_its_stream(
+    server_engine, secure, peers, raw
+):
+    server = secure()
+    c = raw(server, peers.attacker)
+    c.hello()
+    c.send(m.Upload(0, 1, "uint8", (2 * m.BULK_CHUNK,), b"", 12))
+    sid = c.conn.open_stream()
+    c.conn.send_frame(sid, m.encode(m.Sync(5)))  # a control message, not a Bulk header
+    _later_messages_answered(c, "bulk 12", "must start with one Bulk message")
