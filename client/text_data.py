@@ -139,6 +139,10 @@ def _labelled(tok: Any, full: str, spans: list[tuple[int, int]]) -> tuple[list, 
 
 
 def tokenize(tok: Any, fmt: str, examples: list[Any], where: str = "data") -> list[tuple]:
+    """Ids and labels of each example, in order: chat examples (``fmt == "chat"``) keep labels
+    only on assistant tokens, text examples on every token (see `tokenize_chat`,
+    `tokenize_text`). Raises DatasetError naming the 1-based record whose assistant turns the
+    template does not render as continuations, ChatTemplateError when the template fails."""
     out = []
     for k, example in enumerate(examples):
         if fmt == "chat":

@@ -86,6 +86,8 @@ class Tokenizer:
         return list(enc.ids), [tuple(o) for o in enc.offsets]
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        """Text of token ``ids`` (any iterable of ints, e.g. a generated row); with
+        ``skip_special_tokens`` the eos, padding and other special tokens are left out."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def token_id(self, name: str) -> int | None:
@@ -95,6 +97,8 @@ class Tokenizer:
 
     @property
     def eos_token_id(self) -> int | None:
+        """The end-of-sequence id (what generation stops at and packing puts between documents),
+        None when the tokenizer directory names no eos token."""
         return self.token_id("eos_token")
 
     def check_vocab(self, vocab: int, where: str = "tokenizer") -> None:
@@ -194,6 +198,10 @@ def render_chat(
     add_generation_prompt: bool = False,
     variables: dict[str, Any] | None = None,
 ) -> str:
+    """``messages`` rendered with a Jinja chat ``template`` as transformers does (same globals
+    and filters); ``add_generation_prompt`` appends the assistant's turn opener.
+
+    Raises ChatTemplateError when there is no template or it fails to render."""
     return _render(template, messages, add_generation_prompt, variables, None)
 
 

@@ -51,6 +51,8 @@ class LoraLinear(Module):
 
     @property
     def quantized(self) -> bool:
+        """True when the base weight is held as NF4 (QLoRA, ``LoraConfig(quantize="nf4")``): such a
+        layer cannot `merge`, and its base costs ~4.13 bits per parameter instead of 32."""
         return self.nf4 is not None
 
     def dense_weight(self) -> Tensor:
@@ -66,6 +68,9 @@ class LoraLinear(Module):
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., in_features) to (..., out_features): the frozen base plus the scaled low-rank
+        update. The update runs in the adapter's dtype (float32) and is added there before casting
+        back, as PEFT does for a bf16/fp16 base; once merged only the base matmul runs."""
         y = F.linear(x, self.dense_weight(), self.bias)
         if self.merged:
             return y
@@ -86,6 +91,8 @@ class LoraLinear(Module):
             self.merged = True
 
     def unmerge(self) -> None:
+        """Subtract scaling B A from W again, undoing `merge` (so training can go on); a no-op when
+        not merged. W comes back up to the rounding of its stored dtype."""
         if self.merged:
             with no_grad():
                 w = self.weight
@@ -102,14 +109,18 @@ class LoraLinear(Module):
         return Linear.from_tensors(w.detach(), self.bias)
 
     def base_nbytes(self) -> int:
+        """Bytes the frozen base weight takes as stored: NF4 codes and scales under QLoRA, else its
+        elements times the dtype's size (the bias is not counted). `lora_stats` sums these."""
         if self.nf4 is not None:
             return self.nf4.nbytes()
         return self.weight.size * _itemsize(self.weight.dtype)
 
     def base_numel(self) -> int:
+        """Elements of the base weight (in_features x out_features), quantised or not."""
         return self.in_features * self.out_features
 
     def extra_repr(self) -> str:
+        """Sizes, rank and ", nf4" for a quantised base, as `print(model)` shows them."""
         q = ", nf4" if self.nf4 is not None else ""
         return f"in={self.in_features}, out={self.out_features}, r={self.r}{q}"
 

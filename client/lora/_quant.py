@@ -47,6 +47,9 @@ class NF4Weight:
 
     @classmethod
     def quantize(cls, w: Tensor) -> NF4Weight:
+        """Quantise ``w`` (any shape, any float dtype) on its own device, without recording a
+        gradient: NF4 codes per block of 64, their absmax scales double-quantised to int8 per
+        block of 256. The flat weight is padded with zeros to whole blocks."""
         with no_grad():
             flat = _pad_to(w.detach().reshape(-1).cast("float32"), QUANT_BLOCK)
             codes, absmax = call("quantize_nf4", flat, block=QUANT_BLOCK)
@@ -58,6 +61,7 @@ class NF4Weight:
 
     @property
     def numel(self) -> int:
+        """Elements of the original weight (the padding to whole blocks excluded)."""
         return int(np.prod(self.shape))
 
     def absmax(self) -> Tensor:
@@ -75,6 +79,8 @@ class NF4Weight:
         return (a[:n_blocks] if padded.shape[0] != n_blocks else a) + self.offset
 
     def dequantize(self, dtype: str = "float32") -> Tensor:
+        """The weight back as floats of ``dtype``, in its original shape; each element is within
+        half the widest NF4 level gap (`NF4_HALF_GAP`) times its block's absmax of the original."""
         n_padded = self.codes.shape[0] * 2
         w = call(
             "dequantize_nf4",
@@ -87,12 +93,17 @@ class NF4Weight:
         return (w[: self.numel] if n_padded != self.numel else w).reshape(self.shape)
 
     def nbytes(self) -> int:
+        """Device bytes of the stored form (codes, int8 scales, their float32 scales and offset)."""
         return sum(t.size * _itemsize(t.dtype) for t in self.tensors().values())
 
     def bits_per_param(self) -> float:
+        """Stored bits per original element: ~4.127 for a large weight (4 + 8/64 + 32/(64*256)),
+        more for a small one, whose padding and offset weigh more."""
         return 8 * self.nbytes() / self.numel
 
     def tensors(self) -> dict[str, Tensor]:
+        """The four stored tensors by name (``codes``, ``scales_q``, ``scales_scale``, ``offset``),
+        registered by `LoraLinear` as ``weight_<name>`` buffers so they save and load with the model."""
         return {
             "codes": self.codes,
             "scales_q": self.scales_q,

@@ -113,6 +113,9 @@ class MultiHeadAttention(_CausalBase):
         self.attn_dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
+        """``x`` (B, T, d_model) to (B, T, d_model), each position attending to itself and the ones
+        before it. With ``cache`` (a generation step), keys and values are written to and read from
+        the KV cache instead of the causal mask; raises ValueError when T exceeds ``context``."""
         h = self.n_head
         q, k, v = (_heads(p(x), h) for p in (self.q_proj, self.k_proj, self.v_proj))
         if cache is not None:
@@ -140,6 +143,7 @@ class MLP(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., d_model) through c_fc (to 4 d_model), GELU, c_proj and dropout; same shape out."""
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x), self.approximate)))
 
 
@@ -164,5 +168,7 @@ class TransformerBlock(Module):
         self.mlp = MLP(d_model, dropout, bias, device=dev, approximate=approximate)
 
     def forward(self, x: Tensor, cache: LayerCache | None = None) -> Tensor:
+        """``x`` (B, T, d_model) through the pre-norm residual block, same shape out; ``cache`` is
+        passed to the attention during generation (see `CausalSelfAttention.forward`)."""
         x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))

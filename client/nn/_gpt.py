@@ -79,6 +79,10 @@ class GPT(GenerationMixin, Module):
             t._assign(t.device.tensor(arr))
 
     def forward(self, ids: Tensor) -> Tensor:
+        """``ids`` (B, T) int64 token ids to logits (B, T, vocab); the head is the token embedding
+        transposed, as GPT-2's (weights tied).
+
+        Raises ValueError when T exceeds ``config.context``."""
         t = ids.shape[-1]
         if t > self.config.context:
             raise ValueError(f"GPT: {t} tokens exceed the context of {self.config.context}")
@@ -91,6 +95,8 @@ class GPT(GenerationMixin, Module):
 
     # --- generation (GenerationMixin) ----------------------------------------------------
     def cache_spec(self) -> CacheSpec:
+        """The KV cache this model's generation needs: layers, heads, head size
+        (``d_model // n_head``), the context and the embedding's dtype."""
         c = self.config
         return CacheSpec(
             c.n_layer, c.n_head, c.d_model // c.n_head, c.context, self.wte.weight.dtype
@@ -118,6 +124,10 @@ class GPT(GenerationMixin, Module):
         save_gpt2(self, path)
 
     def load_gpt2(self, path: str | Path) -> None:
+        """Load a GPT-2 ``model.safetensors`` (Hugging Face keys, Conv1D weights stored (in, out))
+        into this model, which must have the same sizes; LoRA adapters already attached are kept.
+
+        Raises KeyError naming the weights the file lacks, ValueError for a shape that differs."""
         from ._gpt2 import load_gpt2
 
         load_gpt2(self, path)
@@ -180,4 +190,6 @@ class GPT(GenerationMixin, Module):
         save_pretrained(self, directory)
 
     def config_dict(self) -> dict[str, float | int]:
+        """The hyperparameters (`GPTConfig` as a dict): what `save_gpt2` records in the file's
+        metadata, so `from_gpt2` can rebuild the model without a config.json."""
         return asdict(self.config)

@@ -69,6 +69,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
+        """Device bytes the keys and values of all layers take (2 x layers x batch x kv heads x
+        max_len x head_dim x itemsize): what a `generate` call costs in memory before it starts."""
         return self.spec.nbytes(self.batch, self.max_len)
 
     def prefill(self, positions: Tensor, mask: Tensor) -> CacheStep:
@@ -113,6 +115,7 @@ class CacheStep:
     """Masks narrowed to a sliding window, made once per window and step."""
 
     def layer(self, index: int) -> LayerCache:
+        """Layer ``index``'s view of this step, passed to its attention (`LayerCache.attend`)."""
         return LayerCache(self, index)
 
     def mask_for(self, window: int | None) -> Tensor:

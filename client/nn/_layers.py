@@ -46,12 +46,14 @@ class Linear(Module):
         return self
 
     def extra_repr(self) -> str:
+        """Sizes and whether a bias is held, as torch prints them, so a printed model reads the same."""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}"
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., in_features) to (..., out_features): any number of leading batch axes."""
         return F.linear(x, self.weight, self.bias)
 
 
@@ -74,9 +76,14 @@ class Embedding(Module):
         return self
 
     def extra_repr(self) -> str:
+        """``num_embeddings, dim`` as torch prints them."""
         return f"{self.num_embeddings}, {self.dim}"
 
     def forward(self, ids: Tensor) -> Tensor:
+        """Integer ``ids`` of any shape to vectors of shape ``ids.shape + (dim,)``.
+
+        An id >= ``num_embeddings`` fails (`OpFailed`, an IndexError on the device) when the
+        result is computed, never a silent clamp; a negative id counts from the end, as in NumPy."""
         return F.embedding(ids, self.weight)
 
 
@@ -92,9 +99,11 @@ class LayerNorm(Module):
         self.bias = dev.tensor(np.zeros(dim, np.float32), requires_grad=True) if bias else None
 
     def extra_repr(self) -> str:
+        """The normalised shape and ``eps`` as torch prints them."""
         return f"({self.weight.shape[0]},), eps={self.eps}, elementwise_affine=True"
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., dim) normalised over its last axis, same shape out."""
         return F.layer_norm(x, self.weight, self.bias, self.eps)
 
 
@@ -107,6 +116,7 @@ class RMSNorm(Module):
         self.weight = dev.tensor(np.ones(dim, np.float32), requires_grad=True)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., dim) divided by its root mean square over the last axis, times ``weight``."""
         return F.rms_norm(x, self.weight, self.eps)
 
 
@@ -120,9 +130,12 @@ class Dropout(Module):
         self.p = p
 
     def extra_repr(self) -> str:
+        """The drop probability as torch prints it."""
         return f"p={self.p}, inplace=False"
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` with each element zeroed with probability ``p`` and the rest scaled by 1 / (1 - p),
+        so the expected value is unchanged; the identity in eval mode (``model.eval()``) or at p = 0."""
         if not self.training or self.p == 0:
             return x
         return F.dropout(x, self.p, _init.next_key(x.device))
@@ -165,6 +178,7 @@ class Conv2d(Module):
         )
 
     def extra_repr(self) -> str:
+        """Channels, kernel and stride, then only the settings that differ from torch's defaults."""
         out, per_group, kh, kw = self.weight.shape
         text = f"{per_group * self.groups}, {out}, kernel_size={(kh, kw)}, stride={self.stride}"
         if self.padding != (0, 0):
@@ -176,12 +190,17 @@ class Conv2d(Module):
         return text + ("" if self.bias is not None else ", bias=False")
 
     def forward(self, x: Tensor) -> Tensor:
+        """(N, in_channels, H, W) to (N, out_channels, H', W'), with H' and W' from the kernel,
+        stride, padding and dilation as in torch."""
         return F.conv2d(
             x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
         )
 
 
 class MaxPool2d(Module):
+    """Maximum over ``kernel_size`` windows of (N, C, H, W); ``stride`` defaults to the kernel
+    (non-overlapping windows, as torch), ``padding`` pads with -inf so it never wins."""
+
     def __init__(
         self,
         kernel_size: int | tuple[int, int],
@@ -193,36 +212,51 @@ class MaxPool2d(Module):
         self.padding = _pair(padding)
 
     def extra_repr(self) -> str:
+        """Kernel, stride (the kernel when none was given) and padding, as torch prints them."""
         return f"kernel_size={self.kernel}, stride={self.stride or self.kernel}, padding={self.padding}"
 
     def forward(self, x: Tensor) -> Tensor:
+        """(N, C, H, W) to (N, C, H', W'): the largest value of each window."""
         return F.max_pool2d(x, self.kernel, self.stride, self.padding)
 
 
 class ReLU(Module):
+    """max(x, 0) elementwise: a layer for `Sequential`, with no parameters."""
+
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` with its negative values set to 0, same shape out."""
         return F.relu(x)
 
 
 class GELU(Module):
+    """Gaussian error linear unit, with no parameters: exact (erf) by default, ``approximate="tanh"``
+    for the form GPT-2 was trained with (its checkpoints match only that one)."""
+
     def __init__(self, approximate: str = "none") -> None:
         self.approximate = approximate
 
     def extra_repr(self) -> str:
+        """Which form (``'none'`` or ``'tanh'``), as torch prints it."""
         return f"approximate={self.approximate!r}"
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` through GELU elementwise, same shape out."""
         return F.gelu(x, self.approximate)
 
 
 class Flatten(Module):
+    """Merge axes ``start`` to ``end`` (inclusive) into one, between a conv stack and a Linear;
+    the default keeps the batch axis: (N, C, H, W) to (N, C*H*W)."""
+
     def __init__(self, start: int = 1, end: int = -1) -> None:
         self.start, self.end = start, end
 
     def extra_repr(self) -> str:
+        """The merged axes, under torch's names ``start_dim`` and ``end_dim``."""
         return f"start_dim={self.start}, end_dim={self.end}"
 
     def forward(self, x: Tensor) -> Any:
+        """``x`` with axes ``start`` .. ``end`` merged into one (a reshape: no copy is recorded)."""
         return x.flatten(self.start, self.end)
 
 
@@ -253,6 +287,7 @@ class _BatchNorm(Module):
             self.register_buffer("num_batches_tracked", dev.tensor(np.array(0, np.int64)))
 
     def extra_repr(self) -> str:
+        """Features, ``eps``, ``momentum`` and which statistics are kept, as torch prints them."""
         return (
             f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
             f"affine={self.affine}, bias={self.bias is not None}, "
@@ -260,6 +295,11 @@ class _BatchNorm(Module):
         )
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` normalised per channel (axis 1) and then scaled and shifted, same shape out.
+
+        While training with running statistics it also counts the batch and updates
+        ``running_mean`` and ``running_var`` in place. Raises ValueError for an input whose number
+        of axes this class does not take (see `BatchNorm1d`, `BatchNorm2d`)."""
         if x.ndim not in self.expected_ndim:
             raise ValueError(
                 f"{type(self).__name__}: expected {' or '.join(map(str, self.expected_ndim))}-d "
@@ -284,8 +324,14 @@ class _BatchNorm(Module):
 
 
 class BatchNorm1d(_BatchNorm):
+    """Batch normalisation over (N, C) or (N, C, L), per channel, as torch's BatchNorm1d (same
+    arguments, same running statistics, so its state dicts load either way)."""
+
     expected_ndim = (2, 3)
 
 
 class BatchNorm2d(_BatchNorm):
+    """Batch normalisation over (N, C, H, W), per channel, as torch's BatchNorm2d (same arguments,
+    same running statistics, so its state dicts load either way)."""
+
     expected_ndim = (4,)

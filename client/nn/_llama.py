@@ -267,9 +267,14 @@ class LlamaForCausalLM(GenerationMixin, Module):
 
     @property
     def dtype(self) -> str:
+        """The dtype the weights are stored in ("float32", "bfloat16", ...), read from the embedding:
+        what `from_pretrained(dtype=...)` loaded, and what a fresh KV cache is allocated in."""
         return self.model.embed_tokens.weight.dtype
 
     def forward(self, ids: Tensor) -> Tensor:
+        """``ids`` (B, T) int64 token ids to logits (B, T, vocab) in the stored dtype.
+
+        Raises ValueError when T exceeds the config's ``max_position_embeddings``."""
         return self.lm_head(self.model(ids))
 
     def gradient_checkpointing_enable(self) -> None:
@@ -278,14 +283,19 @@ class LlamaForCausalLM(GenerationMixin, Module):
         self.model.gradient_checkpointing = True
 
     def gradient_checkpointing_disable(self) -> None:
+        """Keep every decoder layer's activations for the backward again (the default: faster,
+        more memory); transformers' name."""
         self.model.gradient_checkpointing = False
 
     @property
     def is_gradient_checkpointing(self) -> bool:
+        """True while `gradient_checkpointing_enable` is in effect (transformers' name)."""
         return self.model.gradient_checkpointing
 
     # --- generation (GenerationMixin) ----------------------------------------------------
     def cache_spec(self) -> CacheSpec:
+        """The KV cache this model's generation needs: layers, key/value heads (fewer than query
+        heads under grouped-query attention), head size, the longest context and the dtype."""
         c = self.config
         return CacheSpec(c.n_layer, c.n_kv_head, c.head_dim, c.context, self.dtype)
 
@@ -315,6 +325,8 @@ class LlamaForCausalLM(GenerationMixin, Module):
         return out
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """`Module.load_state_dict` with transformers' keys; with tied embeddings an
+        ``lm_head.weight`` entry (torch writes one) is skipped, as the head is the embedding."""
         if self.config.tie_word_embeddings:
             state = {k: v for k, v in state.items() if k != "lm_head.weight"}
         super().load_state_dict(state, strict)

@@ -101,6 +101,8 @@ class DecoderConfig:
 
     @property
     def hf_class(self) -> str:
+        """The transformers class for ``model_type`` (e.g. "LlamaForCausalLM"): what checkpoints
+        and PEFT adapters saved from this model are keyed for."""
         return CLASSES[self.model_type]
 
 

@@ -257,6 +257,8 @@ class Sequential(Module):
         return len(self.__dict__.get("_children", {}))
 
     def forward(self, x: Any) -> Any:
+        """Call each child in order, each one's output the next one's input; returns the last output
+        (``x`` itself when the container is empty)."""
         for m in self:
             x = m(x)
         return x
