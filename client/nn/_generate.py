@@ -27,6 +27,7 @@ The loop, and why it is shaped so:
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,45 @@ class GenerationMixin:
             out = gen.run(streamer)
         self.generation_stats = gen.stats
         return out
+
+    def stream(
+        self,
+        input_ids: Any,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = 50,
+        top_p: float = 1.0,
+        repetition_penalty: float = 1.0,
+        eos_token_id: Any = FROM_CONFIG,
+        pad_token_id: int | None = None,
+        attention_mask: Any = None,
+        key: int | None = None,
+    ) -> Iterator[np.ndarray]:
+        """`generate` as an iterator: each new token (B,) int64, in order, as soon as its
+        block is read (the first alone, for a fast first token), the same tokens `generate`
+        returns. The device keeps a block of steps queued ahead while the caller handles
+        a token, so a remote device is never waited on per token. Stopping the iteration
+        early stops the generation (nothing more is queued). Arguments as `generate`'s;
+        `generation_stats` is set when the iteration ends."""
+        gen = _Generation(
+            self, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k,
+            top_p, repetition_penalty, eos_token_id, pad_token_id, key,
+        )  # fmt: skip
+        return self._stream(gen)
+
+    def _stream(self, gen: _Generation) -> Iterator[np.ndarray]:
+        tokens = gen.tokens()
+        try:
+            while True:
+                with no_grad():  # around the device work only, never the caller's code
+                    column = next(tokens, None)
+                if column is None:
+                    return
+                yield column
+        finally:
+            tokens.close()
+            self.generation_stats = gen.stats
 
 
 def _as_ids(input_ids: Any) -> np.ndarray:
@@ -235,63 +275,77 @@ class _Generation:
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, streamer: Any) -> np.ndarray:
-        self._setup()
-        dev, (b, t) = self.dev, self.ids.shape
+        b = self.ids.shape[0]
         if streamer is not None:
             streamer.put(self.ids.copy())
+        out: list[np.ndarray] = []
+        for column in self.tokens():
+            out.append(column[:, None])
+            if streamer is not None:
+                streamer.put(column.copy())
+        if streamer is not None:
+            streamer.end()
+        new = np.concatenate(out, axis=1) if out else np.zeros((b, 0), np.int64)
+        return np.concatenate([self.ids, new], axis=1)
+
+    def tokens(self) -> Generator[np.ndarray, None, None]:
+        """The new tokens, one (B,) int64 column per step, in order, as their blocks are
+        read; ends after the step where the last row met EOS, or at max_new_tokens."""
+        self._setup()
+        dev, (b, t) = self.dev, self.ids.shape
         positions = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int64)
         step = self.cache.prefill(
             dev.tensor(positions), dev.tensor(prefill_mask(self.mask, self.length))
         )
         token = self._choose(self.model.forward_cached(dev.tensor(self.ids), step), 0)
         decode = capture(self._decode)
-        out: list[np.ndarray] = []
         pending: list[Tensor] = [token]
         queued: list[Tensor] = []
         finished = np.zeros(b, bool)
+        new = 0
         block = 1  # the prefill's token is read as soon as the next step is queued
-        for index in range(1, self.max_new + 1):
-            if index < self.max_new:
-                token = decode(token, t + index - 1, index)
-                queued.append(token)
-            if len(queued) >= block or index == self.max_new:
-                # read what was queued one block ago: the device has the new block meanwhile
-                if pending and self._take(pending, out, finished, streamer):
-                    break
-                pending, queued, block = queued, [], TOKEN_BLOCK
-        else:
+        try:
+            for index in range(1, self.max_new + 1):
+                if index < self.max_new:
+                    token = decode(token, t + index - 1, index)
+                    queued.append(token)
+                if len(queued) >= block or index == self.max_new:
+                    # read what was queued one block ago: the device has the new block meanwhile
+                    if pending:
+                        for column in self._take(pending, finished):
+                            new += 1
+                            yield column
+                        if self.eos and finished.all():
+                            return
+                    pending, queued, block = queued, [], TOKEN_BLOCK
             if pending:
-                self._take(pending, out, finished, streamer)
-        if streamer is not None:
-            streamer.end()
-        self.stats = {
-            "new_tokens": sum(o.shape[1] for o in out),
-            "decode_steps": decode.recordings + decode.replays,
-            "decode_recordings": decode.recordings,
-            "decode_replays": decode.replays,
-            "reads": self.reads,
-            "cache_bytes": self.cache.nbytes,
-        }
-        new = np.concatenate(out, axis=1) if out else np.zeros((b, 0), np.int64)
-        return np.concatenate([self.ids, new], axis=1)
+                for column in self._take(pending, finished):
+                    new += 1
+                    yield column
+        finally:
+            self.stats = {
+                "new_tokens": new,
+                "decode_steps": decode.recordings + decode.replays,
+                "decode_recordings": decode.recordings,
+                "decode_replays": decode.replays,
+                "reads": self.reads,
+                "cache_bytes": self.cache.nbytes,
+            }
 
-    def _take(
-        self, block: list[Tensor], out: list[np.ndarray], finished: np.ndarray, streamer: Any
-    ) -> bool:
-        """Read a block of tokens into `out` (cut after the step where the last row ended);
-        True when every row has ended."""
+    def _take(self, block: list[Tensor], finished: np.ndarray) -> list[np.ndarray]:
+        """Read a block of tokens: its columns (B,), cut after the step where the last row
+        ended (`finished` is updated)."""
         tokens = (F.cat(block, axis=1) if len(block) > 1 else block[0]).numpy()
         self.reads += 1
+        columns = []
         for col in range(tokens.shape[1]):
             column = tokens[:, col]
-            out.append(column[:, None])
-            if streamer is not None:
-                streamer.put(column.copy())
+            columns.append(column)
             if self.eos:
                 finished |= np.isin(column, self.eos)
                 if finished.all():
-                    return True
-        return False
+                    break
+        return columns
 
 
 def _eos_ids(model: Any, eos_token_id: Any) -> list[int]:

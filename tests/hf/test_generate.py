@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from burn_remote import Device, nn
 from burn_remote.nn import _sampling
+from burn_remote.nn._generate import TOKEN_BLOCK
 from conftest import BACKENDS
 
 VOCAB, PROMPT, NEW = 300, 12, 32
@@ -142,6 +143,38 @@ def test_streamer_gets_the_prompt_then_each_token_in_order_then_end(gpt2_dir) ->
     assert events[-1] == "end"
     np.testing.assert_array_equal(events[0], ids)
     np.testing.assert_array_equal(np.stack(events[1:-1], axis=1), out[:, PROMPT:])
+
+
+def test_stream_yields_generates_tokens_in_order_and_stops_at_eos(gpt2_dir, hf_model) -> None:
+    ids, mask = _prompts(3)
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    kw = dict(repetition_penalty=1.3, eos_token_id=29, pad_token_id=5)
+    want = _hf_generate(hf_model, ids, mask, max_new_tokens=NEW, do_sample=False, **kw)
+    assert want.shape[1] < PROMPT + NEW  # EOS ends every row before NEW tokens
+    columns = list(model.stream(ids, NEW, attention_mask=mask, **kw))
+    assert all(c.shape == (3,) and c.dtype == np.int64 for c in columns)
+    np.testing.assert_array_equal(np.stack(columns, axis=1), want[:, PROMPT:])
+    assert model.generation_stats["new_tokens"] == len(columns)
+    assert model.generation_stats["decode_steps"] < NEW - 1  # stopped at EOS, not at NEW
+    # without EOS: every token, equal to generate's (sampled by key too)
+    for extra in ({}, dict(do_sample=True, top_k=20, key=3)):
+        full = model.generate(ids, NEW, attention_mask=mask, eos_token_id=None, **extra)
+        got = list(model.stream(ids, NEW, attention_mask=mask, eos_token_id=None, **extra))
+        np.testing.assert_array_equal(np.stack(got, axis=1), full[:, PROMPT:])
+
+
+def test_stream_stopped_early_queues_no_more_steps(gpt2_dir) -> None:
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    ids = _prompts(1)[0]
+    full = model.generate(ids, NEW, eos_token_id=None)
+    it = model.stream(ids, NEW, eos_token_id=None)
+    first = [next(it) for _ in range(3)]
+    it.close()
+    np.testing.assert_array_equal(np.stack(first, axis=1), full[:, PROMPT : PROMPT + 3])
+    # the first token read alone, then one block read while the next was queued
+    assert model.generation_stats["decode_steps"] <= 1 + 2 * TOKEN_BLOCK
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model.stream(ids, 0)  # refused at the call, not at the first token
 
 
 def test_bad_arguments_are_refused_by_name(gpt2_dir) -> None:

@@ -54,3 +54,22 @@ def test_remote_generate_equals_local_and_keeps_the_cache_on_the_server(server, 
         assert after["replays"] - before["replays"] >= NEW - 3
         assert stats["reads"] <= 2 + NEW // 8
     dev.close()
+
+
+def test_remote_stream_yields_generates_tokens_in_order_read_in_blocks(server, tmp_path):
+    directory = _model_dir(tmp_path)
+    ids, mask = _prompts()
+    local = nn.GPT.from_pretrained(directory, device=Device.cpu())
+    want = local.generate(ids, NEW, attention_mask=mask, eos_token_id=None)
+    dev = RemoteDevice(server.target)
+    remote = nn.GPT.from_pretrained(directory, device=dev)
+    columns = list(remote.stream(ids, NEW, attention_mask=mask, eos_token_id=None))
+    np.testing.assert_array_equal(np.stack(columns, axis=1), want[:, PROMPT:])
+    stats = remote.generation_stats
+    assert stats["new_tokens"] == NEW and stats["reads"] <= 2 + NEW // 8  # no read per token
+    # EOS: the stream ends after the step where the last row emitted it, as locally
+    eos = int(want[0, PROMPT + 5])
+    done = local.generate(ids, NEW, attention_mask=mask, eos_token_id=eos, pad_token_id=0)
+    got = list(remote.stream(ids, NEW, attention_mask=mask, eos_token_id=eos, pad_token_id=0))
+    np.testing.assert_array_equal(np.stack(got, axis=1), done[:, PROMPT:])
+    dev.close()
