@@ -448,6 +448,13 @@ class Device:
         self.sync()
         return self._rec.runtime.memory_stats()
 
+    def memory_quota(self) -> tuple[int, int] | None:
+        """(bytes held, bytes allowed) under this device's memory quota, or None when it has
+        none: what a caller asks before making something large (a KV cache), so that a thing
+        that cannot fit is refused by name before any work rather than failing part way."""
+        stats = self.memory_stats()
+        return None if stats.limit is None else (int(stats.in_use), int(stats.limit))
+
 
 class DeviceKind(NamedTuple):
     """One row of the device table: how a kind is spelt and how it opens."""

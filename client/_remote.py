@@ -414,6 +414,15 @@ class RemoteDevice(Device):
             None, rows,
         )  # fmt: skip
 
+    def memory_quota(self) -> tuple[int, int]:
+        """(bytes this session holds, its quota): the server's ``--session-memory``, as its
+        Welcome gave it; each tensor the session stores is charged against it."""
+        held = self.session_stats()["session_bytes"]
+        welcome = self._rt.proto.welcome
+        if welcome is None or "session_memory" not in welcome.limits:
+            raise RemoteError(f"{self!r}: the server's Welcome gave no session_memory limit")
+        return held, int(welcome.limits["session_memory"])
+
     def server_status(self) -> dict[str, Any]:
         """The server's sessions, memory, plan cache, jobs and error counts (what
         ``burn-remote status`` prints). Only for admins and the server's own key.

@@ -15,7 +15,14 @@ from ._generate import GenerationMixin
 from ._gpt import GPT, GPTConfig
 from ._hf import HFConfigError
 from ._init import seed
-from ._kv_cache import CacheSpec, CacheStep, KVCache, LayerCache, cached_attention
+from ._kv_cache import (
+    CacheSpec,
+    CacheStep,
+    KVCache,
+    KVCacheDoesNotFit,
+    LayerCache,
+    cached_attention,
+)
 from ._layers import (
     GELU,
     BatchNorm1d,
@@ -58,6 +65,7 @@ __all__ = [
     "GenerationMixin",
     "HFConfigError",
     "KVCache",
+    "KVCacheDoesNotFit",
     "LayerCache",
     "LayerNorm",
     "Linear",

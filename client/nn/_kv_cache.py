@@ -49,11 +49,45 @@ class CacheSpec:
         return 2 * self.n_layer * per * dtypes.itemsize(self.dtype)
 
 
+class KVCacheDoesNotFit(MemoryError):
+    """A KV cache larger than what the device's memory quota has left (a server session's
+    ``--session-memory``): raised before the cache is made, so no prefill runs."""
+
+    def __init__(self, needed: int, held: int, quota: int, what: str) -> None:
+        self.needed, self.held, self.quota = needed, held, quota
+        super().__init__(
+            f"KVCacheDoesNotFit: the KV cache needs {needed} bytes ({what}) but the device's "
+            f"memory quota is {quota} bytes, of which {held} are held ({max(quota - held, 0)} "
+            "free; on a server, its --session-memory): use fewer rows or max_new_tokens"
+        )
+
+
+def check_cache_fits(spec: CacheSpec, batch: int, max_len: int, device: Any) -> None:
+    """Raise KVCacheDoesNotFit when a (batch, max_len) cache would not fit under `device`'s
+    memory quota (`Device.memory_quota`); nothing to check on a device without one."""
+    quota = device.memory_quota()
+    if quota is None:
+        return
+    held, limit = quota
+    needed = spec.nbytes(batch, max_len)
+    if held + needed > limit:
+        what = (
+            f"{spec.n_layer} layers x keys and values x {batch} rows x {spec.n_kv_head} kv "
+            f"heads x {max_len} slots x {spec.head_dim} x {spec.dtype}"
+        )
+        raise KVCacheDoesNotFit(needed, held, limit, what)
+
+
 class KVCache:
     """Keys and values of every layer for `batch` rows of `max_len` slots, on `device`.
 
     `slots` is arange(max_len) on the device, uploaded once: steps compare it with their
     position to find the slot they write and the slots they may read.
+
+    Raises:
+        ValueError: more slots than the model's context.
+        KVCacheDoesNotFit: the cache is larger than the device's memory quota leaves free
+            (asked before anything is allocated).
     """
 
     def __init__(self, spec: CacheSpec, batch: int, max_len: int, device: Any) -> None:
@@ -61,6 +95,7 @@ class KVCache:
             raise ValueError(
                 f"KV cache: {max_len} positions exceed the model's {spec.max_positions}"
             )
+        check_cache_fits(spec, batch, max_len, device)
         self.spec, self.batch, self.max_len, self.device = spec, batch, max_len, device
         shape = (batch, spec.n_kv_head, max_len, spec.head_dim)
         self.keys = [device.zeros(shape, spec.dtype) for _ in range(spec.n_layer)]
@@ -203,4 +238,13 @@ def prefill_mask(attention_mask: np.ndarray, max_len: int) -> np.ndarray:
     return ((causal[None] & real[:, None, :]) | own[None])[:, None]
 
 
-__all__ = ["CacheSpec", "CacheStep", "KVCache", "LayerCache", "cached_attention", "prefill_mask"]
+__all__ = [
+    "CacheSpec",
+    "CacheStep",
+    "KVCache",
+    "KVCacheDoesNotFit",
+    "LayerCache",
+    "cached_attention",
+    "check_cache_fits",
+    "prefill_mask",
+]
