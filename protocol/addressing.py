@@ -9,6 +9,10 @@ or an address-book name; see ``transport/_addressing.py`` for the book).
 from __future__ import annotations
 
 Address = tuple[str, int]
+"""A peer's (host, port), as flags, records and the address book name it."""
+SocketAddress = tuple[str, int] | tuple[str, int, int, int]
+"""An address as a UDP socket names it: (host, port), and for IPv6 also flowinfo and scope id
+(what ``recvfrom`` returns; ``addr[:2]`` is its :data:`Address`)."""
 
 
 def parse_host_port(text: str, *, listen: bool = False) -> Address:
@@ -51,4 +55,4 @@ def split_target(text: str) -> tuple[str, Address | None]:
     return peer, (parse_host_port(addr) if sep else None)
 
 
-__all__ = ["Address", "format_host_port", "parse_host_port", "split_target"]
+__all__ = ["Address", "SocketAddress", "format_host_port", "parse_host_port", "split_target"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from ..addressing import parse_host_port
+from ..addressing import SocketAddress, parse_host_port
 from ..transport import (
     Endpoint,
     EndpointConfig,
@@ -198,7 +198,7 @@ class RelayAgent:
     def dial(self, peer: PeerId) -> tuple[str, int]:
         return self.call(RelayClient.dial, peer)
 
-    def path_of(self, address: tuple) -> str | None:
+    def path_of(self, address: SocketAddress) -> str | None:
         """Which way our tunnel to the peer at ``address`` (a shim) goes now: ``"relay"``
         or ``"direct host:port"``; None when ``address`` is not one of our shims."""
         client = self._client
@@ -253,7 +253,7 @@ async def _probe(client: RelayClient, peer: PeerId, address: tuple[str, int]) ->
     return reachable
 
 
-def is_relay_tunnel(address: tuple) -> bool:
+def is_relay_tunnel(address: SocketAddress) -> bool:
     """Whether ``address`` (as :func:`resolve_via_relay` returned it) is this process's end of
     a relay tunnel: meaningful here only, so it must not be handed to another node."""
     with RelayAgent._lock:
@@ -261,7 +261,7 @@ def is_relay_tunnel(address: tuple) -> bool:
     return any(a._client is not None and a._client.is_tunnel(address) for a in agents)
 
 
-def tunnel_path(address: tuple) -> str | None:
+def tunnel_path(address: SocketAddress) -> str | None:
     """``"relay"`` or ``"direct host:port"`` when ``address`` is this process's end of a relay
     tunnel (see :func:`is_relay_tunnel`), else None: what ``RemoteDevice.stats()`` reports."""
     with RelayAgent._lock:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ..addressing import SocketAddress
 from ..transport import Endpoint, Identity, PeerId, TransportError
 from . import _disco
 from . import _wire as w
@@ -48,7 +49,7 @@ class RelayError(TransportError):
 class _Shim:
     peer: PeerId
     sock: socket.socket
-    target: tuple | None
+    target: SocketAddress | None
     """Where datagrams from ``peer`` are delivered (the local QUIC endpoint)."""
 
 
@@ -70,7 +71,7 @@ class RelayClient:
         self._lock = trio.Lock()
         self._replies_send, self._replies = trio.open_memory_channel[bytes](16)
         self._shims: dict[PeerId, _Shim] = {}
-        self.serve_to: tuple | None = None
+        self.serve_to: SocketAddress | None = None
         """When set (a server), datagrams from unknown peers get a shim towards this address."""
         self.relay = w.addr_text(sock.getpeername()[:2])
         """The relay's ``host:port``, for messages (readable also when the network is down)."""
@@ -119,18 +120,18 @@ class RelayClient:
                         client.direct.close()
 
     async def _start_direct(self, family: int, endpoint: Endpoint | None) -> None:
+        sock = None
         if endpoint is None:
             wildcard = ("::", 0) if family == socket.AF_INET6 else ("0.0.0.0", 0)
-            port = {"sock": udp_socket(family, wildcard)}
-        else:
-            port = {"endpoint": endpoint}
+            sock = udp_socket(family, wildcard)
         direct = DirectPaths(
             self.identity,
             self._sock.getpeername()[:2],
             self.local_host,
             self._relay_send,
             self._deliver,
-            **port,
+            sock=sock,
+            endpoint=endpoint,
         )
         self.direct = direct
         if endpoint is None:
@@ -138,7 +139,7 @@ class RelayClient:
         await direct.observe()  # the first CALL_ME_MAYBE should carry the reflexive address
         self._nursery.start_soon(direct.observe_loop)
 
-    def path_of(self, address: tuple) -> str | None:
+    def path_of(self, address: SocketAddress) -> str | None:
         """``"relay"`` or ``"direct host:port"`` for the peer behind our shim at
         ``address``; None when ``address`` is no shim of ours."""
         for shim in self._shims.values():
@@ -215,11 +216,11 @@ class RelayClient:
         shim = self._shims.get(peer) or await self._new_shim(peer, None)
         return shim.sock.getsockname()[:2]
 
-    def is_tunnel(self, address: tuple) -> bool:
+    def is_tunnel(self, address: SocketAddress) -> bool:
         """Whether ``address`` is one of our shims (a peer reached through the relay)."""
         return any(s.sock.getsockname()[:2] == tuple(address[:2]) for s in self._shims.values())
 
-    async def _new_shim(self, peer: PeerId, target: tuple | None) -> _Shim:
+    async def _new_shim(self, peer: PeerId, target: SocketAddress | None) -> _Shim:
         if len(self._shims) >= MAX_SHIMS:
             raise RelayError(f"tunnel already carries {MAX_SHIMS} peers")
         shim = _Shim(peer, udp_socket(self._sock.family, (self.local_host, 0)), target)

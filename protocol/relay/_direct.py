@@ -25,9 +25,11 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 
 import trio
 
+from ..addressing import Address, SocketAddress
 from ..transport import Endpoint, Identity, PeerId
 from . import _disco as d
 from . import _wire as w
@@ -81,7 +83,7 @@ class DirectPaths:
     def __init__(
         self,
         identity: Identity,
-        relay: tuple,
+        relay: SocketAddress,
         local_host: str,
         relay_send: RelaySend,
         deliver: Deliver,
@@ -89,24 +91,27 @@ class DirectPaths:
         sock: socket.socket | None = None,
         endpoint: Endpoint | None = None,
     ) -> None:
-        if (sock is None) == (endpoint is None):
+        if sock is not None and endpoint is None:
+            port = sock.getsockname()[1]
+        elif endpoint is not None and sock is None:
+            port = endpoint.local_address[1]
+        else:
             raise ValueError("DirectPaths needs exactly one of sock and endpoint")
         self.identity = identity
         self._sock = sock
         self._ep = endpoint
         self._relay = relay
-        port = sock.getsockname()[1] if sock is not None else endpoint.local_address[1]
         self._local = (local_host, port)
         self._relay_send = relay_send
         self._deliver = deliver
         self.peers: dict[PeerId, PeerPath] = {}
         self._recent: dict[PeerId, deque[bytes]] = {}
         self._recent_bytes: dict[PeerId, int] = {}
-        self._by_addr: dict[tuple, PeerId] = {}
-        self._virtual: dict[PeerId, tuple] = {}
-        self._peer_at: dict[tuple, PeerId] = {}
+        self._by_addr: dict[Address, PeerId] = {}
+        self._virtual: dict[PeerId, Address] = {}
+        self._peer_at: dict[Address, PeerId] = {}
         self._cmm_sent: dict[PeerId, float] = {}
-        self.reflexive: tuple | None = None
+        self.reflexive: Address | None = None
         self._observe_txid = b""
         self._observed = trio.Event()
         self.sent_direct = 0
@@ -122,20 +127,19 @@ class DirectPaths:
         elif self._ep is not None and self._ep.router is self:
             self._ep.router = None
 
-    def _send_now(self, data: bytes, addr: tuple) -> None:
+    def _send_now(self, data: bytes, addr: SocketAddress) -> None:
         """Send a disco or OBSERVE datagram (lost when the kernel's buffer is full: each is
         repeated)."""
         if self._ep is not None:
             self._ep.send_datagram(data, addr)
             return
-        try:
-            self._sock.sendto(data, addr)
-        except OSError:
-            pass
+        if self._sock is not None:
+            with suppress(OSError):
+                self._sock.sendto(data, addr)
 
     # -- candidates ------------------------------------------------------------------------
 
-    def candidates(self) -> list[tuple]:
+    def candidates(self) -> list[Address]:
         """Our addresses to offer: where the relay sees the direct socket, and the socket's
         own address on the route to the relay (the peer may share our network)."""
         out = [self.reflexive] if self.reflexive else []
@@ -160,14 +164,14 @@ class DirectPaths:
 
     # -- peers -----------------------------------------------------------------------------
 
-    def start(self, nursery: trio.Nursery, peer: PeerId, virtual: tuple) -> None:
+    def start(self, nursery: trio.Nursery, peer: PeerId, virtual: SocketAddress) -> None:
         """Begin punching towards ``peer``, whose shim (the address QUIC knows it by on
         this side) was just made at ``virtual``."""
         if peer in self.peers:
             return
         self.peers[peer] = PeerPath()
-        self._virtual[peer] = tuple(virtual[:2])
-        self._peer_at[tuple(virtual[:2])] = peer
+        self._virtual[peer] = virtual[:2]
+        self._peer_at[virtual[:2]] = peer
         nursery.start_soon(self._peer_loop, peer)
 
     async def _send_cmm(self, peer: PeerId) -> None:
@@ -254,14 +258,14 @@ class DirectPaths:
             size -= len(recent.popleft())
         self._recent_bytes[peer] = size
 
-    def direct_path(self, addr: tuple) -> tuple | None:
+    def direct_path(self, addr: SocketAddress) -> Address | None:
         """The direct path now in use for the peer whose shim is ``addr`` (None: ``addr`` is
         no shim, or its peer has no direct path): where that peer's host really is (the
         ring's TCP data plane dials it)."""
         peer = self._peer_at.get(addr[:2])
         return None if peer is None else self.peers[peer].direct(time.monotonic())
 
-    def route(self, data: bytes, addr: tuple) -> tuple:
+    def route(self, data: bytes, addr: SocketAddress) -> SocketAddress:
         """Endpoint mode: where a QUIC datagram for ``addr`` goes -- a peer's direct path
         when ``addr`` is its shim and the path is up, else ``addr`` itself."""
         peer = self._peer_at.get(addr[:2])
@@ -273,7 +277,7 @@ class DirectPaths:
         self._remember(peer, data)
         return real
 
-    def inbound(self, addr: tuple) -> tuple:
+    def inbound(self, addr: SocketAddress) -> SocketAddress:
         """Endpoint mode: the address QUIC knows the sender by -- its shim's, when ``addr``
         is a direct path the peer proved -- else ``addr`` itself."""
         peer = self._by_addr.get(addr[:2])
@@ -282,10 +286,10 @@ class DirectPaths:
         self.received_direct += 1
         return self._virtual[peer]
 
-    def _on_foreign(self, data: bytes, addr: tuple) -> None:
+    def _on_foreign(self, data: bytes, addr: SocketAddress) -> None:
         """Endpoint mode: a non-QUIC datagram on the QUIC socket."""
         if d.is_disco(data):
-            self._on_disco(data, tuple(addr[:2]))
+            self._on_disco(data, addr[:2])
         elif data[:1] == bytes([w.OBSERVED]) and data[1 : 1 + w.TXID] == self._observe_txid:
             self._on_observed(data)
         elif self._chained is not None:
@@ -293,15 +297,24 @@ class DirectPaths:
 
     async def run(self) -> None:
         """Read the direct socket: QUIC datagrams from proved addresses, disco, OBSERVED."""
+        sock = self._sock
+        if sock is None:
+            raise RuntimeError(
+                "DirectPaths.run reads a direct socket: this one shares an endpoint's"
+            )
         while True:
-            for data, source in await receive_batch(self._sock):
+            for data, source in await receive_batch(sock):
                 if not data:
                     continue
-                addr = tuple(source[:2])
+                addr = source[:2]
                 if data[0] & 0xC0:
                     peer = self._by_addr.get(addr)
                     path = self.peers.get(peer) if peer is not None else None
-                    if path is not None and path.accepts(addr, time.monotonic()):
+                    if (
+                        peer is not None
+                        and path is not None
+                        and path.accepts(addr, time.monotonic())
+                    ):
                         self.received_direct += 1
                         await self._deliver(peer, data)
                 elif d.is_disco(data):
@@ -318,7 +331,7 @@ class DirectPaths:
             return
         self._observed.set()
 
-    def _on_disco(self, data: bytes, addr: tuple) -> None:
+    def _on_disco(self, data: bytes, addr: Address) -> None:
         try:
             msg = d.decode(data, self.identity.peer_id)
         except d.DiscoRefused as exc:

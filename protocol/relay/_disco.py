@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from ..addressing import format_host_port, parse_host_port
+from ..addressing import Address, format_host_port, parse_host_port
 from ..transport import Identity, PeerId
 
 MAGIC = b"\x00brdisco"
@@ -95,7 +95,7 @@ def ping(identity: Identity, recipient: PeerId, txid: bytes) -> bytes:
     return encode(identity, PING, recipient, txid, bytes(PING_PADDING))
 
 
-def pong(identity: Identity, recipient: PeerId, txid: bytes, source: tuple) -> bytes:
+def pong(identity: Identity, recipient: PeerId, txid: bytes, source: Address) -> bytes:
     body = format_host_port(source[0], source[1]).encode()[:PING_PADDING]
     return encode(identity, PONG, recipient, txid, body)
 

@@ -13,9 +13,11 @@ import secrets
 import socket
 import weakref
 from collections.abc import Callable
+from typing import cast
 
 import trio
 
+from ..addressing import SocketAddress
 from ..transport import Endpoint
 from . import _wire as w
 from ._client import REQUEST_TIMEOUT, REQUEST_TRIES, RelayError
@@ -43,8 +45,8 @@ def _install(ep: Endpoint) -> dict[bytes, _Pending]:
 def _answer(
     table: dict[bytes, _Pending],
     data: bytes,
-    addr: tuple,
-    chained: Callable[[bytes, tuple], None] | None,
+    addr: SocketAddress,
+    chained: Callable[[bytes, SocketAddress], None] | None,
 ) -> None:
     """An OBSERVED for a question we asked (the random id proves that); anything else that
     is not QUIC goes to the handler installed before ours (hole punching's), if any, else
@@ -73,7 +75,8 @@ async def observe_address(
         infos = await trio.socket.getaddrinfo(relay[0], relay[1], family, socket.SOCK_DGRAM)
     except OSError as exc:
         raise RelayError(f"relay {w.addr_text(relay)}: {exc}") from None
-    dest = infos[0][4]
+    # (an AF_INET or AF_INET6 lookup yields IP socket addresses, never AF_UNIX's or others')
+    dest = cast(SocketAddress, infos[0][4])
     table = _install(ep)
     txid = secrets.token_bytes(w.TXID)
     pending = table[txid] = _Pending()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..addressing import format_host_port
+from ..addressing import Address, format_host_port
 
 HEARTBEAT = 1.0
 """Seconds between pings of the path in use."""
@@ -47,9 +47,6 @@ MAX_CANDIDATE_ADDRESSES = 16
 BETTER_RTT = 0.7
 """A second validated address replaces the one in use only if its round trip is below this
 fraction of the current one: no flapping between two equal paths."""
-
-
-Address = tuple
 
 
 @dataclass

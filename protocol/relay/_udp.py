@@ -13,6 +13,8 @@ import socket
 
 import trio
 
+from ..addressing import SocketAddress
+
 BATCH = 64
 """Datagrams read per wake-up before other tasks get their turn."""
 MAX_DATAGRAM = 65535
@@ -30,11 +32,11 @@ def udp_socket(family: int, bind: tuple[str, int]) -> socket.socket:
     return sock
 
 
-async def receive_batch(sock: socket.socket) -> list[tuple[bytes, tuple]]:
+async def receive_batch(sock: socket.socket) -> list[tuple[bytes, SocketAddress]]:
     """Wait until ``sock`` is readable, then return what it holds (at most :data:`BATCH`).
     ICMP errors reported on the socket are skipped: the datagram they concern is lost."""
     await trio.lowlevel.wait_readable(sock)
-    out: list[tuple[bytes, tuple]] = []
+    out: list[tuple[bytes, SocketAddress]] = []
     for _ in range(BATCH):
         try:
             out.append(sock.recvfrom(MAX_DATAGRAM))
@@ -45,7 +47,7 @@ async def receive_batch(sock: socket.socket) -> list[tuple[bytes, tuple]]:
     return out
 
 
-async def send(sock: socket.socket, data: bytes, addr: tuple | None = None) -> bool:
+async def send(sock: socket.socket, data: bytes, addr: SocketAddress | None = None) -> bool:
     """Send one datagram (to the connected peer when ``addr`` is None); waits only while the
     send buffer is full. False when the network refused it (lost: QUIC retransmits)."""
     while True:

@@ -33,7 +33,7 @@ it sent it to, once, so a signature is good for one relay, one challenge and one
 
 from __future__ import annotations
 
-from ..addressing import format_host_port, parse_host_port
+from ..addressing import SocketAddress, format_host_port, parse_host_port
 
 HELLO, CHALLENGE, AUTH, OK, ERR = 0x01, 0x02, 0x03, 0x04, 0x05
 PUBLISH, LOOKUP, RECORD, PING = 0x06, 0x07, 0x08, 0x09
@@ -56,7 +56,7 @@ def auth_message(relay_peer: bytes, nonce: bytes) -> bytes:
     return AUTH_CONTEXT + relay_peer + nonce
 
 
-def addr_text(addr: tuple) -> str:
+def addr_text(addr: SocketAddress) -> str:
     return format_host_port(addr[0], addr[1])
 
 

@@ -25,9 +25,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 from aioquic.quic import events
 
+from ..addressing import SocketAddress
 from ._auth import AUTH_REFUSED, AuthFailure, PeerAuth
 from ._config import EndpointConfig, qh3_part
 from ._connection import _termination_error
@@ -78,7 +80,7 @@ class _FrameReader:
             if len(data) == 4 + size and size <= self.limit:
                 return [data[4:]]  # the common case: one whole frame in one piece
         self.buf += data
-        out = []
+        out: list[bytes] = []
         while True:
             if self.need is None:
                 if len(self.buf) < 4:
@@ -119,7 +121,7 @@ class BlockingConnection:
         self,
         quic: ClientEngine,
         sock: socket.socket,
-        remote: tuple,
+        remote: SocketAddress,
         config: EndpointConfig,
         on_frame: FrameHandler,
         on_closed: ClosedHandler,
@@ -196,7 +198,8 @@ class BlockingConnection:
             raise TransportError(f"cannot resolve {address[0]!r}: {exc}") from None
         if not infos:
             raise TransportError(f"cannot resolve {address[0]!r}")
-        family, _, _, _, remote = infos[0]
+        family, _, _, _, sockaddr = infos[0]
+        remote = cast(SocketAddress, sockaddr)  # (a DGRAM lookup of a host: an IP address)
         sock = socket.socket(family, socket.SOCK_DGRAM)
         conn = None
         try:
@@ -282,7 +285,9 @@ class BlockingConnection:
         if size > self._config.max_frame_size:
             raise FrameTooLarge(f"frame of {size} bytes exceeds {self._config.max_frame_size}")
         if prefixed:
-            parts: tuple = (data if type(data) is bytes else memoryview(data),)
+            parts: tuple[bytes | memoryview, ...] = (
+                data if type(data) is bytes else memoryview(data),
+            )
         elif size <= _INLINE_FRAME:
             parts = (_PREFIX.pack(size) + data,)
         else:
@@ -483,8 +488,7 @@ class BlockingConnection:
         out: list[tuple[int, bytes | None]] = []
         window_due = False
         while (event := quic.next_event()) is not None:
-            kind = type(event)
-            if kind is events.StreamDataReceived:
+            if isinstance(event, events.StreamDataReceived):
                 sid = event.stream_id
                 if sid == self._auth.peer_stream or not self._auth.done:
                     self._feed_auth(event)
@@ -508,10 +512,10 @@ class BlockingConnection:
                     ledger.forget(sid)
                     if sid & 1:  # the peer's stream: end ours too, so aioquic frees it
                         quic.finish_stream(sid)
-            elif kind in (events.StreamReset, events.StopSendingReceived):
+            elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
                 if self._readers.pop(event.stream_id, None) is not None:
                     out.append((event.stream_id, None))
-            elif kind is events.ConnectionTerminated and self._error is None:
+            elif isinstance(event, events.ConnectionTerminated) and self._error is None:
                 host, port = self._remote[:2]
                 self._error = _termination_error(event, f"connection to {host}:{port}")
         if not self._ready.is_set():

@@ -17,6 +17,7 @@ import trio
 from aioquic import tls
 from aioquic.quic import events
 
+from ..addressing import Address, SocketAddress
 from ._auth import AUTH_REFUSED, PREAUTH_BYTES, VERSION_REFUSED, AuthFailure, PeerAuth
 from ._config import ALPN, LEGACY_ALPNS, EndpointConfig
 from ._engine import EndpointEngine, ReceiveLedger
@@ -67,7 +68,7 @@ class Connection:
         self,
         endpoint: Endpoint,
         quic: EndpointEngine,
-        addr: tuple,
+        addr: SocketAddress,
         config: EndpointConfig,
         auth: PeerAuth,
         ledger: ReceiveLedger,
@@ -104,7 +105,7 @@ class Connection:
         return f"<Connection {self.peer_id or '?'} at {self.remote_address}>"
 
     @property
-    def remote_address(self) -> tuple:
+    def remote_address(self) -> Address:
         """The peer's UDP address (host, port)."""
         return self._addr[:2]
 
@@ -243,8 +244,7 @@ class Connection:
     def _drain_events(self) -> None:
         quic = self._quic
         while (event := quic.next_event()) is not None:
-            kind = type(event)
-            if kind is events.StreamDataReceived:
+            if isinstance(event, events.StreamDataReceived):
                 if self._error is not None:
                     continue  # refused a moment ago (below): nothing more is taken
                 if event.stream_id == self._auth.peer_stream:
@@ -267,23 +267,23 @@ class Connection:
                     stream = self._new_stream(sid)
                     self._incoming_send.send_nowait(stream)
                 stream._feed(event.data, event.end_stream)
-            elif kind is events.ConnectionIdIssued:
+            elif isinstance(event, events.ConnectionIdIssued):
                 self._cids.add(event.connection_id)
                 self._ep._register_cid(event.connection_id, self)
-            elif kind is events.ConnectionIdRetired:
+            elif isinstance(event, events.ConnectionIdRetired):
                 self._cids.discard(event.connection_id)
                 self._ep._forget_cid(event.connection_id)
-            elif kind is events.StreamReset:
+            elif isinstance(event, events.StreamReset):
                 stream = self._streams.get(event.stream_id)
                 if stream is not None:
                     stream._fail(TransportError(f"peer reset stream {event.stream_id}"))
-            elif kind is events.StopSendingReceived:
+            elif isinstance(event, events.StopSendingReceived):
                 stream = self._streams.get(event.stream_id)
                 if stream is not None:
                     stream._fail(TransportError(f"peer stopped reading stream {event.stream_id}"))
-            elif kind is events.ConnectionTerminated:
+            elif isinstance(event, events.ConnectionTerminated):
                 self._on_terminated(event)
-            elif kind is events.ProtocolNegotiated or kind is events.HandshakeCompleted:
+            elif isinstance(event, (events.ProtocolNegotiated, events.HandshakeCompleted)):
                 self._alpn = event.alpn_protocol
         if not self._ready.is_set() and self._error is None:
             self._authenticate()

@@ -18,18 +18,19 @@ import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 from aioquic.buffer import Buffer
 from aioquic.quic.packet import (
+    QuicHeader,
     QuicPacketType,
     encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
 )
 
-from ..addressing import format_host_port
+from ..addressing import Address, SocketAddress, format_host_port
 from ._addressing import Resolver
 from ._auth import PeerAuth
 from ._authorized import AuthorizedPeers
@@ -85,9 +86,9 @@ answers EPERM), a full device queue. Anything else is a bug and is raised."""
 class Router(Protocol):
     """What :attr:`Endpoint.router` must offer (see ``relay._direct.DirectPaths``)."""
 
-    def route(self, data: bytes, addr: tuple) -> tuple: ...
+    def route(self, data: bytes, addr: SocketAddress) -> SocketAddress: ...
 
-    def inbound(self, addr: tuple) -> tuple: ...
+    def inbound(self, addr: SocketAddress) -> SocketAddress: ...
 
 
 class Endpoint:
@@ -115,10 +116,10 @@ class Endpoint:
         self._conns: set[Connection] = set()
         self._handler: Handler | None = None
         self._refuse_legacy: LegacyRefusal | None = None
-        self._backlog: deque[tuple[bytes, tuple]] = deque()
+        self._backlog: deque[tuple[bytes, SocketAddress]] = deque()
         self._writable = trio.Event()
         self.max_connections = 1024
-        self.on_foreign_datagram: Callable[[bytes, tuple], None] | None = None
+        self.on_foreign_datagram: Callable[[bytes, SocketAddress], None] | None = None
         """Called with datagrams that cannot be QUIC (neither the long-header nor the fixed
         bit set, RFC 9000 17.2-17.3): the relay's address-discovery answers share the QUIC
         socket, as STUN shares it in ICE, so that they observe this socket's NAT mapping."""
@@ -263,7 +264,7 @@ class Endpoint:
                 failures.append(f"{addr[0]}:{addr[1]}: {exc}")
         raise TransportError(f"could not reach {peer}: " + "; ".join(failures))
 
-    def send_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+    def send_datagram(self, data: bytes, addr: SocketAddress) -> None:
         """Send one non-QUIC datagram from this endpoint's socket (address discovery); lost
         like any UDP datagram when the path drops it."""
         self._sendto(data, addr)
@@ -295,7 +296,7 @@ class Endpoint:
 
     # -- I/O -------------------------------------------------------------------------------
 
-    def _send_batch(self, datagrams: list[tuple[bytes, tuple]]) -> None:
+    def _send_batch(self, datagrams: list[tuple[bytes, SocketAddress]]) -> None:
         """Send datagrams, several per syscall where the kernel offers UDP GSO: a run of
         equal-size datagrams to one address (the last may be shorter) goes out in one
         ``sendmsg``; the wire still carries the same separate datagrams."""
@@ -325,7 +326,7 @@ class Endpoint:
                 self._sendmsg_gso([d for d, _ in datagrams[i:j]], seg, addr)
             i = j
 
-    def _sendmsg_gso(self, parts: list[bytes], seg: int, addr: tuple) -> None:
+    def _sendmsg_gso(self, parts: list[bytes], seg: int, addr: SocketAddress) -> None:
         try:
             self._sock.sendmsg(
                 [b"".join(parts)], [(_SOL_UDP, _UDP_SEGMENT, seg.to_bytes(2, "little"))], 0, addr
@@ -342,7 +343,7 @@ class Endpoint:
             elif exc.errno not in SEND_LOSS_ERRNOS:
                 raise
 
-    def _sendto(self, data: bytes, addr: tuple) -> None:
+    def _sendto(self, data: bytes, addr: SocketAddress) -> None:
         if self._backlog:
             self._backlog.append((data, addr))
             return
@@ -414,10 +415,10 @@ class Endpoint:
                 else:  # the ACK a datagram is owed may be due before the armed timer: after
                     conn._arm(timer)  # a quiet spell that was the idle timeout's, seconds away
 
-    def _read_batch(self) -> list[tuple[bytes, tuple]]:
+    def _read_batch(self) -> list[tuple[bytes, SocketAddress]]:
         """Read what the socket holds now (bounded), splitting GRO-coalesced reads."""
         sock = self._sock
-        out: list[tuple[bytes, tuple]] = []
+        out: list[tuple[bytes, SocketAddress]] = []
         for _ in range(_RECV_BATCH):
             try:
                 if self._gro:
@@ -440,7 +441,9 @@ class Endpoint:
                 out.append((data, addr))
         return out
 
-    def _send_retry(self, header: Any, addr: tuple, now: float) -> None:
+    def _send_retry(
+        self, header: QuicHeader, version: int, addr: SocketAddress, now: float
+    ) -> None:
         source_cid = os.urandom(CID_LENGTH)
         token = self._admission.retry.create_token(
             address=addr,
@@ -450,7 +453,7 @@ class Endpoint:
         )
         self._sendto(
             encode_quic_retry(
-                version=header.version,
+                version=version,
                 source_cid=source_cid,
                 destination_cid=header.source_cid,
                 original_destination_cid=header.destination_cid,
@@ -459,7 +462,7 @@ class Endpoint:
             addr,
         )
 
-    def _admit(self, peer: PeerId, addr: tuple, now: float) -> str | None:
+    def _admit(self, peer: PeerId, addr: SocketAddress, now: float) -> str | None:
         """The admission policy's answer, logged when it refuses: one structured
         ``peer_refused`` event per peer and reason every REFUSED_LOG_EVERY seconds (a peer
         retrying in a loop does not flood the log)."""
@@ -481,7 +484,7 @@ class Endpoint:
             )
         return reason
 
-    def _accept_initial(self, data: bytes, addr: tuple, now: float) -> Connection | None:
+    def _accept_initial(self, data: bytes, addr: SocketAddress, now: float) -> Connection | None:
         if self._admission.exhausted(addr, now):  # a flooding source: not even parsed
             return None
         try:
@@ -499,7 +502,8 @@ class Endpoint:
                     addr,
                 )
             return None
-        if header.packet_type != QuicPacketType.INITIAL or len(data) < 1200:
+        version = header.version  # (None only in a short header, which is no Initial)
+        if version is None or header.packet_type != QuicPacketType.INITIAL or len(data) < 1200:
             return None
         size = self._config.datagram_size_for(addr[0])
         if len(self._conns) >= self.max_connections:
@@ -513,7 +517,7 @@ class Endpoint:
         retry_cid = None
         if half_open > RETRY_ABOVE:
             if not header.token:  # prove the address first: a Retry costs one datagram
-                self._send_retry(header, addr, now)
+                self._send_retry(header, version, addr, now)
                 return None
             try:
                 original = self._admission.retry.validate_token(
@@ -555,7 +559,19 @@ class Endpoint:
         return conn
 
 
-ServerQuic = Callable[..., EndpointEngine]
+class ServerQuic(Protocol):
+    """What makes the engine that answers a client's first Initial (``_server_quic_factory``)."""
+
+    def __call__(
+        self,
+        identity: Identity,
+        config: EndpointConfig,
+        size: int,
+        odcid: bytes,
+        retry_cid: bytes | None,
+        auth: PeerAuth,
+        ledger: ReceiveLedger,
+    ) -> EndpointEngine: ...
 
 
 def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
@@ -565,7 +581,15 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
     if config.quic_engine == "qh3":
         qh3_server_connection = qh3_part("_qh3_server").qh3_server_connection
 
-        def qh3_quic(identity, config, size, odcid, retry_cid, auth, ledger):
+        def qh3_quic(
+            identity: Identity,
+            config: EndpointConfig,
+            size: int,
+            odcid: bytes,
+            retry_cid: bytes | None,
+            auth: PeerAuth,
+            ledger: ReceiveLedger,
+        ) -> EndpointEngine:
             return qh3_server_connection(
                 identity,
                 config,
@@ -578,7 +602,15 @@ def _server_quic_factory(config: EndpointConfig) -> ServerQuic:
 
         return qh3_quic
 
-    def aioquic_quic(identity, config, size, odcid, retry_cid, auth, ledger):
+    def aioquic_quic(
+        identity: Identity,
+        config: EndpointConfig,
+        size: int,
+        odcid: bytes,
+        retry_cid: bytes | None,
+        auth: PeerAuth,
+        ledger: ReceiveLedger,
+    ) -> EndpointEngine:
         return aioquic_connection(
             identity,
             config,
@@ -603,15 +635,15 @@ class _Admission:
         from aioquic.quic.retry import QuicRetryTokenHandler
 
         self.retry = QuicRetryTokenHandler()
-        self._buckets: dict[tuple, tuple[float, float]] = {}
+        self._buckets: dict[Address, tuple[float, float]] = {}
 
-    def exhausted(self, addr: tuple, now: float) -> bool:
+    def exhausted(self, addr: SocketAddress, now: float) -> bool:
         """Whether ``addr`` has no handshake left to start now (nothing is spent): checked
         before a datagram is parsed, so a flood from one source costs a lookup each."""
         got = self._buckets.get(addr[:2])
         return got is not None and got[0] + (now - got[1]) * HANDSHAKE_RATE < 1
 
-    def allow(self, addr: tuple, now: float) -> bool:
+    def allow(self, addr: SocketAddress, now: float) -> bool:
         key = addr[:2]
         tokens, last = self._buckets.get(key, (HANDSHAKE_BURST, now))
         tokens = min(HANDSHAKE_BURST, tokens + (now - last) * HANDSHAKE_RATE)
@@ -659,4 +691,4 @@ async def _resolve(addr: tuple[str, int], family: int) -> tuple[str, int]:
     infos = await trio.socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)
     if not infos:
         raise TransportError(f"cannot resolve {host!r}")
-    return infos[0][4][0], port
+    return str(infos[0][4][0]), port

@@ -23,8 +23,8 @@ translated to qh3's public API:
 
 from __future__ import annotations
 
+import io
 import ssl
-from typing import TextIO
 
 from aioquic.quic import events
 from cryptography.hazmat.primitives import serialization
@@ -35,6 +35,7 @@ from qh3.quic.connection import QuicConnection, QuicConnectionError
 from qh3.quic.tls_bridge import QuicTlsBridge
 from qh3.tls import ExtensionType, SignatureAlgorithm
 
+from ..addressing import SocketAddress
 from ._config import ALPN, EndpointConfig
 from ._engine import ReceiveLedger
 from ._errors import TransportError
@@ -118,7 +119,7 @@ class Qh3ClientConnection:
         identity: Identity,
         config: EndpointConfig,
         size: int,
-        secrets: TextIO,
+        secrets: io.TextIOBase,
         ledger: ReceiveLedger | None = None,
     ):
         cert = identity.certificate().public_bytes(serialization.Encoding.PEM)
@@ -136,7 +137,8 @@ class Qh3ClientConnection:
             max_stream_data=config.stream_window,
             max_datagram_size=size,
             signature_algorithms=list(SIGNATURE_ALGORITHMS),
-            secrets_log_file=secrets,
+            # (the stub asks for typing.TextIO; the key log only calls write() and flush())
+            secrets_log_file=secrets,  # type: ignore[arg-type]
         )
         configuration.load_cert_chain(cert, key)
         self._quic = _SizedQuic(configuration=configuration)
@@ -150,16 +152,16 @@ class Qh3ClientConnection:
 
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
-    def connect(self, addr: tuple, now: float) -> None:
+    def connect(self, addr: SocketAddress, now: float) -> None:
         self._quic.connect(addr, now=now)
 
-    def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
+    def receive_datagram(self, data: bytes, addr: SocketAddress, now: float) -> None:
         self._now = now
         self._unacked_bytes += len(data)
         self._bulk_in = len(data) >= BULK_DATAGRAM
         self._quic.receive_datagram(data, addr, now)
 
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, SocketAddress]]:
         out = self._quic.datagrams_to_send(now)
         if out:
             self._unacked_bytes = 0  # what we owed left with them
@@ -181,7 +183,7 @@ class Qh3ClientConnection:
         quic = self._quic
         core = quic._core
         timer = None if core is None else core.get_timer()
-        if timer is None:
+        if core is None or timer is None:
             self._ack_since = None
             return None
         kind, at = timer
@@ -229,16 +231,15 @@ class Qh3ClientConnection:
             failed, self._failed = self._failed, None
             return failed
         e = self._quic.next_event()
-        kind = type(e)
-        if kind is qh3_events.StreamDataReceived:
+        if isinstance(e, qh3_events.StreamDataReceived):
             return events.StreamDataReceived(e.data, e.end_stream, e.stream_id)
-        if kind is qh3_events.HandshakeCompleted:
+        if isinstance(e, qh3_events.HandshakeCompleted):
             return events.HandshakeCompleted(e.alpn_protocol, False, False)
-        if kind is qh3_events.StreamReset:
+        if isinstance(e, qh3_events.StreamReset):
             return events.StreamReset(e.error_code, e.stream_id)
-        if kind is qh3_events.StopSendingReceived:
+        if isinstance(e, qh3_events.StopSendingReceived):
             return events.StopSendingReceived(e.error_code, e.stream_id)
-        if kind is qh3_events.ConnectionTerminated:
+        if isinstance(e, qh3_events.ConnectionTerminated):
             return events.ConnectionTerminated(e.error_code, e.frame_type, e.reason_phrase)
         if e is None:
             return None
@@ -291,7 +292,7 @@ def qh3_client_connection(
     identity: Identity,
     config: EndpointConfig,
     host: str,
-    secrets: TextIO,
+    secrets: io.TextIOBase,
     ledger: ReceiveLedger | None = None,
 ) -> Qh3ClientConnection:
     """The qh3 connection a client dials ``host`` with; ``secrets`` gets its TLS key log."""

@@ -24,9 +24,10 @@ keys are proven above TLS instead (``_auth``), with nothing of qh3 but its publi
 
 from __future__ import annotations
 
+import io
 import logging
 import ssl
-from typing import Any, TextIO
+from typing import Any
 
 from aioquic.quic import events
 from cryptography.hazmat.primitives import serialization
@@ -34,6 +35,7 @@ from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration
 from qh3.quic.connection import QuicConnection, QuicConnectionError
 
+from ..addressing import SocketAddress
 from ._config import ALPN, LEGACY_ALPNS, EndpointConfig
 from ._engine import ReceiveLedger
 from ._identity import Identity
@@ -86,7 +88,7 @@ class _ValidatedQuic(QuicConnection):
     """qh3's connection whose core leaves the anti-amplification limit to
     ``Qh3ServerConnection`` (see ``_create_core``)."""
 
-    def _create_core(self, remote_addr, initial_dcid: bytes, now: float) -> None:
+    def _create_core(self, remote_addr: SocketAddress, initial_dcid: bytes, now: float) -> None:
         """qh3's, with the core told the client's address is validated (as after a Retry).
 
         qh3's core counts only the bytes of the packets it could decrypt towards the 3x
@@ -134,12 +136,14 @@ class Qh3ServerConnection:
         self._clock = 0.0  # the latest time given to qh3 (never goes back; PACING_LEAD)
         self._received = 0  # bytes of datagrams received before the handshake completed
         self._sent = 0  # bytes of datagrams sent meanwhile
-        self._held: list[tuple[bytes, tuple]] = []  # over the 3x budget: sent when it allows
+        self._held: list[
+            tuple[bytes, SocketAddress]
+        ] = []  # over the 3x budget: sent when it allows
         self.ledger = ledger or ReceiveLedger()  # the driver's: the unread bound reads it
 
     # -- what aioquic's connection offers, delegated ------------------------------------------
 
-    def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
+    def receive_datagram(self, data: bytes, addr: SocketAddress, now: float) -> None:
         """qh3's; once the handshake is complete, through its one-call path (no per-packet
         header parsing in Python). A failure inside qh3 closes this connection only."""
         quic = self._quic
@@ -153,7 +157,7 @@ class Qh3ServerConnection:
         except (QuicConnectionError, RuntimeError, ValueError) as exc:
             self._core_failed(exc)
 
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, SocketAddress]]:
         """qh3's datagrams (straight from its core: its Python wrapper only adds qlog
         bookkeeping); until the handshake completed (the client's address is then proven),
         at most three times the bytes received (RFC 9000 8.1): the rest waits for the
@@ -163,7 +167,7 @@ class Qh3ServerConnection:
         core = quic._core
         real, now = now, max(now, self._clock)
         self._clock = now
-        out: list[tuple[bytes, tuple]] = []
+        out: list[tuple[bytes, SocketAddress]] = []
         if core is not None:
             try:
                 while (transmit := core.poll_transmit(now)) is not None:
@@ -236,7 +240,7 @@ class Qh3ServerConnection:
         quic = self._quic
         core = quic._core
         timer = None if core is None else core.get_timer()
-        if timer is None:
+        if core is None or timer is None:
             return None
         kind, at = timer
         if kind == "pacing" and quic._handshake_complete and core.get_send_buffer_size() == 0:
@@ -282,30 +286,27 @@ class Qh3ServerConnection:
         of it, as aioquic does: qh3 itself reports it only after the draining period."""
         while True:
             e = self._quic.next_event()
-            kind = type(e)
-            if kind is qh3_events.StreamDataReceived:
+            if isinstance(e, qh3_events.StreamDataReceived):
                 if self._over_limit(len(e.data)):
                     continue  # the connection is closed: the termination comes next
                 return events.StreamDataReceived(e.data, e.end_stream, e.stream_id)
-            if kind is qh3_events.ConnectionIdIssued:
+            if isinstance(e, qh3_events.ConnectionIdIssued):
                 return events.ConnectionIdIssued(e.connection_id)
-            if kind is qh3_events.ConnectionIdRetired:
+            if isinstance(e, qh3_events.ConnectionIdRetired):
                 return events.ConnectionIdRetired(e.connection_id)
-            if kind is qh3_events.StreamReset:
+            if isinstance(e, qh3_events.StreamReset):
                 return events.StreamReset(e.error_code, e.stream_id)
-            if kind is qh3_events.StopSendingReceived:
+            if isinstance(e, qh3_events.StopSendingReceived):
                 return events.StopSendingReceived(e.error_code, e.stream_id)
-            if kind is qh3_events.HandshakeCompleted:
+            if isinstance(e, qh3_events.HandshakeCompleted):
                 return events.HandshakeCompleted(e.alpn_protocol, False, False)
-            if kind is qh3_events.ConnectionTerminated or (
-                e is None and self._quic._close_event is not None
-            ):
+            closed = self._quic._close_event if e is None else e
+            if isinstance(closed, qh3_events.ConnectionTerminated):  # (e's, or qh3's pending)
                 if self._terminated:
                     if e is None:
                         return None
                     continue
                 self._terminated = True
-                closed = self._quic._close_event if e is None else e
                 return events.ConnectionTerminated(
                     closed.error_code, closed.frame_type, closed.reason_phrase
                 )
@@ -403,15 +404,16 @@ class Qh3ServerConnection:
 
 
 def qh3_server_configuration(
-    identity: Identity, config: EndpointConfig, size: int, secrets: TextIO
-):
+    identity: Identity, config: EndpointConfig, size: int, secrets: io.TextIOBase
+) -> QuicConfiguration:
     """qh3 settings for a server connection: our certificate, ALPN, windows, sizes, and
     the sink of its TLS key log (the key proofs' binding, ``_auth``)."""
     configuration = QuicConfiguration(
         alpn_protocols=[ALPN, *LEGACY_ALPNS],
         is_client=False,
         verify_mode=ssl.CERT_NONE,  # no client certificates: keys are proven above TLS
-        secrets_log_file=secrets,
+        # (the stub asks for typing.TextIO; the key log only calls write() and flush())
+        secrets_log_file=secrets,  # type: ignore[arg-type]
         idle_timeout=config.idle_timeout,
         max_data=config.connection_window,
         max_stream_data=config.stream_window,
@@ -435,7 +437,7 @@ def qh3_server_connection(
     *,
     original_destination_connection_id: bytes,
     retry_source_connection_id: bytes | None,
-    secrets: TextIO,
+    secrets: io.TextIOBase,
     ledger: ReceiveLedger | None = None,
 ) -> Qh3ServerConnection:
     """The qh3 connection a server answers a client's first Initial with."""

@@ -18,7 +18,7 @@ left out and datagrams stay at ``STOCK_DATAGRAM_SIZE`` at most.
 
 from __future__ import annotations
 
-from typing import TextIO
+import io
 
 from aioquic import tls
 from aioquic.quic.configuration import QuicConfiguration
@@ -55,11 +55,17 @@ class PeerQuicConnection(QuicConnection):
         configuration: QuicConfiguration,
         max_streams: int = 128,
         ledger: ReceiveLedger | None = None,
-        **kwargs,
+        original_destination_connection_id: bytes | None = None,
+        retry_source_connection_id: bytes | None = None,
+        max_packets_in_flight: int | None = None,
+        path_datagram_size: int | None = None,
     ) -> None:
-        for speed_only in ("max_packets_in_flight", "path_datagram_size"):
-            kwargs.pop(speed_only, None)  # (``_quic_fast``'s; stock aioquic has no use for them)
-        super().__init__(configuration=configuration, **kwargs)
+        del max_packets_in_flight, path_datagram_size  # (``_quic_fast``'s; stock has no use)
+        super().__init__(
+            configuration=configuration,
+            original_destination_connection_id=original_destination_connection_id,
+            retry_source_connection_id=retry_source_connection_id,
+        )
         self._stream_window = configuration.max_stream_data
         self._connection_window = configuration.max_data
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = max_streams
@@ -191,9 +197,9 @@ class PeerQuicConnection(QuicConnection):
     def _write_stream_limits(
         self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream
     ) -> None:
-        if not stream.max_stream_data_local or stream.receiver.is_finished:
+        sid = stream.stream_id  # (None only for a crypto stream, which has no limits)
+        if sid is None or not stream.max_stream_data_local or stream.receiver.is_finished:
             return
-        sid = stream.stream_id
         ledger = self.ledger
         target = ledger.consumed.get(sid, 0) + self._stream_window + ledger.frame_credit.get(sid, 0)
         if target - stream.max_stream_data_local >= self._stream_window // 4:
@@ -205,7 +211,7 @@ class PeerQuicConnection(QuicConnection):
                 handler=self._on_max_stream_data_delivery,
                 handler_args=(stream,),
             )
-            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(sid)
             buf.push_uint_var(stream.max_stream_data_local)
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
@@ -234,11 +240,12 @@ def aioquic_connection(
     identity: Identity,
     config: EndpointConfig,
     size: int,
-    secrets: TextIO,
+    secrets: io.TextIOBase,
     ledger: ReceiveLedger | None,
     *,
     is_client: bool,
-    **kwargs,
+    original_destination_connection_id: bytes | None = None,
+    retry_source_connection_id: bytes | None = None,
 ) -> PeerQuicConnection:
     """An aioquic connection of either side, on a path of datagram size ``size``."""
     return AioquicConnection(
@@ -253,7 +260,8 @@ def aioquic_connection(
         max_streams=config.max_streams,
         max_packets_in_flight=config.max_packets_in_flight,
         ledger=ledger,
-        **kwargs,
+        original_destination_connection_id=original_destination_connection_id,
+        retry_source_connection_id=retry_source_connection_id,
     )
 
 
@@ -261,7 +269,7 @@ def client_connection(
     identity: Identity,
     config: EndpointConfig,
     host: str,
-    secrets: TextIO,
+    secrets: io.TextIOBase,
     ledger: ReceiveLedger | None = None,
 ) -> PeerQuicConnection:
     """The sans-I/O connection a client dials ``host`` with (both shells); ``secrets``

@@ -68,12 +68,13 @@ import inspect
 import logging
 import os
 import weakref
+from typing import TYPE_CHECKING, Required, TypedDict, Unpack, cast
 
 from aioquic import tls
 from aioquic.buffer import size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.congestion.base import create_congestion_control
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import QuicConnection, QuicNetworkPath
 from aioquic.quic.crypto import CryptoContext, HeaderProtection
 from aioquic.quic.packet import (
     PACKET_FIXED_BIT,
@@ -89,6 +90,14 @@ from aioquic.quic.packet_builder import (
 )
 from aioquic.quic.recovery import QuicPacketPacer, QuicPacketSpace
 from aioquic.quic.stream import QuicStream, QuicStreamSender
+
+from ..addressing import SocketAddress
+from ._engine import ReceiveLedger
+
+if TYPE_CHECKING:  # the mixin goes in front of PeerQuicConnection: checked as its subclass
+    from ._quic import PeerQuicConnection as _MixedInto
+else:
+    _MixedInto = object
 
 log = logging.getLogger("burn_remote.transport")
 
@@ -149,7 +158,8 @@ class _BuildPacer(QuicPacketPacer):
         self.after_packet = True
         super().update_after_send(now)
 
-    def next_send_time(self, now: float) -> float | None:
+    # (aioquic annotates ``float`` but returns None when no packet need wait, as this does)
+    def next_send_time(self, now: float) -> float | None:  # type: ignore[override]
         if self.after_packet:
             self.after_packet = False
             conn = self.owner()
@@ -166,10 +176,13 @@ class _OneCopySend(CryptoContext):
     def encrypt_packet(
         self, plain_header: bytes, plain_payload: bytes, packet_number: int
     ) -> bytes:
-        protected = self.aead.encrypt(plain_payload, plain_header, packet_number)
+        aead, hp = self.aead, self.hp
+        if aead is None or hp is None:  # (set up before any packet is protected)
+            raise RuntimeError("packet protection used before its keys were set up")
+        protected = aead.encrypt(plain_payload, plain_header, packet_number)
         pn_length = (plain_header[0] & 0x03) + 1
         sample = _PN_MAX - pn_length  # where the 16-byte sample starts (RFC 9001 5.4.2)
-        mask = self.hp._mask(protected[sample : sample + _SAMPLE])
+        mask = hp._mask(protected[sample : sample + _SAMPLE])
         header = bytearray(plain_header)
         header[0] ^= mask[0] & (0x0F if header[0] & 0x80 else 0x1F)
         at = len(header) - pn_length
@@ -224,8 +237,11 @@ class _OneCopyBuilder(QuicPacketBuilder):
         buf = self._buffer
         header_size = self._header_size
         packet_size = buf.tell() - self._packet_start
+        crypto, packet = self._packet_crypto, self._packet
         if (
-            self._packet_type != QuicPacketType.ONE_RTT
+            crypto is None  # (no packet is open: aioquic's own says so)
+            or packet is None
+            or self._packet_type != QuicPacketType.ONE_RTT
             or self._packet_start
             or self._datagram_needs_padding
             or self._quic_logger is not None
@@ -233,7 +249,6 @@ class _OneCopyBuilder(QuicPacketBuilder):
         ):
             super()._end_packet()
             return
-        crypto = self._packet_crypto
         number = self._packet_number
         buf.seek(0)  # the short header, as aioquic writes it
         buf.push_uint8(
@@ -246,8 +261,10 @@ class _OneCopyBuilder(QuicPacketBuilder):
         buf.push_uint16(number & 0xFFFF)
         plain = buf.data_slice(0, packet_size)
         with memoryview(plain) as view:
-            datagram = crypto.encrypt_packet(plain[:header_size], view[header_size:], number)
-        packet, size = self._packet, len(datagram)
+            # (the stubs say bytes; _OneCopySend's AEAD, in C, reads the view as any buffer)
+            payload = view[header_size:]
+            datagram = crypto.encrypt_packet(plain[:header_size], payload, number)  # type: ignore[arg-type]
+        size = len(datagram)
         packet.sent_bytes = size
         self._packets.append(packet)
         if packet.in_flight:
@@ -268,7 +285,17 @@ _MIN_PACKET = PACKET_NUMBER_MAX_SIZE - PACKET_NUMBER_SEND_SIZE
 (aioquic's ``_end_packet`` pads it; ``_OneCopyBuilder`` leaves such packets to it)."""
 
 
-class FastPaths:
+class ConnectionArgs(TypedDict, total=False):
+    """What ``FastPaths`` passes on to ``_quic.PeerQuicConnection``."""
+
+    configuration: Required[QuicConfiguration]
+    max_streams: int
+    ledger: ReceiveLedger | None
+    original_destination_connection_id: bytes | None
+    retry_source_connection_id: bytes | None
+
+
+class FastPaths(_MixedInto):
     """The overrides, as a mixin in front of ``_quic.PeerQuicConnection`` (which is a
     ``QuicConnection``): ``_quic`` builds the connection class from both when ``FAST``."""
 
@@ -277,9 +304,9 @@ class FastPaths:
         *,
         max_packets_in_flight: int = 1024,
         path_datagram_size: int | None = None,
-        **kwargs,
+        **kwargs: Unpack[ConnectionArgs],
     ) -> None:
-        super().__init__(**kwargs)  # type: ignore[call-arg]
+        super().__init__(**kwargs)
         configuration = kwargs["configuration"]
         self.max_packets_in_flight = max_packets_in_flight
         self._ack_delay = ACK_DELAY
@@ -291,12 +318,12 @@ class FastPaths:
         self._path_datagram_size = path_datagram_size or configuration.max_datagram_size
         self._more_data = False  # a STREAM frame of this packet left data behind
         self._streams_seen = 0  # streams at the start of this packet (a discard frees one)
-        pacer = self._loss._pacer
-        pacer.__class__ = _BuildPacer
+        self._loss._pacer.__class__ = _BuildPacer
+        pacer = cast(_BuildPacer, self._loss._pacer)  # (what its class was just made)
         pacer.owner = weakref.ref(self)
         pacer.after_packet = False
 
-    def datagrams_to_send(self, now: float) -> list[tuple[bytes, tuple]]:
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, SocketAddress]]:
         """aioquic's, after clamping the congestion window to the in-flight cap (and, once
         the handshake is confirmed, switching to the path's datagram size)."""
         if self._path_datagram_size > self._max_datagram_size and self._handshake_confirmed:
@@ -320,7 +347,7 @@ class FastPaths:
                 space.ack_at = now
         return super().datagrams_to_send(now)
 
-    def receive_datagram(self, data: bytes, addr: tuple, now: float) -> None:
+    def receive_datagram(self, data: bytes, addr: SocketAddress, now: float) -> None:
         """aioquic's, then the ACK policy: an ACK waits ``ACK_DELAY`` (``BULK_ACK_DELAY``
         after a full datagram), except after ``ACK_EVERY_BYTES`` (or ``ACK_EVERY_DATAGRAMS``
         full datagrams, if fewer bytes) and when this datagram opened a gap in the packet
@@ -370,7 +397,9 @@ class FastPaths:
         self._max_datagram_size = size
         self._ack_every_bytes = _ack_every_bytes(size)
 
-    def _write_application(self, builder: QuicPacketBuilder, network_path, now: float) -> None:
+    def _write_application(
+        self, builder: QuicPacketBuilder, network_path: QuicNetworkPath, now: float
+    ) -> None:
         if type(builder) is QuicPacketBuilder:
             builder.__class__ = _OneCopyBuilder  # (fewer copies: see the module doc)
         self._more_data = False
@@ -401,10 +430,13 @@ class FastPaths:
         stream: QuicStream,
         max_offset: int,
     ) -> int:
+        sid = stream.stream_id
+        if sid is None:  # (a crypto stream: aioquic writes those as CRYPTO frames, not here)
+            return 0
         sender = stream.sender
         offset = sender.next_offset
         # type byte + stream id + offset (omitted at 0) + a 4-byte length
-        overhead = 5 + size_uint_var(stream.stream_id) + (size_uint_var(offset) if offset else 0)
+        overhead = 5 + size_uint_var(sid) + (size_uint_var(offset) if offset else 0)
         before = sender.highest_offset
         room = builder.remaining_flight_space - overhead
         frame = _take_frame(sender, room, max_offset)
@@ -419,7 +451,7 @@ class FastPaths:
             handler=sender.on_data_delivery,
             handler_args=(frame.offset, frame.offset + len(frame.data), frame.fin),
         )
-        buf.push_uint_var(stream.stream_id)
+        buf.push_uint_var(sid)
         if frame.offset:
             buf.push_uint_var(frame.offset)
         buf.push_uint32(len(frame.data) | 0x80000000)

@@ -26,11 +26,13 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
+from types import TracebackType
 
 import trio
 
-from ..addressing import parse_host_port
+from ..addressing import Address, SocketAddress, parse_host_port
 
 _MAX_DATAGRAM = 65535
 
@@ -81,7 +83,7 @@ class ProxyStats:
 
 @dataclass
 class _Flow:
-    client: tuple
+    client: SocketAddress
     upstream: socket.socket
     last_seen: float = 0.0
 
@@ -92,7 +94,7 @@ class _Held:
     seq: int
     data: bytes = field(compare=False)
     sock: socket.socket = field(compare=False)
-    dest: tuple = field(compare=False)
+    dest: SocketAddress = field(compare=False)
 
 
 class FaultProxy:
@@ -118,7 +120,7 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._max_queue = max_queue
         self._max_flows = max_flows
-        self._flows: dict[tuple, _Flow] = {}
+        self._flows: dict[SocketAddress, _Flow] = {}
         self._by_upstream: dict[socket.socket, _Flow] = {}
         self._held: list[_Held] = []
         self._seq = itertools.count()
@@ -196,7 +198,7 @@ class FaultProxy:
                     flow.last_seen = now
                     self._admit(data, self._sock, flow.client, now)
 
-    def _flow_for(self, client: tuple, now: float) -> _Flow | None:
+    def _flow_for(self, client: SocketAddress, now: float) -> _Flow | None:
         flow = self._flows.get(client)
         if flow is None:
             if len(self._flows) >= self._max_flows:
@@ -214,7 +216,7 @@ class FaultProxy:
         flow.last_seen = now
         return flow
 
-    def _admit(self, data: bytes, sock: socket.socket, dest: tuple, now: float) -> None:
+    def _admit(self, data: bytes, sock: socket.socket, dest: SocketAddress, now: float) -> None:
         """Decide this datagram's fate: drop it, or hold it until its send time (maybe twice)."""
         st, fx, rng = self.stats, self.faults, self._rng
         st.received += 1
@@ -242,7 +244,7 @@ class FaultProxy:
             heapq.heappush(self._held, _Held(at, next(self._seq), data, sock, dest))
             self._wake.set()
 
-    def _send(self, sock: socket.socket, data: bytes, dest: tuple) -> None:
+    def _send(self, sock: socket.socket, data: bytes, dest: SocketAddress) -> None:
         try:
             sock.sendto(data, dest)
         except OSError:  # buffer full or unreachable: the network lost it
@@ -289,9 +291,18 @@ class FaultProxy:
 
 
 class _ProxyContext:
-    def __init__(self, cls: type[FaultProxy], upstream, listen, faults, seed, max_queue, flows):
+    def __init__(
+        self,
+        cls: type[FaultProxy],
+        upstream: Address,
+        listen: Address,
+        faults: Faults,
+        seed: int,
+        max_queue: int,
+        flows: int,
+    ) -> None:
         self._args = (cls, upstream, listen, faults, seed, max_queue, flows)
-        self._nursery_cm = None
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
 
     async def __aenter__(self) -> FaultProxy:
         cls, upstream, listen, faults, seed, max_queue, flows = self._args
@@ -300,16 +311,23 @@ class _ProxyContext:
         sock.setblocking(False)
         sock.bind(listen)
         self._proxy = cls(sock, upstream, faults, seed, max_queue, flows)
-        self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
+        nursery_cm = self._nursery_cm = trio.open_nursery()
+        nursery = await nursery_cm.__aenter__()
         await nursery.start(self._proxy._run)
         self._nursery = nursery
         return self._proxy
 
-    async def __aexit__(self, *exc: object) -> bool | None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._nursery_cm is None:
+            raise RuntimeError("the fault proxy's context was left without being entered")
         self._nursery.cancel_scope.cancel()
         try:
-            return await self._nursery_cm.__aexit__(*exc)
+            return await self._nursery_cm.__aexit__(exc_type, exc, tb)
         finally:
             self._proxy._close()
             self._proxy._sock.close()
@@ -318,7 +336,14 @@ class _ProxyContext:
 class ProxyThread:
     """A :class:`FaultProxy` on its own thread, for synchronous tests."""
 
-    def __init__(self, cls: type[FaultProxy], upstream, listen, faults, kwargs) -> None:
+    def __init__(
+        self,
+        cls: type[FaultProxy],
+        upstream: Address,
+        listen: Address,
+        faults: Faults,
+        kwargs: dict[str, int],
+    ) -> None:
         self._ready = threading.Event()
         self._stop: trio.Event | None = None
         self._token: trio.lowlevel.TrioToken | None = None
