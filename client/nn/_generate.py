@@ -124,6 +124,55 @@ class GenerationMixin:
         )  # fmt: skip
         return self._stream(gen)
 
+    def generate_text(
+        self,
+        prompt: str | list[dict[str, Any]],
+        max_new_tokens: int = 20,
+        tokenizer: Any = None,
+        skip_special_tokens: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """The text that continues `prompt` (only the new text): `stream_text` joined."""
+        return "".join(
+            self.stream_text(prompt, max_new_tokens, tokenizer, skip_special_tokens, **kwargs)
+        )
+
+    def stream_text(
+        self,
+        prompt: str | list[dict[str, Any]],
+        max_new_tokens: int = 20,
+        tokenizer: Any = None,
+        skip_special_tokens: bool = True,
+        **kwargs: Any,
+    ) -> Iterator[str]:
+        """Generate from text and yield the new text piece by piece as tokens arrive (what a
+        chat UI prints; as transformers' TextIteratorStreamer with skip_prompt).
+
+        Args:
+            prompt: a string (tokenized with the tokenizer's special tokens, as
+                transformers' `tokenizer(prompt)`), or chat messages ([{"role": "user",
+                "content": ...}, ...]) rendered through the tokenizer's chat template with
+                the generation prompt added (`apply_chat_template`).
+            tokenizer: a `burn_remote.tokenizer.Tokenizer` or its directory; default the
+                one in the directory the model was loaded from.
+            skip_special_tokens: leave special tokens (EOS, chat markers) out of the text.
+            kwargs: `generate`'s keywords (do_sample, temperature, key, ...). eos_token_id
+                defaults to the config's EOS ids plus the tokenizer's EOS token.
+        Raises:
+            ValueError: no tokenizer, a prompt that is neither text nor messages, or a bad
+                `generate` argument.
+            ChatTemplateError: messages given and the tokenizer has no chat template.
+        """
+        from . import _generate_text as text
+
+        tok = text.tokenizer_of(self, tokenizer)
+        ids = text.prompt_ids(tok, prompt, int(self.config.vocab))  # type: ignore[attr-defined]
+        kwargs["eos_token_id"] = text.eos_ids(
+            self, tok, kwargs.get("eos_token_id", FROM_CONFIG), FROM_CONFIG
+        )
+        columns = self.stream(ids, max_new_tokens, **kwargs)
+        return text.text_pieces(tok, columns, skip_special_tokens)
+
     def _stream(self, gen: _Generation) -> Iterator[np.ndarray]:
         tokens = gen.tokens()
         try:
