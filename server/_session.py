@@ -1,7 +1,7 @@
 """One client's session, sans I/O: control frames, bulk payloads and the time in; frames
 and actions out.
 
-The QUIC glue (``_daemon.py``) feeds frames and runs :meth:`Session.step` where the handler
+The QUIC glue (``_session_pump.py``) feeds frames and runs :meth:`Session.step` where the handler
 table says (``_handlers.HANDLERS``: network loop, engine worker or job worker), one call at a
 time per session, so a session's messages run in order while other sessions and the network
 loop go on. The session never reads the clock: ``step`` takes ``now``. Tests drive the same
