@@ -108,7 +108,7 @@ class GPT(GenerationMixin, Module):
         x = self.drop(self.wte(ids) + self.wpe(step.positions))
         for i, block in enumerate(self.h):
             x = block(x, step.layer(i))
-        x = self.ln_f(x[:, -1])
+        x = self.ln_f(step.last(x))
         return x @ self.wte.weight.transpose(0, 1)
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:

@@ -153,6 +153,11 @@ class CacheStep:
         """Layer ``index``'s view of this step, passed to its attention (`LayerCache.attend`)."""
         return LayerCache(self, index)
 
+    def last(self, x: Tensor) -> Tensor:
+        """The hidden states (B, T, C) the model's head turns into logits: the last
+        position's (B, C), the only one a generation step needs."""
+        return x[:, -1]
+
     def mask_for(self, window: int | None) -> Tensor:
         """The read mask, narrowed to slots l > q - window for a query at slot q (a
         sliding-window layer, as transformers counts it: over cache slots)."""
@@ -192,6 +197,13 @@ def cached_attention(
     values = _write(cache.values[layer], v, step)
     cache.keys[layer]._assign(keys)
     cache.values[layer]._assign(values)
+    return attention_over(q, keys, values, step.mask_for(window))
+
+
+def attention_over(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """Attention of q (B, H, T, D) over keys and values (B, H_kv, L, D) where `mask`
+    (B or 1, 1, T, L) is True -> (B, H, T, D): the read half of `cached_attention`, shared
+    with forwards whose keys arrive another way (`_past_step`, the ONNX decoder export)."""
     b, h, t, d = q.shape
     h_kv, slots = keys.shape[1], keys.shape[2]
     if h % h_kv:
@@ -200,7 +212,6 @@ def cached_attention(
     qg = q.reshape(b, h_kv, g * t, d)
     scores = (qg @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(d))
     scores = scores.reshape(b, h_kv, g, t, slots)
-    mask = step.mask_for(window)
     scores = F.where(mask.reshape(mask.shape[0], 1, 1, t, slots), scores, float("-inf"))
     if scores.dtype == "float32":
         weights = F.softmax(scores, axis=-1)
@@ -244,6 +255,7 @@ __all__ = [
     "KVCache",
     "KVCacheDoesNotFit",
     "LayerCache",
+    "attention_over",
     "cached_attention",
     "check_cache_fits",
     "prefill_mask",

@@ -308,7 +308,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
         cos, sin = cos.reshape(b, 1, 1, t, -1), sin.reshape(b, 1, 1, t, -1)
         for i, layer in enumerate(m.layers):
             x = layer(x, cos, sin, None, step.layer(i))
-        return self.lm_head(m.norm(x[:, -1]))
+        return self.lm_head(m.norm(step.last(x)))
 
     def loss(self, ids: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
         """Mean next-token cross-entropy in float32; `targets` are `ids` shifted left by the

@@ -10,10 +10,14 @@ symbolic "batch" by default; `dynamic_axes={"ids": {0: "batch", 1: "sequence"}}`
 others. Sizes that follow them (B, T, B * T...) are found by tracing at a few sizes and become
 Shape-based computations (see `_trace`). Weights above 2 GiB go to external data.
 
+`export_decoder(model, path)` writes a causal LM as optimum exports decoders: past_key_values
+in, present out, so onnxruntime can run the generation loop (see `_decoder`).
+
 Needs the `onnx` package (the `onnx` extra); onnxruntime is only needed to run the result.
 """
 
 try:
+    from ._decoder import export_decoder
     from ._export import MAX_INLINE_BYTES, MIN_OPSET, export, save, to_onnx
     from ._lowering import LOWERINGS, NOT_EXPORTABLE
     from ._trace import ExportError
@@ -33,6 +37,7 @@ __all__ = [
     "NOT_EXPORTABLE",
     "ExportError",
     "export",
+    "export_decoder",
     "save",
     "to_onnx",
 ]

@@ -24,7 +24,7 @@ from .._device import Device
 from .._tensor import Tensor
 from ._emit import ONNX_DTYPES, Emitter, Op
 from ._lowering import LOWERINGS, NOT_EXPORTABLE
-from ._trace import Axes, Dyn, ExportError, Trace, trace
+from ._trace import Axes, Dyn, ExportError, Trace, parts, trace
 
 MIN_OPSET = 18
 MAX_INLINE_BYTES = 2**31
@@ -116,8 +116,9 @@ def _weight_names(model: Any, tr: Trace) -> dict[int, str]:
 
 
 def _value_info(name: str, spec: tuple[tuple[Any, ...], str]) -> onnx.ValueInfoProto:
-    """Dims that are exactly one dynamic axis carry its name; other moving dims none."""
-    shape = [d.symbol if isinstance(d, Dyn) else d for d in spec[0]]
+    """Dims that are exactly one dynamic axis, or a plain sum of them, carry its name
+    (`Dyn.label`); other moving dims none."""
+    shape = [d.label if isinstance(d, Dyn) else d for d in spec[0]]
     return helper.make_tensor_value_info(name, ONNX_DTYPES[spec[1]], shape)
 
 
@@ -152,7 +153,8 @@ def _lower(
     if tr.axes is not None:
         for name, axes in zip(input_names, tr.axes.per_input):
             for axis, symbol in axes.items():
-                sources.setdefault(symbol, (name, axis))
+                if len(parts(symbol)) == 1:  # a sum's size is computed from its parts
+                    sources.setdefault(symbol, (name, axis))
     e = Emitter(sources)
     names: dict[int, str] = {}
     for rel, name in zip(tr.model_inputs, input_names):

@@ -47,22 +47,65 @@ class Dyn:
             return self.terms[0][0][0]
         return None
 
+    @property
+    def label(self) -> str | None:
+        """The ONNX dim_param of this size: its symbol, or "a + b" for a plain sum of
+        symbols (a decoder's attention mask spans "past_sequence_length + sequence_length")."""
+        if self.symbol is not None:
+            return self.symbol
+        if all(len(names) == 1 and coef == 1 for names, coef in self.terms):
+            return SUM.join(names[0] for names, _ in self.terms)
+        return None
+
+
+SUM = " + "
+"""Joins symbols in the name of an axis that is their sum (``"past + sequence"``): such an
+axis takes no size of its own, it grows with its parts."""
+
+
+def parts(name: str) -> list[str]:
+    """The symbols an axis name stands for: itself, or the parts of a sum."""
+    return [p.strip() for p in name.split(SUM.strip())] if SUM.strip() in name else [name]
+
 
 @dataclass(frozen=True, slots=True)
 class Axes:
-    """The dynamic axes of the model inputs: per input, axis -> symbol name."""
+    """The dynamic axes of the model inputs: per input, axis -> symbol name (or a sum of
+    symbols, "a + b", for an axis as long as those axes together)."""
 
     per_input: tuple[dict[int, str], ...]
 
     @property
     def symbols(self) -> list[str]:
-        return sorted({s for axes in self.per_input for s in axes.values()})
+        return sorted({p for axes in self.per_input for s in axes.values() for p in parts(s)})
 
     def sizes(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
-        """Each symbol's size in the example; refuses axes of one name that differ."""
+        """Each symbol's size in the example; refuses axes of one name that differ, and a
+        sum axis whose size is not the sum of its parts'."""
+        out = self._single_sizes(arrays)
+        for i, (a, axes) in enumerate(zip(arrays, self.per_input)):
+            for axis, name in axes.items():
+                if len(parts(name)) == 1:
+                    continue
+                missing = [p for p in parts(name) if p not in out]
+                if missing:
+                    raise ExportError(
+                        f"dynamic axis {name!r} of input {i}: {missing[0]!r} is no other "
+                        "input's axis, so its size is unknown"
+                    )
+                if a.shape[axis] != sum(out[p] for p in parts(name)):
+                    raise ExportError(
+                        f"dynamic axis {name!r} of input {i} has size {a.shape[axis]}, not "
+                        f"the sum of its parts' sizes {[out[p] for p in parts(name)]}"
+                    )
+        return out
+
+    def _single_sizes(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:
         out: dict[str, int] = {}
         for i, (a, axes) in enumerate(zip(arrays, self.per_input)):
             for axis, name in axes.items():
+                if len(parts(name)) > 1:
+                    continue
                 if not -a.ndim <= axis < a.ndim:
                     raise ExportError(f"dynamic axis {axis} of input {i}: it has {a.ndim} axes")
                 n = a.shape[axis]
@@ -80,7 +123,7 @@ class Axes:
         out = []
         for a, axes in zip(arrays, self.per_input):
             for axis, name in axes.items():
-                extra = delta.get(name, 0)
+                extra = sum(delta.get(p, 0) for p in parts(name))
                 if extra:
                     n = a.shape[axis]
                     a = np.take(a, np.arange(n + extra) % n, axis=axis)
