@@ -735,12 +735,19 @@ environment variables:
 See README.md, "Configuration", for the full list with every flag."""
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from burn_remote._generate_cli import add_parser
+
+    add_parser(sub, TARGET_HELP)
+
+
 _REGISTRARS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_id,
     _add_serve,
     _add_relay,
     _add_jobs,
     _add_status,
+    _add_generate,
 ]
 
 
@@ -754,7 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
         ours = "unknown (not installed)"
     parser = argparse.ArgumentParser(
         prog="burn-remote",
-        description="burn-remote node: identity, server, relay, jobs and status.",
+        description="burn-remote node: identity, server, relay, jobs, status and generate.",
         epilog=ENVIRONMENT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
