@@ -312,8 +312,33 @@ class Job:
         return self.info
 
     def events(self, after: int = 0) -> list[dict[str, Any]]:
-        """Events numbered above ``after`` (waits up to a few seconds for the first)."""
+        """One page of the events numbered above ``after``, oldest first: at most
+        JOB_EVENTS_PAGE (1000), fewer where they would pass half the server's frame limit.
+        Waits up to a few seconds for the first; [] when none came. Ask again with the last
+        ``seq`` for the next page, or use `follow`, which does."""
         return json.loads(self.jobs._call(m.JobWatch, self.id, after).events)
+
+    def follow(
+        self, after: int = 0, until_end: bool = True, say: Callable[[str], None] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Every event numbered above ``after``, oldest first, each once, page by page.
+
+        With ``until_end`` it follows the job: new events come as the job stores them, and
+        it ends after the job's last one (succeeded, failed or cancelled), riding through a
+        server restart as `watch` does (``say`` is told, default stderr). Without it, it
+        ends at the events stored so far (after one long poll of a few seconds that brings
+        none, or at the last one of a job that has ended).
+        """
+        seen = after
+        while True:
+            page = self._page(seen, say or _to_stderr)
+            if not page and (not until_end or self.status()["state"] in TERMINAL):
+                return  # (an ended job whose last event is at or below ``after``: no more)
+            for ev in page:
+                seen = ev["seq"]
+                yield ev
+                if ev["state"] in TERMINAL:
+                    return
 
     def watch(self, progress: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """Follow the job to its end, with a tqdm bar (loss, steps/s) when ``progress``;
@@ -321,9 +346,6 @@ class Job:
         300``) are printed as they come (on stderr). A server restart does not end the
         watch: it connects again for up to BURN_REMOTE_RESUME_TIMEOUT seconds, says so, and
         follows the job as it resumes."""
-        from ._remote_link import RESUME_TIMEOUT
-        from ._remote_protocol import RemoteError
-
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -333,21 +355,7 @@ class Job:
         seen, deadline = 0, None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                try:
-                    events = self.events(seen)
-                except RemoteError:
-                    say(f"job {self.id}: lost the server (restarting?); connecting again for "
-                        f"up to {RESUME_TIMEOUT:g} s")  # fmt: skip
-                    why = self.jobs.reconnect(RESUME_TIMEOUT)
-                    if why is not None:
-                        raise RemoteError(
-                            f"job {self.id}: the server did not come back within "
-                            f"{RESUME_TIMEOUT:g} s (BURN_REMOTE_RESUME_TIMEOUT): {why}; the "
-                            f"job itself may still run: `burn-remote jobs watch {self.id}`"
-                        ) from None
-                    say(f"job {self.id}: connected again; following it as it resumes")
-                    continue
-                for ev in events:
+                for ev in self._page(seen, say):
                     seen = ev["seq"]
                     if ev.get("message"):
                         say(f"job {self.id}: {ev['message']}")
@@ -367,6 +375,27 @@ class Job:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _page(self, after: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
+        """`events(after)`, connecting again (for up to BURN_REMOTE_RESUME_TIMEOUT seconds,
+        saying so) when the server was lost: a restart does not end a watch."""
+        from ._remote_link import RESUME_TIMEOUT
+        from ._remote_protocol import RemoteError
+
+        while True:
+            try:
+                return self.events(after)
+            except RemoteError:
+                say(f"job {self.id}: lost the server (restarting?); connecting again for "
+                    f"up to {RESUME_TIMEOUT:g} s")  # fmt: skip
+                why = self.jobs.reconnect(RESUME_TIMEOUT)
+                if why is not None:
+                    raise RemoteError(
+                        f"job {self.id}: the server did not come back within "
+                        f"{RESUME_TIMEOUT:g} s (BURN_REMOTE_RESUME_TIMEOUT): {why}; the "
+                        f"job itself may still run: `burn-remote jobs watch {self.id}`"
+                    ) from None
+                say(f"job {self.id}: connected again; following it as it resumes")
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the job ends; raises JobError if it failed."""

@@ -65,6 +65,7 @@ from .messages_groups import (  # noqa: F401  (their names are this module's too
 )
 from .messages_jobs import (  # noqa: F401  (their names are this module's too)
     ARTIFACT_CHUNK,
+    JOB_EVENTS_PAGE,
     JOB_MESSAGES,
     JOB_PAGE,
     JOB_WIRE,

@@ -10,6 +10,10 @@ from .messages_base import WireMessage
 JOB_PAGE = 100
 """Most jobs one JobList reply holds (a job row with its spec is at most ~MAX_SPEC bytes of
 JSON, but specs are small in practice; the server also cuts a page at MAX_FRAME / 2 bytes)."""
+JOB_EVENTS_PAGE = 1000
+"""Most events one JobEvents reply holds (the server also cuts a page at max_frame / 2 bytes
+of JSON, keeping at least one event): a job may store a few thousand, so a client reads them
+page by page, asking again after the last ``seq`` it got."""
 ARTIFACT_CHUNK = 1024 * 1024
 """Largest ``data`` of one ArtifactPut or ArtifactChunk (artifacts move in chunks inline)."""
 MAX_SPEC = 1024 * 1024

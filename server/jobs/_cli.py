@@ -155,25 +155,30 @@ def _list(args: argparse.Namespace, jobs: Any) -> int:
     return 0
 
 
+def _seq(text: str) -> int:
+    """An event number for ``--after``: an integer, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an event number (0 or more)")
+    return value
+
+
 def _events(args: argparse.Namespace, jobs: Any) -> int:
-    """Every stored event of a job (state changes, progress, checkpoints, messages such as
-    "resumed from the checkpoint at step 300"), oldest first."""
+    """Every stored event of a job above ``--after`` (state changes, progress, checkpoints,
+    messages such as "resumed from the checkpoint at step 300"), oldest first, each once,
+    printed page by page as they arrive. ``--follow`` goes on until the job ends; ``--json``
+    prints one array, or with ``--follow`` one JSON object a line."""
     job = jobs.get(args.job)
     job.status()  # an unknown job is refused here, before any wait
-    seen, out = 0, []
-    while True:  # a page per call; a job still running ends it with a short long-poll
-        page = job.events(seen)
-        if not page:
-            break
-        out += page
-        seen = page[-1]["seq"]
-        if page[-1].get("state") in ("succeeded", "failed", "cancelled"):
-            break
-    if args.json:
-        _json(out)
-    else:
-        for ev in out:
-            print(_event_line(ev))
+    events = job.follow(args.after, until_end=args.follow)
+    if args.json and not args.follow:
+        _json(list(events))
+        return 0
+    for ev in events:
+        print(json.dumps(ev) if args.json else _event_line(ev), flush=True)
     return 0
 
 
@@ -272,10 +277,27 @@ def add_jobs(sub: argparse._SubParsersAction, target_help: str) -> None:
            "state, step, age")  # fmt: skip
     for name, text in (
         ("status", "print where a job stands (--json: the whole record, spec included)"),
-        ("events", "print a job's events: state changes, progress, checkpoints, messages"),
         ("watch", "follow a job with a progress bar until it ends; exit 1 if it failed"),
     ):
         action(name, text).add_argument("job", type=int)
+    a = action("events", "print a job's events, oldest first: state changes, progress, "
+               "checkpoints, messages")  # fmt: skip
+    a.add_argument("job", type=int)
+    a.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing new events as the job stores them, until it ends (rides "
+        "through a server restart); with --json, one JSON object a line",
+    )
+    a.add_argument(
+        "--after",
+        type=_seq,
+        default=0,
+        metavar="SEQ",
+        help="only the events numbered above SEQ (the first column): to carry on from the "
+        "last one seen",
+    )
     a = action("cancel", "cancel a job and print the state it ends in (a running one keeps "
                "its last checkpoint)")  # fmt: skip
     a.add_argument("job", type=int)

@@ -325,16 +325,25 @@ class JobService:
         owner: str | None = None,
         admin: bool = False,
     ) -> list[Any]:
-        """Events numbered above ``after``; waits up to ``timeout`` for the first one."""
+        """One JobEvents page: the events numbered above ``after``, oldest first, at most
+        JOB_EVENTS_PAGE of them and cut short where the JSON would pass half the server's
+        frame limit (at least one, however large: a frame the client cannot take ends its
+        session). Waits up to ``timeout`` for the first one; [] when none came."""
         self.status(job_id, owner, admin)
         deadline = time.monotonic() + timeout
         with self.changed:
             while True:
-                events = self.store.events(job_id, after)
+                events = self.store.events(job_id, after, m.JOB_EVENTS_PAGE)
                 left = deadline - time.monotonic()
                 if events or left <= 0:
-                    return events
+                    break
                 self.changed.wait(left)
+        size, budget = 0, self.state.limits.max_frame // 2
+        for n, event in enumerate(events):
+            size += len(json.dumps(event)) + 1
+            if n and size > budget:
+                return events[:n]
+        return events
 
     def receive_upload(self, sha: str, offset: int, total: int, data: bytes, owner: str) -> bool:
         """One chunk of ``owner``'s upload, within its limits: at most MAX_PEER_UPLOADS half

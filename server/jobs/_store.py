@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...protocol.messages_jobs import JOB_EVENTS_PAGE
+
 DB_NAME = "jobs.sqlite3"
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -304,7 +306,8 @@ class JobStore:
                 ).fetchone()[0]
             )
 
-    def events(self, job_id: int, after: int, limit: int = 1000) -> list[dict[str, Any]]:
+    def events(self, job_id: int, after: int, limit: int = JOB_EVENTS_PAGE) -> list[dict[str, Any]]:
+        """At most ``limit`` events of ``job_id`` numbered above ``after``, oldest first."""
         with self.lock:
             rows = self.db.execute(
                 "SELECT data FROM events WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
