@@ -1,7 +1,7 @@
 """ONNX export of causal LMs for generation, checked in onnxruntime (the oracle runs the
 file): the no-cache export at other batch sizes and lengths, and the decoder export with
 past_key_values in and present out (optimum's layout), whose greedy loop in onnxruntime
-gives `generate`'s tokens, for the GPT and a tiny Llama (grouped-query attention)."""
+gives `generate`'s tokens, for the GPT and tiny Llama, Qwen2 and Mistral models."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from burn_remote.onnx import ExportError, export, export_decoder
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 NEW = 24
+LLAMA_FAMILY = ("llama", "llama3", "qwen2", "mistral")
+"""tests/hf/llm_tiny.py's shapes: GQA + tied head, MQA + llama3 RoPE + biases, Qwen2's q/k/v
+biases, Mistral's sliding window (5, narrower than prompt + new tokens)."""
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """name -> our model: a GPT-2 and a Llama (GQA) from transformers checkpoints whose
+    """name -> our model: a GPT-2 and the Llama family from transformers checkpoints whose
     logits are spread wide, so greedy choices are no near-ties that float rounding flips."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -30,12 +33,12 @@ def models(tmp_path_factory):
     )
     gpt_dir = tmp_path_factory.mktemp("gpt2")
     GPT2LMHeadModel(gpt2).eval().save_pretrained(gpt_dir)
-    llama_dir = make_llm(tmp_path_factory.mktemp("llama"), "llama")
-    edit_config(llama_dir, max_position_embeddings=64)  # room for a prompt and NEW tokens
-    return {
-        "gpt": nn.GPT.from_pretrained(gpt_dir, device=Device.cpu()),
-        "llama": nn.AutoModelForCausalLM.from_pretrained(llama_dir, device=Device.cpu()),
-    }
+    out = {"gpt": nn.GPT.from_pretrained(gpt_dir, device=Device.cpu())}
+    for family in LLAMA_FAMILY:
+        directory = make_llm(tmp_path_factory.mktemp(family), family)
+        edit_config(directory, max_position_embeddings=64)  # room for a prompt and NEW tokens
+        out[family] = nn.AutoModelForCausalLM.from_pretrained(directory, device=Device.cpu())
+    return out
 
 
 def _vocab(model) -> int:  # type: ignore[no-untyped-def]
@@ -83,7 +86,7 @@ def _ort_greedy(sess, model, ids, mask, new):  # type: ignore[no-untyped-def]
     return np.concatenate([ids, np.stack(out, axis=1)], axis=1)
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", ["gpt", *LLAMA_FAMILY])
 def test_decoder_export_greedy_loop_in_onnxruntime_equals_generate(models, name, tmp_path):
     model = models[name]
     path = export_decoder(model, tmp_path / "decoder.onnx")
