@@ -9,8 +9,11 @@ between GPUs, a rendezvous in memory for local replicas), is the executing side'
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from . import dtypes
-from .registry import REQUIRED, ShapeError, declare
+from .registry import REQUIRED, Builder, Handle, Shaped, ShapeError, Spec, declare
 
 REDUCE_OPS = ("sum", "mean")
 """What ``all_reduce`` may combine with."""
@@ -20,7 +23,7 @@ SUM_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int32", "i
 round, and torch refuses it too)."""
 
 
-def _all_reduce_infer(xs, attrs):
+def _all_reduce_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     op, group = attrs["op"], attrs["group"]
     if op not in REDUCE_OPS:
@@ -34,7 +37,9 @@ def _all_reduce_infer(xs, attrs):
     return [(x.shape, x.dtype)]
 
 
-def _all_reduce_grad(b, g, xs, out, attrs):
+def _all_reduce_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> tuple[Handle]:
     # out_r = reduce_k x_k on every rank r, so d loss / d x_k = reduce_r g_r: the same
     # collective over the incoming gradients (every rank differentiates the same graph).
     return (b.op("all_reduce", g, group=attrs["group"], op=attrs["op"]),)

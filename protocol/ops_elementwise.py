@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import dtypes
-from .registry import REQUIRED, ShapeError, declare
+from .registry import (
+    REQUIRED,
+    Builder,
+    GradRule,
+    Handle,
+    InferRule,
+    Shaped,
+    ShapeError,
+    Spec,
+    declare,
+)
 from .shapes import broadcast
 
 
-def unbroadcast(b, g, shape):
+def unbroadcast(b: Builder, g: Handle, shape: Sequence[int]) -> Handle:
     """Sum a broadcast gradient back down to an operand's shape."""
     if g.shape == tuple(shape):
         return g
@@ -22,8 +34,8 @@ def unbroadcast(b, g, shape):
     return b.op("reshape", g, shape=tuple(shape)) if g.shape != tuple(shape) else g
 
 
-def _float_unary(name):
-    def infer(xs, attrs):
+def _float_unary(name: str) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         if not dtypes.is_float(x.dtype):
             raise ShapeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
@@ -32,21 +44,21 @@ def _float_unary(name):
     return infer
 
 
-def _same_unary(xs, attrs):
+def _same_unary(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     return [(x.shape, x.dtype)]
 
 
-def _binary(name):
-    def infer(xs, attrs):
+def _binary(name: str) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         a, b = xs
         return [(broadcast(name, a.shape, b.shape), dtypes.promote(a.dtype, b.dtype))]
 
     return infer
 
 
-def _compare(name):
-    def infer(xs, attrs):
+def _compare(name: str) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         a, b = xs
         return [(broadcast(name, a.shape, b.shape), "bool")]
 
@@ -125,7 +137,7 @@ declare(
 )
 
 
-def _gelu(b, x, approximate="none"):
+def _gelu(b: Builder, x: Handle, approximate: str = "none") -> Handle:
     if approximate == "tanh":
         inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
         return x * 0.5 * (b.op("tanh", inner) + 1)
@@ -140,26 +152,36 @@ declare("silu", "unary", 1, decompose=lambda b, x: x * b.op("sigmoid", x))
 # --- binary -----------------------------------------------------------------------------
 
 
-def _add_grad(b, g, xs, out, a):
+def _add_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return unbroadcast(b, g, xs[0].shape), unbroadcast(b, g, xs[1].shape)
 
 
-def _sub_grad(b, g, xs, out, a):
+def _sub_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return unbroadcast(b, g, xs[0].shape), unbroadcast(b, -g, xs[1].shape)
 
 
-def _mul_grad(b, g, xs, out, a):
+def _mul_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, y = xs
     return unbroadcast(b, g * y, x.shape), unbroadcast(b, g * x, y.shape)
 
 
-def _div_grad(b, g, xs, out, a):
+def _div_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, y = xs
     gx = g / y
     return unbroadcast(b, gx, x.shape), unbroadcast(b, -gx * out, y.shape)
 
 
-def _pow_grad(b, g, xs, out, a):
+def _pow_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, y = xs
     gx = g * y * b.op("pow", x, y - 1)
     safe = b.op("where", b.op("gt", x, b.const(0, x.dtype)), x, b.const(1, x.dtype))
@@ -167,8 +189,10 @@ def _pow_grad(b, g, xs, out, a):
     return unbroadcast(b, gx, x.shape), unbroadcast(b, gy, y.shape)
 
 
-def _minmax_grad(pick):
-    def grad(b, g, xs, out, a):
+def _minmax_grad(pick: str) -> GradRule:
+    def grad(
+        b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+    ) -> Sequence[Handle | None]:
         x, y = xs
         take_x = b.op(pick, x, y)
         zero = g * 0
@@ -197,14 +221,16 @@ declare("logical_not", "compare", 1, infer=lambda xs, a: [(xs[0].shape, "bool")]
 # --- selection, conversion, constants -------------------------------------------------
 
 
-def _where_infer(xs, attrs):
+def _where_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     c, x, y = xs
     if c.dtype != "bool":
         raise ShapeError(f"where: condition must be bool, got {c.dtype}")
     return [(broadcast("where", c.shape, x.shape, y.shape), dtypes.promote(x.dtype, y.dtype))]
 
 
-def _where_grad(b, g, xs, out, a):
+def _where_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     c, x, y = xs
     zero = g * 0
     return (
@@ -217,7 +243,7 @@ def _where_grad(b, g, xs, out, a):
 declare("where", "select", 3, infer=_where_infer, grad=_where_grad)
 
 
-def _clamp(b, x, min=None, max=None):
+def _clamp(b: Builder, x: Handle, min: float | None = None, max: float | None = None) -> Handle:
     if min is not None:
         x = b.op("maximum", x, b.const(min, x.dtype))
     if max is not None:
@@ -228,11 +254,13 @@ def _clamp(b, x, min=None, max=None):
 declare("clamp", "select", 1, attrs={"min": None, "max": None}, decompose=_clamp)
 
 
-def _cast_infer(xs, attrs):
+def _cast_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     return [(xs[0].shape, dtypes.normalize(attrs["dtype"]))]
 
 
-def _cast_grad(b, g, xs, out, a):
+def _cast_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     if not dtypes.is_float(xs[0].dtype):
         return (None,)
     return (b.op("cast", g, dtype=xs[0].dtype),)
@@ -241,7 +269,7 @@ def _cast_grad(b, g, xs, out, a):
 declare("cast", "convert", 1, attrs={"dtype": REQUIRED}, infer=_cast_infer, grad=_cast_grad)
 
 
-def _full_infer(xs, attrs):
+def _full_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     shape = tuple(attrs["shape"])
     if any(d < 0 for d in shape):
         raise ShapeError(f"full: negative dimension in {shape}")

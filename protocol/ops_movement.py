@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from . import dtypes
 from .ops_elementwise import unbroadcast
-from .registry import REQUIRED, ShapeError, declare
+from .registry import REQUIRED, Builder, Handle, Shaped, ShapeError, Spec, declare
 from .shapes import fmt, norm_axes, norm_axis, numel, slice_len
 
 
-def _reshape_infer(xs, attrs):
+def _reshape_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     shape = tuple(attrs["shape"])
     if shape.count(-1) > 1:
@@ -35,7 +38,7 @@ declare(
 )
 
 
-def _permute_infer(xs, attrs):
+def _permute_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     dims = tuple(attrs["dims"])
     if sorted(d % max(len(x.shape), 1) for d in dims) != list(range(len(x.shape))):
@@ -43,7 +46,9 @@ def _permute_infer(xs, attrs):
     return [(tuple(x.shape[d] for d in dims), x.dtype)]
 
 
-def _permute_grad(b, g, xs, out, attrs):
+def _permute_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     dims = [d % len(xs[0].shape) for d in attrs["dims"]]
     inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
     return (b.op("permute", g, dims=inverse),)
@@ -54,7 +59,7 @@ declare(
 )
 
 
-def _transpose(b, x, dim0=-2, dim1=-1):
+def _transpose(b: Builder, x: Handle, dim0: int = -2, dim1: int = -1) -> Handle:
     n = len(x.shape)
     d0, d1 = norm_axis("transpose", dim0, n), norm_axis("transpose", dim1, n)
     dims = list(range(n))
@@ -65,7 +70,7 @@ def _transpose(b, x, dim0=-2, dim1=-1):
 declare("transpose", "movement", 1, attrs={"dim0": -2, "dim1": -1}, decompose=_transpose)
 
 
-def _expand_infer(xs, attrs):
+def _expand_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     shape = tuple(attrs["shape"])
     if len(shape) < len(x.shape):
@@ -87,7 +92,7 @@ declare(
 )
 
 
-def _squeeze(b, x, axes=None):
+def _squeeze(b: Builder, x: Handle, axes: int | Sequence[int] | None = None) -> Handle:
     if axes is None:
         axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
     axes = norm_axes("squeeze", axes, len(x.shape))
@@ -97,7 +102,7 @@ def _squeeze(b, x, axes=None):
     return b.op("reshape", x, shape=tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 
-def _unsqueeze(b, x, axis=REQUIRED):
+def _unsqueeze(b: Builder, x: Handle, axis: int = REQUIRED) -> Handle:
     n = len(x.shape) + 1
     axis = norm_axis("unsqueeze", axis, n)
     shape = list(x.shape)
@@ -109,7 +114,7 @@ declare("squeeze", "movement", 1, attrs={"axes": None}, decompose=_squeeze)
 declare("unsqueeze", "movement", 1, attrs={"axis": REQUIRED}, decompose=_unsqueeze)
 
 
-def _slice_infer(xs, attrs):
+def _slice_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """`starts`, `stops`, `steps`: one entry per axis, already clamped by the client."""
     (x,) = xs
     starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
@@ -120,7 +125,9 @@ def _slice_infer(xs, attrs):
     return [(tuple(slice_len(a, o, s) for a, o, s in zip(starts, stops, steps)), x.dtype)]
 
 
-def _slice_grad(b, g, xs, out, attrs):
+def _slice_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return (b.op("slice_backward", g, in_shape=xs[0].shape, **attrs),)
 
 
@@ -128,7 +135,7 @@ SLICE_ATTRS = {"starts": REQUIRED, "stops": REQUIRED, "steps": REQUIRED}
 declare("slice", "movement", 1, attrs=SLICE_ATTRS, infer=_slice_infer, grad=_slice_grad)
 
 
-def _slice_backward_infer(xs, attrs):
+def _slice_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     return [(tuple(attrs["in_shape"]), xs[0].dtype)]
 
 
@@ -145,7 +152,7 @@ declare(
 )
 
 
-def _cat_infer(xs, attrs):
+def _cat_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     if not xs:
         raise ShapeError("cat: needs at least one tensor")
     first = xs[0]
@@ -166,7 +173,9 @@ def _cat_infer(xs, attrs):
     return [(tuple(shape), dtype)]
 
 
-def _cat_grad(b, g, xs, out, attrs):
+def _cat_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     axis = norm_axis("cat", attrs["axis"], len(out.shape))
     grads, offset = [], 0
     for x in xs:
@@ -183,7 +192,7 @@ def _cat_grad(b, g, xs, out, attrs):
 declare("cat", "movement", None, attrs={"axis": 0}, infer=_cat_infer, grad=_cat_grad)
 
 
-def _stack(b, *xs, axis=0):
+def _stack(b: Builder, *xs: Handle, axis: int = 0) -> Handle:
     if not xs:
         raise ShapeError("stack: needs at least one tensor")
     return b.op("cat", *(b.op("unsqueeze", x, axis=axis) for x in xs), axis=axis)
@@ -192,7 +201,9 @@ def _stack(b, *xs, axis=0):
 declare("stack", "movement", None, attrs={"axis": 0}, decompose=_stack)
 
 
-def _split(b, x, sizes=REQUIRED, axis=0):
+def _split(
+    b: Builder, x: Handle, sizes: int | Sequence[int] = REQUIRED, axis: int = 0
+) -> tuple[Handle, ...]:
     axis = norm_axis("split", axis, len(x.shape))
     if isinstance(sizes, int):
         n = x.shape[axis]
@@ -213,7 +224,7 @@ def _split(b, x, sizes=REQUIRED, axis=0):
 declare("split", "movement", 1, attrs={"sizes": REQUIRED, "axis": 0}, decompose=_split)
 
 
-def _flip_infer(xs, attrs):
+def _flip_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     norm_axes("flip", attrs["axes"], len(x.shape))
     return [(x.shape, x.dtype)]
@@ -229,7 +240,7 @@ declare(
 )
 
 
-def _pad_infer(xs, attrs):
+def _pad_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """`pads`: (before, after) per axis, non-negative; constant mode."""
     (x,) = xs
     pads = attrs["pads"]
@@ -238,7 +249,9 @@ def _pad_infer(xs, attrs):
     return [(tuple(d + p0 + p1 for d, (p0, p1) in zip(x.shape, pads)), x.dtype)]
 
 
-def _pad_grad(b, g, xs, out, attrs):
+def _pad_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     pads = attrs["pads"]
     starts = tuple(p0 for p0, _ in pads)
     stops = tuple(p0 + d for (p0, _), d in zip(pads, xs[0].shape))
@@ -250,12 +263,12 @@ declare(
 )
 
 
-def _check_index(op, idx):
+def _check_index(op: str, idx: Shaped) -> None:
     if not dtypes.is_int(idx.dtype):
         raise ShapeError(f"{op}: indices must be an integer tensor, got {idx.dtype}")
 
 
-def _gather_infer(xs, attrs):
+def _gather_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """torch.gather / np.take_along_axis: output has the index's shape."""
     x, idx = xs
     _check_index("gather", idx)
@@ -269,7 +282,9 @@ def _gather_infer(xs, attrs):
     return [(idx.shape, x.dtype)]
 
 
-def _gather_grad(b, g, xs, out, attrs):
+def _gather_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, idx = xs
     zeros = b.op("full", shape=x.shape, value=0, dtype=g.dtype)
     return b.op("scatter_add", zeros, idx, g, axis=attrs["axis"]), None
@@ -278,7 +293,7 @@ def _gather_grad(b, g, xs, out, attrs):
 declare("gather", "index", 2, attrs={"axis": REQUIRED}, infer=_gather_infer, grad=_gather_grad)
 
 
-def _scatter_add_infer(xs, attrs):
+def _scatter_add_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     x, idx, src = xs
     _check_index("scatter_add", idx)
     norm_axis("scatter_add", attrs["axis"], len(x.shape))
@@ -290,7 +305,9 @@ def _scatter_add_infer(xs, attrs):
     return [(x.shape, x.dtype)]
 
 
-def _scatter_add_grad(b, g, xs, out, attrs):
+def _scatter_add_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return g, None, b.op("gather", g, xs[1], axis=attrs["axis"])
 
 
@@ -304,7 +321,7 @@ declare(
 )
 
 
-def _index_select_infer(xs, attrs):
+def _index_select_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """np.take along one axis: the index may have any shape (embedding lookups)."""
     x, idx = xs
     _check_index("index_select", idx)
@@ -312,7 +329,9 @@ def _index_select_infer(xs, attrs):
     return [((*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]), x.dtype)]
 
 
-def _index_select_grad(b, g, xs, out, attrs):
+def _index_select_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, idx = xs
     axis = norm_axis("index_select", attrs["axis"], len(x.shape))
     return b.op("index_add", g, idx, axis=axis, size=x.shape[axis]), None
@@ -328,7 +347,7 @@ declare(
 )
 
 
-def _index_add_infer(xs, attrs):
+def _index_add_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     g, idx = xs
     _check_index("index_add", idx)
     axis = attrs["axis"]
@@ -342,7 +361,9 @@ def _index_add_infer(xs, attrs):
     return [(shape, g.dtype)]
 
 
-def _index_add_grad(b, g, xs, out, attrs):
+def _index_add_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return b.op("index_select", g, xs[1], axis=attrs["axis"]), None
 
 
@@ -357,7 +378,7 @@ declare(
 )
 
 
-def _one_hot_infer(xs, attrs):
+def _one_hot_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (idx,) = xs
     _check_index("one_hot", idx)
     if attrs["num_classes"] <= 0:

@@ -8,9 +8,21 @@ lowerings come from the primitives they are made of.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from . import dtypes
-from .registry import NOT_DIFFERENTIABLE, REQUIRED, ShapeError, declare
+from .registry import (
+    NOT_DIFFERENTIABLE,
+    REQUIRED,
+    Builder,
+    Handle,
+    InferRule,
+    Shaped,
+    ShapeError,
+    Spec,
+    declare,
+)
 from .shapes import conv_out, fmt, numel
 
 CONV_ATTRS = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}
@@ -26,11 +38,13 @@ NF4_CODEBOOK = (
 """NF4 levels (QLoRA, Dettmers et al. 2023): quantiles of N(0, 1) scaled to [-1, 1]."""
 
 
-def _pair(v):
+def _pair(v: int | Sequence[int]) -> tuple[int, ...]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _conv2d_shape(x_shape, w_shape, attrs):
+def _conv2d_shape(
+    x_shape: Sequence[int], w_shape: Sequence[int], attrs: Mapping[str, Any]
+) -> tuple[int, ...]:
     n, c, h, w = x_shape
     o, cg, kh, kw = w_shape
     sh, sw = _pair(attrs["stride"])
@@ -48,7 +62,7 @@ def _conv2d_shape(x_shape, w_shape, attrs):
     return (n, o, oh, ow)
 
 
-def _conv2d_infer(xs, attrs):
+def _conv2d_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     x, w = xs
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise ShapeError(
@@ -57,7 +71,9 @@ def _conv2d_infer(xs, attrs):
     return [(_conv2d_shape(x.shape, w.shape, attrs), dtypes.promote(x.dtype, w.dtype))]
 
 
-def _conv2d_grad(b, g, xs, out, attrs):
+def _conv2d_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, w = xs
     gx = b.op("conv2d_grad_input", g, w, input_shape=x.shape, **attrs)
     gw = b.op("conv2d_grad_weight", x, g, weight_shape=w.shape, **attrs)
@@ -83,7 +99,15 @@ declare(
 )
 
 
-def _conv1d(b, x, w, stride=1, padding=0, dilation=1, groups=1):
+def _conv1d(
+    b: Builder,
+    x: Handle,
+    w: Handle,
+    stride: int = 1,
+    padding: int = 0,
+    dilation: int = 1,
+    groups: int = 1,
+) -> Handle:
     y = b.op(
         "conv2d",
         b.op("unsqueeze", x, axis=2),
@@ -105,14 +129,16 @@ declare(
 )
 
 
-def pool_params(attrs):
+def pool_params(
+    attrs: Mapping[str, Any],
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     kernel = _pair(attrs["kernel"])
     stride = _pair(attrs["stride"]) if attrs["stride"] is not None else kernel
     return kernel, stride, _pair(attrs["padding"])
 
 
-def _pool_infer(name):
-    def infer(xs, attrs):
+def _pool_infer(name: str) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         if len(x.shape) != 4:
             raise ShapeError(f"{name}: expected a 4-d (N, C, H, W) input, got {fmt(x.shape)}")
@@ -163,11 +189,18 @@ declare(
 )
 
 
-def _norm_axes(x, n_axes):
+def _norm_axes(x: Handle, n_axes: int) -> tuple[int, ...]:
     return tuple(range(len(x.shape) - n_axes, len(x.shape)))
 
 
-def _layer_norm(b, x, weight=None, bias=None, n_axes=1, eps=1e-5):
+def _layer_norm(
+    b: Builder,
+    x: Handle,
+    weight: Handle | None = None,
+    bias: Handle | None = None,
+    n_axes: int = 1,
+    eps: float = 1e-5,
+) -> Handle:
     axes = _norm_axes(x, n_axes)
     mean = b.op("mean", x, axes=axes, keepdims=True)
     centred = x - mean
@@ -180,7 +213,9 @@ def _layer_norm(b, x, weight=None, bias=None, n_axes=1, eps=1e-5):
     return y
 
 
-def _rms_norm(b, x, weight=None, n_axes=1, eps=1e-6):
+def _rms_norm(
+    b: Builder, x: Handle, weight: Handle | None = None, n_axes: int = 1, eps: float = 1e-6
+) -> Handle:
     ms = b.op("mean", x * x, axes=_norm_axes(x, n_axes), keepdims=True)
     y = x * b.op("rsqrt", ms + eps)
     return y * weight if weight is not None else y
@@ -191,7 +226,7 @@ declare("rms_norm", "nn", None, attrs={"n_axes": 1, "eps": 1e-6}, decompose=_rms
 declare("embedding", "nn", 2, decompose=lambda b, w, ids: b.op("index_select", w, ids, axis=0))
 
 
-def _dropout(b, x, key, p=0.5):
+def _dropout(b: Builder, x: Handle, key: Handle, p: float = 0.5) -> Handle:
     if not 0 <= p < 1:
         raise ShapeError(f"dropout: p must be in [0, 1), got {p}")
     if p == 0:
@@ -203,7 +238,7 @@ def _dropout(b, x, key, p=0.5):
 declare("dropout", "nn", 2, attrs={"p": 0.5}, decompose=_dropout)
 
 
-def _cross_entropy_infer(xs, attrs):
+def _cross_entropy_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     logits, target = xs
     if not logits.shape or target.shape != logits.shape[:-1]:
         raise ShapeError(
@@ -248,7 +283,7 @@ declare(
 )
 
 
-def _mse(b, x, y):
+def _mse(b: Builder, x: Handle, y: Handle) -> Handle:
     d = x - y
     return b.op("mean", d * d)
 
@@ -263,14 +298,14 @@ where mix32 is the 'lowbias32' integer hash (x ^= x >> 16; x *= 0x7FEB352D; x ^=
 x *= 0x846CA68B; x ^= x >> 16), all arithmetic modulo 2**32. u is uniform in [0, 1)."""
 
 
-def _key_check(op, key):
+def _key_check(op: str, key: Shaped) -> None:
     if key.shape != () or not dtypes.is_int(key.dtype):
         raise ShapeError(
             f"{op}: key must be a 0-d integer tensor, got {fmt(key.shape)} {key.dtype}"
         )
 
 
-def _uniform_infer(xs, attrs):
+def _uniform_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     _key_check("uniform", xs[0])
     dt = dtypes.normalize(attrs["dtype"])
     if not dtypes.is_float(dt):
@@ -288,7 +323,14 @@ declare(
 )
 
 
-def _normal(b, key, shape=REQUIRED, mean=0.0, std=1.0, dtype="float32"):
+def _normal(
+    b: Builder,
+    key: Handle,
+    shape: Sequence[int] = REQUIRED,
+    mean: float = 0.0,
+    std: float = 1.0,
+    dtype: str = "float32",
+) -> Handle:
     u1 = b.op("uniform", key, shape=shape, dtype="float32", stream=1)
     u2 = b.op("uniform", key, shape=shape, dtype="float32", stream=2)
     radius = b.op("sqrt", b.op("log", (1.0 - u1)) * -2.0)
@@ -297,7 +339,14 @@ def _normal(b, key, shape=REQUIRED, mean=0.0, std=1.0, dtype="float32"):
     return z if dtype == "float32" else b.op("cast", z, dtype=dtype)
 
 
-def _randint(b, key, shape=REQUIRED, low=0, high=REQUIRED, dtype="int64"):
+def _randint(
+    b: Builder,
+    key: Handle,
+    shape: Sequence[int] = REQUIRED,
+    low: int = 0,
+    high: int = REQUIRED,
+    dtype: str = "int64",
+) -> Handle:
     if high <= low:
         raise ShapeError(f"randint: high ({high}) must exceed low ({low})")
     u = b.op("uniform", key, shape=shape, dtype="float64", stream=3)
@@ -329,8 +378,8 @@ declare(
 # --- block-wise quantisation (QLoRA) -------------------------------------------------------
 
 
-def _quant_infer(name, code_dtype, per_byte):
-    def infer(xs, attrs):
+def _quant_infer(name: str, code_dtype: str, per_byte: int) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         block = attrs["block"]
         n = numel(x.shape)
@@ -343,8 +392,8 @@ def _quant_infer(name, code_dtype, per_byte):
     return infer
 
 
-def _dequant_infer(name, per_byte):
-    def infer(xs, attrs):
+def _dequant_infer(name: str, per_byte: int) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         codes, scales = xs
         shape, block = tuple(attrs["shape"]), attrs["block"]
         n = numel(shape)

@@ -6,11 +6,14 @@ step counts never change the graph's hash.
 
 from __future__ import annotations
 
-from .registry import ShapeError, declare
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .registry import Shaped, ShapeError, Spec, declare
 from .shapes import fmt
 
 
-def _adam_infer(xs, attrs):
+def _adam_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     p, g, m, v, lr, bc1, bc2 = xs
     if not (p.shape == g.shape == m.shape == v.shape):
         raise ShapeError(
@@ -38,7 +41,7 @@ declare(
 )
 
 
-def _sgd_infer(xs, attrs):
+def _sgd_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     p, g, buf, lr = xs
     if not (p.shape == g.shape == buf.shape):
         raise ShapeError(

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from . import dtypes
 from .ops_elementwise import unbroadcast
-from .registry import ShapeError, declare
+from .registry import Builder, Handle, InferRule, Shaped, ShapeError, Spec, declare
 from .shapes import broadcast, fmt, norm_axes, norm_axis, numel, reduce
 
 REDUCE_ATTRS = {"axes": None, "keepdims": False}
 
 
-def _reduce_infer(name, out_dtype=None, needs_float=False, needs_items=False):
-    def infer(xs, attrs):
+def _reduce_infer(
+    name: str, out_dtype: str | None = None, needs_float: bool = False, needs_items: bool = False
+) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         axes = norm_axes(name, attrs["axes"], len(x.shape))
         if needs_float and not dtypes.is_float(x.dtype):
@@ -23,7 +28,9 @@ def _reduce_infer(name, out_dtype=None, needs_float=False, needs_items=False):
     return infer
 
 
-def expand_back(b, g, x_shape, attrs):
+def expand_back(
+    b: Builder, g: Handle, x_shape: tuple[int, ...], attrs: Mapping[str, Any]
+) -> Handle:
     """Undo a reduction's shape on its gradient: reinsert reduced axes, then broadcast."""
     axes = norm_axes("grad", attrs["axes"], len(x_shape))
     kept = reduce(x_shape, axes, True)
@@ -32,32 +39,44 @@ def expand_back(b, g, x_shape, attrs):
     return b.op("expand", g, shape=tuple(x_shape)) if kept != tuple(x_shape) else g
 
 
-def _sum_infer(xs, attrs):
+def _sum_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     (x,) = xs
     axes = norm_axes("sum", attrs["axes"], len(x.shape))
     dt = "int64" if x.dtype in ("bool", "int8", "uint8", "int32") else x.dtype
     return [(reduce(x.shape, axes, attrs["keepdims"]), dt)]
 
 
-def _sum_grad(b, g, xs, out, attrs):
+def _sum_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return (expand_back(b, g, xs[0].shape, attrs),)
 
 
-def _mean(b, x, axes=None, keepdims=False):
+def _mean(
+    b: Builder, x: Handle, axes: int | Sequence[int] | None = None, keepdims: bool = False
+) -> Handle:
     n = numel(x.shape[i] for i in norm_axes("mean", axes, len(x.shape)))
     if not dtypes.is_float(x.dtype):
         x = b.op("cast", x, dtype=dtypes.DEFAULT_FLOAT)
     return b.op("sum", x, axes=axes, keepdims=keepdims) * (1.0 / max(n, 1))
 
 
-def _var(b, x, axes=None, keepdims=False, correction=0):
+def _var(
+    b: Builder,
+    x: Handle,
+    axes: int | Sequence[int] | None = None,
+    keepdims: bool = False,
+    correction: int = 0,
+) -> Handle:
     n = numel(x.shape[i] for i in norm_axes("var", axes, len(x.shape)))
     centred = x - b.op("mean", x, axes=axes, keepdims=True)
     total = b.op("sum", centred * centred, axes=axes, keepdims=keepdims)
     return total * (1.0 / max(n - correction, 1))
 
 
-def _extreme_grad(b, g, xs, out, attrs):
+def _extreme_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     (x,) = xs
     full_out = expand_back(b, out, x.shape, attrs)
     mask = b.op("cast", b.op("eq", x, full_out), dtype=x.dtype)
@@ -67,8 +86,8 @@ def _extreme_grad(b, g, xs, out, attrs):
     return (expand_back(b, g, x.shape, attrs) * mask / count,)
 
 
-def _arg_infer(name):
-    def infer(xs, attrs):
+def _arg_infer(name: str) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         if attrs["axis"] is None:
             return [((1,) * len(x.shape) if attrs["keepdims"] else (), dtypes.INDEX_DTYPE)]
@@ -80,7 +99,9 @@ def _arg_infer(name):
     return infer
 
 
-def _lse_grad(b, g, xs, out, attrs):
+def _lse_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     (x,) = xs
     return (
         expand_back(b, g, x.shape, attrs) * b.op("exp", x - expand_back(b, out, x.shape, attrs)),
@@ -118,8 +139,8 @@ declare(
 )
 
 
-def _softmax_infer(name):
-    def infer(xs, attrs):
+def _softmax_infer(name: str) -> InferRule:
+    def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         norm_axis(name, attrs["axis"], len(x.shape))
         if not dtypes.is_float(x.dtype):
@@ -129,12 +150,16 @@ def _softmax_infer(name):
     return infer
 
 
-def _softmax_grad(b, g, xs, out, attrs):
+def _softmax_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     gy = g * out
     return (gy - out * b.op("sum", gy, axes=attrs["axis"], keepdims=True),)
 
 
-def _log_softmax_grad(b, g, xs, out, attrs):
+def _log_softmax_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     return (g - b.op("exp", out) * b.op("sum", g, axes=attrs["axis"], keepdims=True),)
 
 
@@ -151,7 +176,7 @@ declare(
 )
 
 
-def _matmul_infer(xs, attrs):
+def _matmul_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     a, b = xs
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise ShapeError(
@@ -166,12 +191,14 @@ def _matmul_infer(xs, attrs):
     return [((*batch, a.shape[-2], b.shape[-1]), dtypes.promote(a.dtype, b.dtype))]
 
 
-def _swap_last(b, x):
+def _swap_last(b: Builder, x: Handle) -> Handle:
     perm = (*range(len(x.shape) - 2), len(x.shape) - 1, len(x.shape) - 2)
     return b.op("permute", x, dims=perm)
 
 
-def _matmul_grad(b, g, xs, out, attrs):
+def _matmul_grad(
+    b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, attrs: Mapping[str, Any]
+) -> Sequence[Handle | None]:
     x, y = xs
     gx = b.op("matmul", g, _swap_last(b, y))
     gy = b.op("matmul", _swap_last(b, x), g)
