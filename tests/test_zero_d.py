@@ -4,6 +4,9 @@ these once handed back shape (1,) where PyTorch and Device.cpu() give ()."""
 
 from __future__ import annotations
 
+import math
+import sys
+
 import burn_remote as br
 import numpy as np
 from burn_remote import functional as F
@@ -82,3 +85,15 @@ def test_optimizers_update_a_scalar_parameter_as_torch_does():
             topt.zero_grad()
         assert model.scale.shape == ()
         np.testing.assert_allclose(model.scale.numpy(), ts.detach().numpy(), rtol=1e-5)
+
+
+def test_exact_gelu_of_a_scalar_without_scipy(monkeypatch):
+    """Without SciPy (a core install) erf runs Python's erf per element, which hands back a
+    bare float for a 0-d input: the kernel once called .astype on it and failed."""
+    monkeypatch.setitem(sys.modules, "scipy.special", None)  # `import scipy.special` fails
+    dev = br.Device.cpu()
+    for value in (0.5, -1.25):
+        got = F.gelu(dev.tensor(np.array(value, np.float32))).numpy()
+        want = value * 0.5 * (1 + math.erf(value / math.sqrt(2)))
+        assert got.shape == () and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-6)

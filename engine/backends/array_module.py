@@ -11,6 +11,10 @@ from typing import Any
 
 import numpy as np
 
+Array = Any
+"""A NumPy or a CuPy array, as the shared kernels take and return them (CuPy ships no type
+information, so nothing narrower names both)."""
+
 
 def array_module(a: Any) -> ModuleType:
     """The array module of ``a``: NumPy, or CuPy for CuPy arrays. For NumPy arrays this is

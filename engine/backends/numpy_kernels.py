@@ -8,7 +8,8 @@ relies on that and never converts after the fact.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from ...protocol import dtypes
 from ...protocol.ops_nn import NF4_CODEBOOK, pool_params
 from ..collective import all_reduce_kernel
+from .array_module import Array
 from .array_module import array_module as _mod
 from .cpu_threads import (
     PARALLEL_MIN_ELEMENTS,
@@ -29,6 +31,10 @@ from .numpy_optim_kernels import OPTIM_KERNELS
 Kernel = Callable[..., Any]
 """A kernel: arrays and bound attributes in, an array (a tuple for several outputs) out."""
 KERNELS: dict[str, Kernel] = {}
+Axes = int | tuple[int, ...] | None
+"""A reduction's ``axes`` attribute: one axis, several, or None for all."""
+Pair = int | Sequence[int]
+"""A convolution or pooling attribute given for both spatial axes at once, or per axis."""
 
 
 def kernel(name: str) -> Callable[[Kernel], Kernel]:
@@ -48,7 +54,7 @@ for _name, _fn in (*OPTIM_KERNELS.items(), ("all_reduce", all_reduce_kernel)):
     kernel(_name)(_fn)
 
 
-def _contig(a, dtype=None):
+def _contig(a: Array, dtype: np.dtype[Any] | None = None) -> Array:
     return _mod(a).ascontiguousarray(a, dtype=dtype)
 
 
@@ -78,7 +84,7 @@ def _add_at(out: Any, index: Any, values: Any) -> None:
     out[...] = (acc != 0) if name == "bool" else acc.astype(out.dtype)
 
 
-def _open_grid(m, shape):
+def _open_grid(m: ModuleType, shape: Sequence[int]) -> list[Array]:
     """`indices(shape, sparse=True)` spelled for any array module (CuPy's `indices` has no
     `sparse`): one arange per axis, shaped to broadcast against the others."""
     n = len(shape)
@@ -182,7 +188,7 @@ def _like(x: np.ndarray, value: Any) -> np.ndarray:
 
 
 @kernel("div")
-def _div(a, b):
+def _div(a: Array, b: Array) -> Array:
     if np.issubdtype(np.result_type(a, b), np.integer):
         out_dtype = np.result_type(a, b)
         with np.errstate(divide="ignore"):
@@ -191,29 +197,29 @@ def _div(a, b):
 
 
 @kernel("pow")
-def _pow(a, b):
+def _pow(a: Array, b: Array) -> Array:
     return np.power(a, b)
 
 
 @kernel("rsqrt")
-def _rsqrt(x):
+def _rsqrt(x: Array) -> Array:
     return np.reciprocal(np.sqrt(x))
 
 
 @kernel("sigmoid")
-def _sigmoid(x):
+def _sigmoid(x: Array) -> Array:
     # exp of -|x| never overflows; pick the stable branch per element.
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
 @kernel("relu")
-def _relu(x):
+def _relu(x: Array) -> Array:
     return np.maximum(x, _like(x, 0))
 
 
 @kernel("softplus")
-def _softplus(x):
+def _softplus(x: Array) -> Array:
     return (np.maximum(x, _like(x, 0)) + np.log1p(np.exp(-np.abs(x)))).astype(x.dtype, copy=False)
 
 
@@ -221,17 +227,17 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 
 
 @kernel("erf")
-def _erf_kernel(x):
+def _erf_kernel(x: Array) -> Array:
     try:
         from scipy.special import erf  # a vectorised erf when SciPy is present
 
         return erf(x).astype(x.dtype, copy=False)
-    except ImportError:
-        return _erf(x).astype(x.dtype)
+    except ImportError:  # (the Python erf per element gives a bare float for a 0-d input)
+        return np.asarray(_erf(x), dtype=x.dtype)
 
 
 @kernel("where")
-def _where(c, a, b):
+def _where(c: Array, a: Array, b: Array) -> Array:
     if (
         b.ndim == 0
         and a.shape == c.shape
@@ -249,12 +255,12 @@ def _where(c, a, b):
 
 
 @kernel("cast")
-def _cast(x, dtype):
+def _cast(x: Array, dtype: str) -> Array:
     return x.astype(dtypes.to_numpy(dtype))
 
 
 @kernel("full")
-def _full(shape, value, dtype):
+def _full(shape: Sequence[int], value: float, dtype: str) -> Array:
     if value == 0 and math.copysign(1.0, float(value)) > 0:
         # zeros from calloc: pages untouched until written (an optimizer's moments); not -0.0
         return np.zeros(shape, dtype=dtypes.to_numpy(dtype))
@@ -264,28 +270,28 @@ def _full(shape, value, dtype):
 # --- reductions -----------------------------------------------------------------------------
 
 
-def _axes(axes):
+def _axes(axes: Axes) -> tuple[int, ...] | None:
     return None if axes is None else (axes if isinstance(axes, tuple) else (axes,))
 
 
 @kernel("sum")
-def _sum(x, axes, keepdims):
+def _sum(x: Array, axes: Axes, keepdims: bool) -> Array:
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return _mod(x).asarray(np.sum(x, axis=_axes(axes), keepdims=keepdims, dtype=dt))
 
 
 @kernel("max")
-def _max(x, axes, keepdims):
+def _max(x: Array, axes: Axes, keepdims: bool) -> Array:
     return _mod(x).asarray(np.max(x, axis=_axes(axes), keepdims=keepdims))
 
 
 @kernel("min")
-def _min(x, axes, keepdims):
+def _min(x: Array, axes: Axes, keepdims: bool) -> Array:
     return _mod(x).asarray(np.min(x, axis=_axes(axes), keepdims=keepdims))
 
 
-def _arg(fn):
-    def run(x, axis, keepdims):
+def _arg(fn: Callable[..., Array]) -> Kernel:
+    def run(x: Array, axis: int | None, keepdims: bool) -> Array:
         if axis is None:
             r = _mod(x).asarray(fn(x), dtype=np.int64)
             return r.reshape((1,) * x.ndim) if keepdims else r
@@ -299,7 +305,7 @@ KERNELS["argmin"] = _arg(np.argmin)
 
 
 @kernel("logsumexp")
-def _logsumexp(x, axes, keepdims):
+def _logsumexp(x: Array, axes: Axes, keepdims: bool) -> Array:
     axes = _axes(axes)
     m = np.max(x, axis=axes, keepdims=True) if x.size else _mod(x).zeros((1,) * x.ndim, x.dtype)
     m = np.where(np.isfinite(m), m, 0)
@@ -308,7 +314,7 @@ def _logsumexp(x, axes, keepdims):
     return _mod(x).asarray(out if keepdims else np.squeeze(out, axis=axes), dtype=x.dtype)
 
 
-def _shift(x, axis):
+def _shift(x: Array, axis: int) -> Array:
     """x minus its max along axis (finite maxima only), for overflow-free exponentials."""
     if x.size == 0:
         return x.copy()
@@ -317,21 +323,21 @@ def _shift(x, axis):
 
 
 @kernel("softmax")
-def _softmax(x, axis):
+def _softmax(x: Array, axis: int) -> Array:
     e = np.exp(_shift(x, axis))
     e /= np.sum(e, axis=axis, keepdims=True)
     return e
 
 
 @kernel("log_softmax")
-def _log_softmax(x, axis):
+def _log_softmax(x: Array, axis: int) -> Array:
     s = _shift(x, axis)
     with np.errstate(divide="ignore"):
         return s - np.log(np.sum(np.exp(s), axis=axis, keepdims=True))
 
 
 @kernel("matmul")
-def _matmul(a, b):
+def _matmul(a: Array, b: Array) -> Array:
     if type(a) is not np.ndarray or type(b) is not np.ndarray:  # CuPy: as written
         return np.matmul(a, b)
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
@@ -375,61 +381,67 @@ def gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @kernel("reshape")
-def _reshape(x, shape):
+def _reshape(x: Array, shape: Sequence[int]) -> Array:
     return x.reshape(shape)
 
 
 @kernel("permute")
-def _permute(x, dims):
+def _permute(x: Array, dims: Sequence[int]) -> Array:
     return x.transpose(dims)
 
 
 @kernel("expand")
-def _expand(x, shape):
+def _expand(x: Array, shape: Sequence[int]) -> Array:
     return np.broadcast_to(x, shape)
 
 
-def _slices(starts, stops, steps):
+def _slices(starts: Sequence[int], stops: Sequence[int], steps: Sequence[int]) -> tuple[slice, ...]:
     return tuple(slice(a, None if o < 0 else o, s) for a, o, s in zip(starts, stops, steps))
 
 
 @kernel("slice")
-def _slice(x, starts, stops, steps):
+def _slice(x: Array, starts: Sequence[int], stops: Sequence[int], steps: Sequence[int]) -> Array:
     return x[_slices(starts, stops, steps)]
 
 
 @kernel("slice_backward")
-def _slice_backward(g, in_shape, starts, stops, steps):
+def _slice_backward(
+    g: Array,
+    in_shape: Sequence[int],
+    starts: Sequence[int],
+    stops: Sequence[int],
+    steps: Sequence[int],
+) -> Array:
     out = _mod(g).zeros(in_shape, dtype=g.dtype)
     out[_slices(starts, stops, steps)] = g
     return out
 
 
 @kernel("cat")
-def _cat(*xs, axis):
+def _cat(*xs: Array, axis: int) -> Array:
     dt = np.result_type(*xs)
     return np.concatenate(xs, axis=axis).astype(dt, copy=False)
 
 
 @kernel("flip")
-def _flip(x, axes):
+def _flip(x: Array, axes: Axes) -> Array:
     return np.flip(x, axis=axes)
 
 
 @kernel("pad")
-def _pad(x, pads, value):
+def _pad(x: Array, pads: Sequence[tuple[int, int]], value: float) -> Array:
     if x.ndim == 0:  # nothing to pad; np.pad refuses an empty pad list
         return x.copy()
     return np.pad(x, pads, mode="constant", constant_values=value)
 
 
 @kernel("gather")
-def _gather(x, idx, axis):
+def _gather(x: Array, idx: Array, axis: int) -> Array:
     return np.take_along_axis(x, idx, axis=axis)
 
 
 @kernel("scatter_add")
-def _scatter_add(x, idx, src, axis):
+def _scatter_add(x: Array, idx: Array, src: Array, axis: int) -> Array:
     out = x.copy()
     grids = _open_grid(_mod(x), idx.shape)
     grids[axis % x.ndim] = idx
@@ -438,12 +450,12 @@ def _scatter_add(x, idx, src, axis):
 
 
 @kernel("index_select")
-def _index_select(x, idx, axis):
+def _index_select(x: Array, idx: Array, axis: int) -> Array:
     return np.take(x, idx, axis=axis)
 
 
 @kernel("index_add")
-def _index_add(g, idx, axis, size):
+def _index_add(g: Array, idx: Array, axis: int, size: int) -> Array:
     shape = (*g.shape[:axis], size, *g.shape[axis + idx.ndim :])
     out = _mod(g).zeros(shape, dtype=g.dtype)
     flat_g = g.reshape((*g.shape[:axis], idx.size, *g.shape[axis + idx.ndim :]))
@@ -452,18 +464,20 @@ def _index_add(g, idx, axis, size):
 
 
 @kernel("one_hot")
-def _one_hot(idx, num_classes, dtype):
+def _one_hot(idx: Array, num_classes: int, dtype: str) -> Array:
     return (idx[..., None] == _mod(idx).arange(num_classes)).astype(dtypes.to_numpy(dtype))
 
 
 # --- convolution and pooling ------------------------------------------------------------
 
 
-def _pair(v):
+def _pair(v: Pair) -> tuple[int, ...]:
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-def _windows(x, kh, kw, sh, sw, dh, dw, oh, ow):
+def _windows(
+    x: Array, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, oh: int, ow: int
+) -> Array:
     """A strided view (N, C, OH, OW, KH, KW) over a padded input: im2col without copying."""
     n, c = x.shape[:2]
     s = x.strides
@@ -477,7 +491,9 @@ def _windows(x, kh, kw, sh, sw, dh, dw, oh, ow):
     )
 
 
-def _conv_geometry(x_shape, w_shape, stride, padding, dilation):
+def _conv_geometry(
+    x_shape: Sequence[int], w_shape: Sequence[int], stride: Pair, padding: Pair, dilation: Pair
+) -> tuple[int, ...]:
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
     kh, kw = w_shape[2:]
     oh = (x_shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -486,7 +502,7 @@ def _conv_geometry(x_shape, w_shape, stride, padding, dilation):
 
 
 @kernel("conv2d")
-def _conv2d(x, w, stride, padding, dilation, groups):
+def _conv2d(x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair, groups: int) -> Array:
     sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
         x.shape, w.shape, stride, padding, dilation
     )
@@ -503,7 +519,15 @@ def _conv2d(x, w, stride, padding, dilation, groups):
 
 
 @kernel("conv2d_grad_input")
-def _conv2d_grad_input(g, w, input_shape, stride, padding, dilation, groups):
+def _conv2d_grad_input(
+    g: Array,
+    w: Array,
+    input_shape: Sequence[int],
+    stride: Pair,
+    padding: Pair,
+    dilation: Pair,
+    groups: int,
+) -> Array:
     sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
         input_shape, w.shape, stride, padding, dilation
     )
@@ -527,7 +551,15 @@ def _conv2d_grad_input(g, w, input_shape, stride, padding, dilation, groups):
 
 
 @kernel("conv2d_grad_weight")
-def _conv2d_grad_weight(x, g, weight_shape, stride, padding, dilation, groups):
+def _conv2d_grad_weight(
+    x: Array,
+    g: Array,
+    weight_shape: Sequence[int],
+    stride: Pair,
+    padding: Pair,
+    dilation: Pair,
+    groups: int,
+) -> Array:
     sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
         x.shape, weight_shape, stride, padding, dilation
     )
@@ -543,14 +575,16 @@ def _conv2d_grad_weight(x, g, weight_shape, stride, padding, dilation, groups):
     return _contig(dw_.reshape(weight_shape), dtype=g.dtype)
 
 
-def _lowest(dtype):
+def _lowest(dtype: np.dtype[Any]) -> float:
     """The max-pool padding value: -inf, or the smallest value an integer dtype holds."""
     if dtype.kind in "iu":
         return np.iinfo(dtype).min
     return False if dtype.kind == "b" else -np.inf
 
 
-def _pool_setup(x, attrs, fill):
+def _pool_setup(
+    x: Array, attrs: Mapping[str, Any], fill: float
+) -> tuple[Array, int, int, int, int, int, int, int, int]:
     (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
     oh = (x.shape[2] + 2 * ph - kh) // sh + 1
     ow = (x.shape[3] + 2 * pw - kw) // sw + 1
@@ -559,14 +593,14 @@ def _pool_setup(x, attrs, fill):
 
 
 @kernel("max_pool2d")
-def _max_pool2d(x, **attrs):
+def _max_pool2d(x: Array, **attrs: Pair | None) -> Array:
     xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
     return _contig(win.max(axis=(4, 5)), dtype=x.dtype)
 
 
 @kernel("max_pool2d_backward")
-def _max_pool2d_backward(x, g, **attrs):
+def _max_pool2d_backward(x: Array, g: Array, **attrs: Pair | None) -> Array:
     xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
     n, c = x.shape[:2]
@@ -581,14 +615,14 @@ def _max_pool2d_backward(x, g, **attrs):
 
 
 @kernel("avg_pool2d")
-def _avg_pool2d(x, **attrs):
+def _avg_pool2d(x: Array, **attrs: Pair | None) -> Array:
     xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, 0)
     win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
     return _contig(win.mean(axis=(4, 5)), dtype=x.dtype)
 
 
 @kernel("avg_pool2d_backward")
-def _avg_pool2d_backward(g, input_shape, **attrs):
+def _avg_pool2d_backward(g: Array, input_shape: Sequence[int], **attrs: Pair | None) -> Array:
     (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
     n, c, h, w = input_shape
     oh, ow = g.shape[2:]
@@ -603,7 +637,7 @@ def _avg_pool2d_backward(g, input_shape, **attrs):
 # --- randomness -------------------------------------------------------------------------
 
 
-def _mix32(x):
+def _mix32(x: Array) -> Array:
     """The 32-bit finaliser of the documented draw, on either array module (uint32 wraps)."""
     x = x.astype(np.uint32)
     x ^= x >> np.uint32(16)
@@ -632,7 +666,9 @@ def uniform_bits(key: Any, n: int, stream: int, xp: Any = np) -> Any:
 
 
 @kernel("uniform")
-def _uniform(key, shape, low, high, dtype, stream):
+def _uniform(
+    key: Array, shape: Sequence[int], low: float, high: float, dtype: str, stream: int
+) -> Array:
     n = int(np.prod(shape, dtype=np.int64))
     u = uniform_bits(key, n, stream, _mod(key)).reshape(shape)
     return (u * (high - low) + low).astype(dtypes.to_numpy(dtype))
@@ -644,27 +680,29 @@ _NF4 = np.asarray(NF4_CODEBOOK, dtype=np.float32)
 _NF4_MID = (_NF4[1:] + _NF4[:-1]) / 2
 
 
-def _blocks(x, block):
+def _blocks(x: Array, block: int) -> tuple[Array, Array, Array]:
     xb = x.astype(np.float32).reshape(-1, block)
     absmax = np.abs(xb).max(axis=1)
     return xb, absmax, np.where(absmax > 0, absmax, 1).astype(np.float32)
 
 
 @kernel("quantize_int8")
-def _quantize_int8(x, block):
+def _quantize_int8(x: Array, block: int) -> tuple[Array, Array]:
     xb, absmax, safe = _blocks(x, block)
     q = np.clip(np.rint(xb / safe[:, None] * 127), -127, 127).astype(np.int8)
     return q.reshape(-1), absmax.astype(np.float32)
 
 
 @kernel("dequantize_int8")
-def _dequantize_int8(q, scales, block, shape, dtype):
+def _dequantize_int8(
+    q: Array, scales: Array, block: int, shape: Sequence[int], dtype: str
+) -> Array:
     x = q.astype(np.float32).reshape(-1, block) * (scales[:, None] / 127)
     return x.reshape(shape).astype(dtypes.to_numpy(dtype))
 
 
 @kernel("quantize_nf4")
-def _quantize_nf4(x, block):
+def _quantize_nf4(x: Array, block: int) -> tuple[Array, Array]:
     xb, absmax, safe = _blocks(x, block)
     m = _mod(x)
     codes = m.searchsorted(m.asarray(_NF4_MID), (xb / safe[:, None]).reshape(-1)).astype(np.uint8)
@@ -672,7 +710,9 @@ def _quantize_nf4(x, block):
 
 
 @kernel("dequantize_nf4")
-def _dequantize_nf4(packed, scales, block, shape, dtype):
+def _dequantize_nf4(
+    packed: Array, scales: Array, block: int, shape: Sequence[int], dtype: str
+) -> Array:
     m = _mod(packed)
     codes = m.empty(packed.size * 2, dtype=np.uint8)
     codes[0::2] = packed & 0x0F
@@ -684,7 +724,7 @@ def _dequantize_nf4(packed, scales, block, shape, dtype):
 # --- fused optimizer updates ------------------------------------------------------------
 
 
-def _ce_parts(logits, target, ignore_index):
+def _ce_parts(logits: Array, target: Array, ignore_index: int) -> tuple[Array, Array, Array, Array]:
     """log-softmax over the last axis, the counted rows, their targets made safe to index,
     and the count of counted rows (at least 1): a Python int on NumPy, a 0-d array on a GPU
     module, so nothing waits for the device."""
@@ -705,7 +745,9 @@ def _all_counted(xp: Any, target: Any, ignore_index: Any) -> bool:
 
 
 @kernel("cross_entropy")
-def _cross_entropy(logits, target, ignore_index, label_smoothing):
+def _cross_entropy(
+    logits: Array, target: Array, ignore_index: int, label_smoothing: float
+) -> Array:
     xp = _mod(logits)
     if logits.ndim == 2 and not label_smoothing and _all_counted(xp, target, ignore_index):
         # the common case (a batch of rows, nothing ignored): log-sum-exp minus the pick
@@ -721,7 +763,9 @@ def _cross_entropy(logits, target, ignore_index, label_smoothing):
 
 
 @kernel("cross_entropy_backward")
-def _cross_entropy_backward(g, logits, target, ignore_index, label_smoothing):
+def _cross_entropy_backward(
+    g: Array, logits: Array, target: Array, ignore_index: int, label_smoothing: float
+) -> Array:
     xp = _mod(logits)
     grad = xp.exp(logits - logits.max(axis=-1, keepdims=True))
     grad /= grad.sum(axis=-1, keepdims=True)

@@ -6,10 +6,12 @@ memory."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from .array_module import Array
 from .array_module import array_module as _mod
 from .cpu_threads import run_parallel, threads
 
@@ -22,8 +24,10 @@ _CHUNKED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _adam_update(
-    p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, out=None
-):  # fmt: skip
+    p: Array, g: Array, m: Array, v: Array, lr: Array, bc1: Array, bc2: Array,
+    beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool,
+    out: tuple[Array, Array, Array] | None = None,
+) -> tuple[Array, ...]:  # fmt: skip
     """One parameter's AdamW/Adam step: (new p, new m, new v).
 
     On the CPU the update runs chunk by chunk over the engine's threads, every pass in the
@@ -73,8 +77,10 @@ def _chunkable(p: Any, g: Any, m: Any, v: Any) -> bool:
 
 
 def _adam_chunked(
-    p, g, m, v, out, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled
-):  # fmt: skip
+    p: Array, g: Array, m: Array, v: Array, out: tuple[Array, Array, Array],
+    lr: float, bc1: float, bc2: float, beta1: float, beta2: float, eps: float,
+    weight_decay: float, decoupled: bool,
+) -> None:  # fmt: skip
     """The update of ``_adam_whole`` (same passes, same order, same scalars), one L2-sized
     chunk at a time, chunks spread over the engine's threads."""
     flats = (p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
@@ -97,8 +103,9 @@ def _adam_chunked(
 
 
 def _adam_small_in_place(
-    p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled
-):  # fmt: skip
+    p: Array, g: Array, m: Array, v: Array, lr: float, bc1: float, bc2: float,
+    beta1: float, beta2: float, eps: float, weight_decay: float, decoupled: bool,
+) -> None:  # fmt: skip
     """``_adam_whole``'s passes written into p, m and v themselves (same order, same bits)."""
     if weight_decay and not decoupled:
         g = g + weight_decay * p
@@ -145,7 +152,11 @@ def _adam_span(flats: Any, a: int, b: int, scratch: Any, hyper: Any, copy_p: Any
     po -= tmp
 
 
-def _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled, xp):
+def _adam_whole(
+    p: Array, g: Array, m: Array, v: Array, lr: Array, bc1: Array,
+    bc2: Array, beta1: float, beta2: float, eps: float, weight_decay: float,
+    decoupled: bool, xp: ModuleType,
+) -> tuple[Array, Array, Array]:  # fmt: skip
     """Written with one scratch buffer and in-place updates, scalars folded on the host: the
     form for CuPy arrays and for dtypes the chunked form does not take (bfloat16, mixed)."""
     if xp is np:  # Python floats: NumPy keeps the arrays' dtype (weak scalars) and is fastest
@@ -173,7 +184,10 @@ def _adam_whole(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decou
     return p2, m2, v2
 
 
-def _sgd_update(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
+def _sgd_update(
+    p: Array, g: Array, buf: Array, lr: Array, momentum: float, dampening: float,
+    nesterov: bool, weight_decay: float,
+) -> tuple[Array, Array]:  # fmt: skip
     lr = lr.astype(p.dtype)
     if weight_decay:
         g = g + weight_decay * p

@@ -9,7 +9,7 @@ give the same sums on every device.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +17,7 @@ import pyopencl as cl
 
 from ...protocol import dtypes
 from ...protocol.ops_nn import pool_params
-from .numpy_kernels import _conv_geometry, _mix32
+from .numpy_kernels import Pair, _conv_geometry, _mix32
 from .opencl_arrays import CLArray, View, view
 from .opencl_ops import defs
 
@@ -110,23 +110,34 @@ def _conv(be: OpenCLBackend, body: str, x: CLArray, w: CLArray, out_shape: Any, 
 
 
 def _conv_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
-    def geometry(x_shape, w_shape, o, stride, padding, dilation, groups):
+    def geometry(
+        x_shape: Sequence[int], w_shape: Sequence[int], o: int, stride: Pair, padding: Pair,
+        dilation: Pair, groups: int,
+    ) -> tuple[tuple[int, ...], tuple[int, int]]:  # fmt: skip
         sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
             x_shape, w_shape, stride, padding, dilation
         )
         n, c, h, wd = x_shape
         return (n, c, h, wd, o, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, groups), (oh, ow)
 
-    def conv2d(x, w, stride, padding, dilation, groups):
+    def conv2d(
+        x: CLArray, w: CLArray, stride: Pair, padding: Pair, dilation: Pair, groups: int
+    ) -> CLArray:
         geo, (oh, ow) = geometry(x.shape, w.shape, w.shape[0], stride, padding, dilation, groups)
         dt = dtypes.promote(x.name, w.name)
         return _conv(be, _CONV_FWD, x, w, (x.shape[0], w.shape[0], oh, ow), dt, geo)
 
-    def grad_input(g, w, input_shape, stride, padding, dilation, groups):
+    def grad_input(
+        g: CLArray, w: CLArray, input_shape: Sequence[int], stride: Pair, padding: Pair,
+        dilation: Pair, groups: int,
+    ) -> CLArray:  # fmt: skip
         geo, _ = geometry(input_shape, w.shape, w.shape[0], stride, padding, dilation, groups)
         return _conv(be, _CONV_DX, g, w, input_shape, g.name, geo)
 
-    def grad_weight(x, g, weight_shape, stride, padding, dilation, groups):
+    def grad_weight(
+        x: CLArray, g: CLArray, weight_shape: Sequence[int], stride: Pair, padding: Pair,
+        dilation: Pair, groups: int,
+    ) -> CLArray:  # fmt: skip
         geo, _ = geometry(x.shape, weight_shape, weight_shape[0], stride, padding, dilation, groups)
         return _conv(be, _CONV_DW, x, g, weight_shape, g.name, geo)
 
@@ -199,7 +210,10 @@ _POOL_BODIES = {
 
 
 def _pool_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
-    def run(kind, x, g, in_shape, out_shape, attrs, dt):
+    def run(
+        kind: str, x: CLArray | None, g: CLArray | None, in_shape: Sequence[int],
+        out_shape: Sequence[int] | None, attrs: Mapping[str, Any], dt: str,
+    ) -> CLArray:  # fmt: skip
         (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
         n, c, h, w = in_shape
         if out_shape is None:
@@ -211,6 +225,8 @@ def _pool_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
             return out
         xs = x if x is not None else g
         gs = g if g is not None else xs
+        if xs is None or gs is None:
+            raise ValueError(f"{kind} pooling needs its input or its gradient")
         src = defs(be, _acc(be, dt), x=(xs.name, "in"), w=(gs.name, "in"), out=(dt, "out"))
         k = be.kernel(src + _P + _POOL.replace("BODY", _POOL_BODIES[kind]), "pool")
         geo = (n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw)
@@ -291,7 +307,10 @@ _SCATTER = (
 
 
 def _index_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
-    def run(body, out_shape, dt, x, idx, src, params):
+    def run(
+        body: str, out_shape: Sequence[int], dt: str, x: CLArray, idx: CLArray,
+        src: CLArray | None, params: Sequence[int],
+    ) -> CLArray:  # fmt: skip
         out = be.empty(tuple(out_shape), dtypes.to_numpy(dt))
         if out.size == 0:
             return out
@@ -312,27 +331,27 @@ def _index_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
             raise IndexError("an index is out of bounds for its axis")
         return out
 
-    def index_select(x, idx, axis):
+    def index_select(x: CLArray, idx: CLArray, axis: int) -> CLArray:
         axis %= x.ndim
         outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1 :])
         shape = (*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
         return run(_SELECT, shape, x.name, x, idx, None, (outer, idx.size, inner, x.shape[axis]))
 
-    def index_add(g, idx, axis, size):
+    def index_add(g: CLArray, idx: CLArray, axis: int, size: int) -> CLArray:
         outer = math.prod(g.shape[:axis])
         inner = math.prod(g.shape[axis + idx.ndim :])
         shape = (*g.shape[:axis], size, *g.shape[axis + idx.ndim :])
         return run(_INDEX_ADD, shape, g.name, g, idx, None, (outer, idx.size, inner, size))
 
-    def gather(x, idx, axis):
+    def gather(x: CLArray, idx: CLArray, axis: int) -> CLArray:
         axis %= x.ndim
         return run(_GATHER, idx.shape, x.name, x, idx, None, (x.ndim, axis, *x.shape, *idx.shape))
 
-    def scatter_add(x, idx, src, axis):
+    def scatter_add(x: CLArray, idx: CLArray, src: CLArray, axis: int) -> CLArray:
         axis %= x.ndim
         return run(_SCATTER, x.shape, x.name, x, idx, src, (x.ndim, axis, *x.shape, *idx.shape))
 
-    def one_hot(idx, num_classes, dtype):
+    def one_hot(idx: CLArray, num_classes: int, dtype: str) -> CLArray:
         dt = dtypes.normalize(dtype)
         classes = be.from_numpy(np.arange(num_classes, dtype=np.int64))
         src = View(idx, (*idx.shape, num_classes), (*view(idx).strides, 0), 0)
@@ -365,7 +384,9 @@ __kernel void uni(__global T_out* out, uint seed, ACC low, ACC span, long n) {
 
 
 def _uniform(be: OpenCLBackend) -> Callable[..., CLArray]:
-    def run(key, shape, low, high, dtype, stream):
+    def run(
+        key: CLArray, shape: Sequence[int], low: float, high: float, dtype: str, stream: int
+    ) -> CLArray:
         dt = dtypes.normalize(dtype)
         k = int(be.to_numpy(key)) & 0xFFFFFFFFFFFFFFFF
         with np.errstate(over="ignore"):

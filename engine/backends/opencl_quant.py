@@ -155,7 +155,11 @@ def _optim_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
         t = np.float64 if dt == "float64" else np.float32
         return [t(v) for v in values]
 
-    def adam(p, g, m, v, lr, bc1, bc2, beta1, beta2, eps, weight_decay, decoupled):
+    def adam(
+        p: CLArray, g: CLArray, m: CLArray, v: CLArray, lr: CLArray, bc1: CLArray,
+        bc2: CLArray, beta1: float, beta2: float, eps: float, weight_decay: float,
+        decoupled: bool,
+    ) -> tuple[CLArray, ...]:  # fmt: skip
         acc = "float64" if p.name == "float64" else "float32"
         outs = [be.empty(a.shape, a.dtype) for a in (p, m, v)]
         if p.size:
@@ -168,7 +172,10 @@ def _optim_kernels(be: OpenCLBackend) -> dict[str, Callable[..., Any]]:
                       *args, np.int32(bool(decoupled)), np.int64(p.size))  # fmt: skip
         return tuple(outs)
 
-    def sgd(p, g, buf, lr, momentum, dampening, nesterov, weight_decay):
+    def sgd(
+        p: CLArray, g: CLArray, buf: CLArray, lr: CLArray, momentum: float,
+        dampening: float, nesterov: bool, weight_decay: float,
+    ) -> tuple[CLArray, CLArray]:  # fmt: skip
         acc = "float64" if p.name == "float64" else "float32"
         po = be.empty(p.shape, p.dtype)
         bo = be.empty(buf.shape, buf.dtype) if momentum else buf
