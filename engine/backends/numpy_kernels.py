@@ -8,14 +8,13 @@ relies on that and never converts after the fact.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ...protocol import dtypes
-from ...protocol.ops_nn import NF4_CODEBOOK, pool_params
+from ...protocol.ops_nn import NF4_CODEBOOK
 from ..collective import all_reduce_kernel
 from .array_module import Array
 from .array_module import array_module as _mod
@@ -26,6 +25,8 @@ from .cpu_threads import (
     run_parallel,
     threads,
 )
+from .numpy_conv_kernels import CONV_KERNELS
+from .numpy_helpers import add_at, open_grid
 from .numpy_optim_kernels import OPTIM_KERNELS
 
 Kernel = Callable[..., Any]
@@ -33,8 +34,6 @@ Kernel = Callable[..., Any]
 KERNELS: dict[str, Kernel] = {}
 Axes = int | tuple[int, ...] | None
 """A reduction's ``axes`` attribute: one axis, several, or None for all."""
-Pair = int | Sequence[int]
-"""A convolution or pooling attribute given for both spatial axes at once, or per axis."""
 
 
 def kernel(name: str) -> Callable[[Kernel], Kernel]:
@@ -50,45 +49,12 @@ def kernel(name: str) -> Callable[[Kernel], Kernel]:
 
 
 # Registered beside these kernels, from modules of their own (same table, one name each).
-for _name, _fn in (*OPTIM_KERNELS.items(), ("all_reduce", all_reduce_kernel)):
+for _name, _fn in (
+    *OPTIM_KERNELS.items(),
+    *CONV_KERNELS.items(),
+    ("all_reduce", all_reduce_kernel),
+):
     kernel(_name)(_fn)
-
-
-def _contig(a: Array, dtype: np.dtype[Any] | None = None) -> Array:
-    return _mod(a).ascontiguousarray(a, dtype=dtype)
-
-
-SCATTER_ADD_DTYPES = frozenset({"int32", "int64", "float16", "float32", "float64"})
-"""Dtypes `cupyx.scatter_add` accumulates natively (CUDA atomicAdd); the others (int8, uint8,
-bool, bfloat16) accumulate in a wider dtype and are cast back, which gives NumPy's `add.at`
-result exactly (integers wrap the same way, bool is "any")."""
-
-_SCATTER_WIDE = {"int8": "int32", "uint8": "int32", "bool": "int32", "bfloat16": "float32"}
-
-
-def _add_at(out: Any, index: Any, values: Any) -> None:
-    """Unbuffered `out[index] += values` (duplicates accumulate), on either module."""
-    m = _mod(out)
-    if m is np:
-        np.add.at(out, index, values)
-        return
-    import cupyx  # type: ignore[import-not-found]
-
-    name = dtypes.from_numpy(out.dtype)
-    if name in SCATTER_ADD_DTYPES:
-        cupyx.scatter_add(out, index, m.asarray(values, dtype=out.dtype))
-        return
-    wide = dtypes.to_numpy(_SCATTER_WIDE[name])
-    acc = out.astype(wide)
-    cupyx.scatter_add(acc, index, m.asarray(values).astype(wide))
-    out[...] = (acc != 0) if name == "bool" else acc.astype(out.dtype)
-
-
-def _open_grid(m: ModuleType, shape: Sequence[int]) -> list[Array]:
-    """`indices(shape, sparse=True)` spelled for any array module (CuPy's `indices` has no
-    `sparse`): one arange per axis, shaped to broadcast against the others."""
-    n = len(shape)
-    return [m.arange(d).reshape((1,) * k + (d,) + (1,) * (n - k - 1)) for k, d in enumerate(shape)]
 
 
 def _ufunc(name: str, fn: Callable[..., Any]) -> None:
@@ -443,9 +409,9 @@ def _gather(x: Array, idx: Array, axis: int) -> Array:
 @kernel("scatter_add")
 def _scatter_add(x: Array, idx: Array, src: Array, axis: int) -> Array:
     out = x.copy()
-    grids = _open_grid(_mod(x), idx.shape)
+    grids = open_grid(_mod(x), idx.shape)
     grids[axis % x.ndim] = idx
-    _add_at(out, tuple(grids), src)
+    add_at(out, tuple(grids), src)
     return out
 
 
@@ -459,7 +425,7 @@ def _index_add(g: Array, idx: Array, axis: int, size: int) -> Array:
     shape = (*g.shape[:axis], size, *g.shape[axis + idx.ndim :])
     out = _mod(g).zeros(shape, dtype=g.dtype)
     flat_g = g.reshape((*g.shape[:axis], idx.size, *g.shape[axis + idx.ndim :]))
-    _add_at(out, (slice(None),) * axis + (idx.reshape(-1),), flat_g)
+    add_at(out, (slice(None),) * axis + (idx.reshape(-1),), flat_g)
     return out
 
 
@@ -468,176 +434,10 @@ def _one_hot(idx: Array, num_classes: int, dtype: str) -> Array:
     return (idx[..., None] == _mod(idx).arange(num_classes)).astype(dtypes.to_numpy(dtype))
 
 
-# --- convolution and pooling ------------------------------------------------------------
-
-
-def _pair(v: Pair) -> tuple[int, ...]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-def _windows(
-    x: Array, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, oh: int, ow: int
-) -> Array:
-    """A strided view (N, C, OH, OW, KH, KW) over a padded input: im2col without copying."""
-    n, c = x.shape[:2]
-    s = x.strides
-    m = _mod(x)
-    writeable = {"writeable": False} if m is np else {}
-    return m.lib.stride_tricks.as_strided(
-        x,
-        shape=(n, c, oh, ow, kh, kw),
-        strides=(s[0], s[1], s[2] * sh, s[3] * sw, s[2] * dh, s[3] * dw),
-        **writeable,
-    )
-
-
-def _conv_geometry(
-    x_shape: Sequence[int], w_shape: Sequence[int], stride: Pair, padding: Pair, dilation: Pair
-) -> tuple[int, ...]:
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
-    kh, kw = w_shape[2:]
-    oh = (x_shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    ow = (x_shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    return sh, sw, ph, pw, dh, dw, kh, kw, oh, ow
-
-
-@kernel("conv2d")
-def _conv2d(x: Array, w: Array, stride: Pair, padding: Pair, dilation: Pair, groups: int) -> Array:
-    sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
-        x.shape, w.shape, stride, padding, dilation
-    )
-    dt = np.result_type(x, w)
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-    cols = _windows(_contig(xp), kh, kw, sh, sw, dh, dw, oh, ow)
-    n, c = x.shape[:2]
-    o = w.shape[0]
-    cg, og = c // groups, o // groups
-    cols = cols.reshape(n, groups, cg, oh, ow, kh, kw)
-    wg = w.reshape(groups, og, cg, kh, kw)
-    out = np.einsum("ngchwij,gocij->ngohw", cols, wg, optimize=True)
-    return _contig(out.reshape(n, o, oh, ow), dtype=dt)
-
-
-@kernel("conv2d_grad_input")
-def _conv2d_grad_input(
-    g: Array,
-    w: Array,
-    input_shape: Sequence[int],
-    stride: Pair,
-    padding: Pair,
-    dilation: Pair,
-    groups: int,
-) -> Array:
-    sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
-        input_shape, w.shape, stride, padding, dilation
-    )
-    n, c, h, wd = input_shape
-    o = w.shape[0]
-    cg, og = c // groups, o // groups
-    gg = g.reshape(n, groups, og, oh, ow)
-    wg = w.reshape(groups, og, cg, kh, kw)
-    # contribution of every (output position, kernel tap) to the padded input
-    contrib = np.einsum("ngohw,gocij->ngchwij", gg, wg, optimize=True)
-    dxp = _mod(g).zeros((n, groups, cg, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            dxp[
-                ...,
-                i * dh : i * dh + sh * (oh - 1) + 1 : sh,
-                j * dw : j * dw + sw * (ow - 1) + 1 : sw,
-            ] += contrib[..., i, j]
-    dx = dxp[..., ph : ph + h, pw : pw + wd]
-    return _contig(dx.reshape(n, c, h, wd))
-
-
-@kernel("conv2d_grad_weight")
-def _conv2d_grad_weight(
-    x: Array,
-    g: Array,
-    weight_shape: Sequence[int],
-    stride: Pair,
-    padding: Pair,
-    dilation: Pair,
-    groups: int,
-) -> Array:
-    sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
-        x.shape, weight_shape, stride, padding, dilation
-    )
-    n, c = x.shape[:2]
-    o = weight_shape[0]
-    cg, og = c // groups, o // groups
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-    cols = _windows(_contig(xp), kh, kw, sh, sw, dh, dw, oh, ow).reshape(
-        n, groups, cg, oh, ow, kh, kw
-    )
-    gg = g.reshape(n, groups, og, oh, ow)
-    dw_ = np.einsum("ngchwij,ngohw->gocij", cols, gg, optimize=True)
-    return _contig(dw_.reshape(weight_shape), dtype=g.dtype)
-
-
-def _lowest(dtype: np.dtype[Any]) -> float:
-    """The max-pool padding value: -inf, or the smallest value an integer dtype holds."""
-    if dtype.kind in "iu":
-        return np.iinfo(dtype).min
-    return False if dtype.kind == "b" else -np.inf
-
-
-def _pool_setup(
-    x: Array, attrs: Mapping[str, Any], fill: float
-) -> tuple[Array, int, int, int, int, int, int, int, int]:
-    (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
-    oh = (x.shape[2] + 2 * ph - kh) // sh + 1
-    ow = (x.shape[3] + 2 * pw - kw) // sw + 1
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill) if ph or pw else x
-    return _contig(xp), kh, kw, sh, sw, ph, pw, oh, ow
-
-
-@kernel("max_pool2d")
-def _max_pool2d(x: Array, **attrs: Pair | None) -> Array:
-    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
-    win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
-    return _contig(win.max(axis=(4, 5)), dtype=x.dtype)
-
-
-@kernel("max_pool2d_backward")
-def _max_pool2d_backward(x: Array, g: Array, **attrs: Pair | None) -> Array:
-    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, _lowest(x.dtype))
-    win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
-    n, c = x.shape[:2]
-    arg = win.reshape(n, c, oh, ow, kh * kw).argmax(axis=-1)
-    ii, jj = np.divmod(arg, kw)
-    rows = _mod(g).arange(oh)[:, None] * sh + ii
-    cols = _mod(g).arange(ow)[None, :] * sw + jj
-    dxp = _mod(g).zeros(xp.shape, dtype=g.dtype)
-    nn_, cc = _open_grid(_mod(g), (n, c))
-    _add_at(dxp, (nn_[..., None, None], cc[..., None, None], rows, cols), g)
-    return _contig(dxp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]])
-
-
-@kernel("avg_pool2d")
-def _avg_pool2d(x: Array, **attrs: Pair | None) -> Array:
-    xp, kh, kw, sh, sw, ph, pw, oh, ow = _pool_setup(x, attrs, 0)
-    win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
-    return _contig(win.mean(axis=(4, 5)), dtype=x.dtype)
-
-
-@kernel("avg_pool2d_backward")
-def _avg_pool2d_backward(g: Array, input_shape: Sequence[int], **attrs: Pair | None) -> Array:
-    (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
-    n, c, h, w = input_shape
-    oh, ow = g.shape[2:]
-    dxp = _mod(g).zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=g.dtype)
-    share = g / (kh * kw)
-    for i in range(kh):
-        for j in range(kw):
-            dxp[:, :, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += share
-    return _contig(dxp[:, :, ph : ph + h, pw : pw + w])
-
-
 # --- randomness -------------------------------------------------------------------------
 
 
-def _mix32(x: Array) -> Array:
+def mix32(x: Array) -> Array:
     """The 32-bit finaliser of the documented draw, on either array module (uint32 wraps)."""
     x = x.astype(np.uint32)
     x ^= x >> np.uint32(16)
@@ -659,9 +459,9 @@ def uniform_bits(key: Any, n: int, stream: int, xp: Any = np) -> Any:
     lo = (k & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     hi = (k >> np.uint64(32)).astype(np.uint32)
     with np.errstate(over="ignore"):
-        salt = _mix32(hi.reshape(1) + np.uint32((0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF))
-        seed = _mix32(lo.reshape(1) ^ salt)
-        h = _mix32(xp.arange(n, dtype=np.uint32) ^ seed)
+        salt = mix32(hi.reshape(1) + np.uint32((0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF))
+        seed = mix32(lo.reshape(1) ^ salt)
+        h = mix32(xp.arange(n, dtype=np.uint32) ^ seed)
     return (h >> np.uint32(8)).astype(np.float64) * 2.0**-24
 
 

@@ -17,7 +17,8 @@ import pyopencl as cl
 
 from ...protocol import dtypes
 from ...protocol.ops_nn import pool_params
-from .numpy_kernels import Pair, _conv_geometry, _mix32
+from .numpy_conv_kernels import Pair, conv_geometry
+from .numpy_kernels import mix32
 from .opencl_arrays import CLArray, View, view
 from .opencl_ops import defs
 
@@ -114,7 +115,7 @@ def _conv_kernels(be: OpenCLBackend) -> dict[str, Callable[..., CLArray]]:
         x_shape: Sequence[int], w_shape: Sequence[int], o: int, stride: Pair, padding: Pair,
         dilation: Pair, groups: int,
     ) -> tuple[tuple[int, ...], tuple[int, int]]:  # fmt: skip
-        sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = _conv_geometry(
+        sh, sw, ph, pw, dh, dw, kh, kw, oh, ow = conv_geometry(
             x_shape, w_shape, stride, padding, dilation
         )
         n, c, h, wd = x_shape
@@ -390,8 +391,8 @@ def _uniform(be: OpenCLBackend) -> Callable[..., CLArray]:
         dt = dtypes.normalize(dtype)
         k = int(be.to_numpy(key)) & 0xFFFFFFFFFFFFFFFF
         with np.errstate(over="ignore"):
-            salt = _mix32(np.asarray([((k >> 32) + 0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF]))
-            seed = int(_mix32(np.asarray([k & 0xFFFFFFFF], np.uint32) ^ salt)[0])
+            salt = mix32(np.asarray([((k >> 32) + 0x9E3779B9 * (stream + 1)) & 0xFFFFFFFF]))
+            seed = int(mix32(np.asarray([k & 0xFFFFFFFF], np.uint32) ^ salt)[0])
         out = be.empty(tuple(shape), dtypes.to_numpy(dt))
         if out.size:
             acc = "float64" if be.fp64 else "float32"
