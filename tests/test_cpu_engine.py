@@ -175,8 +175,12 @@ def test_weight_gradients_as_one_gemm_agree_with_the_unrewritten_plan() -> None:
     for a, b in zip(got, want):
         assert a.shape == b.shape and a.dtype == b.dtype
         if a.dtype.kind == "f":
+            # The merged GEMM sums in another order (float32 rounding, ~1e-7 relative per
+            # gradient), and Adam's first step divides each gradient by its own size, so a
+            # bias whose gradient is near Adam's eps carries that rounding into its update:
+            # 4e-6 relative measured (NumPy 2.x's OpenBLAS); a wrong merge is off by O(1).
             scale = max(float(np.linalg.norm(b.astype(np.float64))), 1e-30)
-            assert float(np.linalg.norm((a - b).astype(np.float64))) <= 1e-6 * scale
+            assert float(np.linalg.norm((a - b).astype(np.float64))) <= 2e-5 * scale
         else:
             assert np.array_equal(a, b)
 
