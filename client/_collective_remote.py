@@ -21,6 +21,10 @@ from ._recorder import OpFailed
 
 
 class RemoteImpl:
+    """A collective group over RemoteDevices, one rank per server: sets the group up on every
+    server (GroupSetup, then GroupStart with "nccl" when every rank is CUDA, else "ring") and
+    raises a GroupError naming the first rank that failed, after closing what was set up."""
+
     def __init__(self, group: Any) -> None:
         from ._remote import RemoteDevice
 
@@ -67,6 +71,8 @@ class RemoteImpl:
         return replies
 
     def close(self) -> None:
+        """Tell every rank's server that the group is over (GroupClose, queued and sent without
+        waiting), skipping devices whose connection is already gone; the servers free its links."""
         for d in self.devices:
             rt = d._rt
             if rt.failed:

@@ -206,6 +206,9 @@ class Compiled:
         return functools.partial(self._invoke, obj)
 
     def stats(self) -> dict[str, int]:
+        """``recordings`` (calls that ran the Python function to record a step), ``replays`` (calls
+        that sent a captured step instead) and ``captures`` (shapes captured now, at most
+        max_captures): a replay count that stays at 0 means the step is recorded every call."""
         return {
             "recordings": self.recordings,
             "replays": self.replays,

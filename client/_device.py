@@ -50,6 +50,8 @@ class LocalRuntime:
             self.accounting = Accounting(spec)
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
+        """Convert ``array`` to the backend's form (a device copy on GPU) and hold it as
+        ``tensor_id``, replacing any tensor held under that id; counted by the memory pool."""
         self.drop((tensor_id,))
         arr = self.backend.from_numpy(array)
         if self.memory is not None:
@@ -59,6 +61,9 @@ class LocalRuntime:
         self.store[tensor_id] = arr
 
     def execute(self, capture: Any) -> None:
+        """Run a captured graph now, in this thread: the plan is compiled once per digest and
+        replayed after. Donated and in-place inputs give their memory to the graph. Raises OpFailed
+        naming the failing op and the user's line that recorded it."""
         ex = self.executor
         plan = ex.plan(capture.digest) or ex.register(capture.digest, capture.graph)
         store = self.store
@@ -79,6 +84,8 @@ class LocalRuntime:
                 self.accounting.add(a.nbytes)
 
     def read(self, tensor_id: int) -> np.ndarray:
+        """A NumPy array of the tensor (a copy when pooled, since the pool reuses a dropped block).
+        Raises KeyError for an id this runtime does not hold."""
         arr = self.backend.to_numpy(self.store[tensor_id])
         # A pool block is reused once its tensor is dropped: hand out a copy, not a view.
         return np.array(arr, copy=True) if self.memory is not None else arr
@@ -105,6 +112,8 @@ class LocalRuntime:
         return self.backend.memory_stats()
 
     def stats(self) -> dict[str, int]:
+        """``graphs_registered`` (compiled plans), ``replays`` (graphs run from a cached plan) and
+        ``tensors`` (held now): what `Device.stats()` shows for a local device."""
         return {
             "graphs_registered": self.executor.compiled,
             "replays": self.executor.replays,

@@ -118,11 +118,17 @@ class GradientReducer:
         """id of a backward root -> its value combined across replicas."""
 
     def before(self, root: Tensor) -> None:
+        """Called as ``backward(root)`` starts: set aside the gradients already accumulated, so that
+        only this backward's own contribution is reduced across replicas."""
         self.stash = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
 
     def after(self, root: Tensor) -> None:
+        """Called when ``backward(root)`` is done: all-reduce this backward's fresh gradients across
+        the replicas, weighted by this rank's share of the batch (with a scalar float loss
+        alongside, kept in ``losses``), then add them back onto the gradients set aside, as an
+        accumulating backward would."""
         with no_grad():
             fresh = [p for p in self.params if p.grad is not None]
             carry = root.size == 1 and root.dtype in REDUCED_FLOATS

@@ -41,6 +41,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
+        """True when no replica raised and none is dead: the step stands on every rank."""
         return not self.errors and not self.dead
 
 

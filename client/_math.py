@@ -39,6 +39,8 @@ class TensorMath:
         raise NotImplementedError
 
     def detach(self) -> Self:
+        """The same value cut from the autograd graph (no gradient flows back through it); the
+        tensor class defines it, as the math here only records ops."""
         raise NotImplementedError
 
     def __add__(self, o: Any) -> Self:

@@ -96,12 +96,35 @@ class Node:
 class Runtime(Protocol):
     """Where a device's tensors live; the recorder never looks inside."""
 
-    def upload(self, tensor_id: int, array: Any) -> None: ...
-    def execute(self, capture: Capture) -> None: ...
-    def read(self, tensor_id: int) -> Any: ...
-    def drop(self, ids: Sequence[int]) -> None: ...
-    def stats(self) -> Any: ...
-    def memory_stats(self) -> Any: ...
+    def upload(self, tensor_id: int, array: Any) -> None:
+        """Store a NumPy ``array`` under ``tensor_id`` (ids are the recorder's, never reused
+        while live); may return before the copy is done, but a later read sees it."""
+        ...
+
+    def execute(self, capture: Capture) -> None:
+        """Run a captured graph, storing its outputs under ``capture.output_ids``. May be
+        asynchronous: a failure then surfaces, as OpFailed naming the op, at a later read."""
+        ...
+
+    def read(self, tensor_id: int) -> Any:
+        """The tensor's value as a NumPy array, once everything it depends on has run.
+        Raises OpFailed when the graph that produced it failed."""
+        ...
+
+    def drop(self, ids: Sequence[int]) -> None:
+        """Free the tensors ``ids`` (no Tensor refers to them any more); unknown ids are
+        ignored, so a drop can race a failed graph."""
+        ...
+
+    def stats(self) -> Any:
+        """Counters of this runtime for `Device.stats()`: graphs registered, replays and
+        tensors held; a remote one adds messages and bytes each way, errors, resumes."""
+        ...
+
+    def memory_stats(self) -> Any:
+        """Reserved and in-use bytes and their peaks (a MemoryStats, a dict for a remote
+        device), as `Device.memory_stats()` returns them."""
+        ...
 
 
 class OpFailed(RuntimeError):
@@ -151,6 +174,9 @@ class Capture:
 
     @property
     def graph(self) -> Graph:
+        """The wire form of this capture (`protocol.graph.Graph`: input specs, nodes with relative
+        ids, outputs), built on first use and then kept: what a remote runtime registers, and what
+        `digest` hashes into the cache key."""
         if self._graph is None:
             in_specs, node_keys, outputs = self.key
             self._graph = Graph(
@@ -163,6 +189,8 @@ class Capture:
         return self._graph
 
     def where(self, node_index: int) -> tuple[str, int] | None:
+        """(file, line) of the user code that recorded node ``node_index``, or None for an index
+        outside the graph: how a failure reported by index is turned back into a source line."""
         return self.nodes[node_index].where if 0 <= node_index < len(self.nodes) else None
 
     def provenance(self) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
@@ -204,12 +232,18 @@ class Recorder:
             raise CAPTURING[0].log.foreign_device(self)
 
     def new_id(self) -> int:
+        """A fresh tensor id for this device (1, 2, ...: never reused in a process, so a late drop
+        cannot free a newer tensor)."""
         return next(self._ids)
 
     def retain(self, tensor_id: int) -> None:
+        """Count one more Tensor holding ``tensor_id``: held ids are kept as graph outputs, others
+        may be eliminated as dead code."""
         self.refs[tensor_id] = self.refs.get(tensor_id, 0) + 1
 
     def release(self, tensor_id: int) -> None:
+        """Count one Tensor fewer for ``tensor_id``; at zero the id is queued to be dropped on the
+        runtime at the next flush (or forgotten, if it was never computed)."""
         n = self.refs.get(tensor_id, 0) - 1
         if n > 0:
             self.refs[tensor_id] = n
@@ -222,6 +256,9 @@ class Recorder:
     def add(self, node: Node) -> None:
         # Flush before appending: every pending output already has its Tensor, so the ones
         # still referenced are kept as outputs.
+        """Record one op. Flushes first when MAX_PENDING_OPS are pending (outside `held`), so a long
+        loop without a sync still runs in bounded graphs. Inside a compiled step's capture, an op on
+        another device is refused (it would run once, not on every replay)."""
         if len(self.pending) >= MAX_PENDING_OPS and not self._held:
             self.flush()
         if CAPTURING:
@@ -247,6 +284,8 @@ class Recorder:
             self._held = False
 
     def upload(self, tensor_id: int, array: Any, spec: tuple) -> None:
+        """Send ``array`` to the runtime as ``tensor_id`` with ``spec`` (shape, dtype), and note it
+        in a compiled step's capture log, if one is recording."""
         if CAPTURING:
             self._refuse_if_foreign()
         self.runtime.upload(tensor_id, array)
@@ -401,6 +440,9 @@ class Recorder:
                     dev.flush()
 
     def read(self, tensor_id: int) -> Any:
+        """The NumPy value of ``tensor_id``: flushes pending ops (and those of collective partners,
+        which this one may wait on), then reads. Raises OpFailed with the op's error (and the line
+        that recorded it) when the tensor was never computed."""
         self.flush()
         if self.partners:
             self.flush_partners()

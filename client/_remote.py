@@ -68,6 +68,9 @@ class RemoteRuntime:
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
+        """Queue ``array`` for the server as ``tensor_id`` (serialised now: the caller may change the
+        array at once); sent with the next batch, or now when the batch is full. Raises RemoteError
+        when the connection is closed or failed for good."""
         with self.lock:
             proto = self.proto
             if proto.fatal is not None:
@@ -147,10 +150,15 @@ class RemoteRuntime:
             self._check()
 
     def drop(self, ids: Sequence[int]) -> None:
+        """Queue a free of ``ids`` on the server: they ride on the next message sent, so dropping
+        costs no round trip."""
         with self.lock:
             self.proto.drop(ids)
 
     def read(self, tensor_id: int) -> np.ndarray:
+        """The tensor's value as a new NumPy array: sends what is queued and waits (up to
+        BURN_REMOTE_WAIT_TIMEOUT) for the reply. Raises OpFailed when a graph it depends on failed
+        on the server, RemoteError when the server is gone or did not answer in time."""
         return self._call(m.Read, tensor_id)
 
     def read_item(self, tensor_id: int) -> float | int | bool:
@@ -230,6 +238,8 @@ class RemoteRuntime:
         return result
 
     def sync(self) -> None:
+        """Send everything queued and wait until the server has run it; raises the first error
+        (OpFailed, RemoteError) it reported."""
         self._call(m.Sync)
 
     def send(self) -> None:
@@ -237,21 +247,32 @@ class RemoteRuntime:
         self.link.kick()
 
     def memory_stats(self) -> dict[str, int]:
+        """The server session's memory as a dict (bytes in use and reserved, their peaks, tensors):
+        one round trip."""
         r = self._call(m.MemoryStats, 0, 0, 0, 0, 0, 0, 0)
         return {k: v for k, v in dataclasses.asdict(r).items() if k != "request_id"}
 
     def expose(self, tensor_id: int, peer_id: str) -> bytes:
+        """A 32-byte one-time token letting peer ``peer_id`` fetch this tensor's current value
+        straight from this server (server-to-server move, no bytes through this client)."""
         return self._call(m.Expose, tensor_id, peer_id).token
 
     def fetch(self, tensor_id: int, source_peer: str, token: bytes) -> None:
+        """Ask this server to pull ``source_peer``'s exposed tensor (``token`` from its `expose`)
+        and hold it as ``tensor_id``; the server finds the source itself. Queued: a failure comes
+        back with the next read."""
         with self.cond:
             self.proto.fetch(tensor_id, source_peer, token)
 
     def stats(self) -> dict[str, int]:
+        """This client's counters of the connection (``ClientProtocol.Counters``): messages and bytes
+        each way, graphs registered, replays, errors, transfers resumed."""
         with self.cond:
             return dataclasses.asdict(self.proto.counters)
 
     def close(self) -> None:
+        """Send what is queued and close the connection; every later call raises RemoteError at once
+        instead of waiting for a reply."""
         self.link.kick()
         self.link.close()
         with self.cond:  # every later call fails at once, never waits for a reply

@@ -187,6 +187,9 @@ class ClientProtocol:
         return self._batch_bytes
 
     def upload(self, tensor_id: int, array: np.ndarray) -> None:
+        """Queue an Upload of ``array`` as ``tensor_id``: inline in the control stream up to the
+        bulk threshold, else as a bulk transfer on a stream of its own. The bytes are copied now
+        (once), so the caller may change the array afterwards."""
         a = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         name = dtypes.from_numpy(a.dtype)
         n = a.nbytes
@@ -203,6 +206,9 @@ class ClientProtocol:
             self.pending_bytes += n
 
     def execute(self, capture: Any) -> None:
+        """Queue an ExecuteGraph for ``capture``, preceded by a RegisterGraph the first time this
+        session sends its digest; pending drops and donated inputs ride on it. Remembers the ops and
+        source lines under its request id, so a failure reported later names the user's line."""
         digest = self._digests.get(capture.digest)
         if digest is None:
             if len(self._digests) >= MAX_KNOWN_GRAPHS:
@@ -300,6 +306,8 @@ class ClientProtocol:
 
     # --- receiving (link) ---------------------------------------------------------------------
     def receive_control(self, frame: bytes) -> None:
+        """Decode one control-stream frame from the server and apply each message (replies, errors,
+        read headers). A frame that does not decode makes the session fatal, never half-applied."""
         self.counters.messages_received += 1
         self.counters.bytes_received += len(frame)
         try:
@@ -311,6 +319,8 @@ class ClientProtocol:
             self._on_message(msg)
 
     def receive_bulk(self, bulk_id: int, payload: Any) -> None:
+        """A bulk payload (a read's bytes) arrived on stream ``bulk_id``: completes its read when the
+        Data header came first, else is kept until it does."""
         self.counters.messages_received += 1
         self.counters.bytes_received += len(payload)
         header = self._data_waiting.pop(bulk_id, None)

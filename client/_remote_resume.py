@@ -40,6 +40,8 @@ class ClientSequencer:
         self.unacked: deque[tuple[int, bytes | memoryview]] = deque()
 
     def wrap(self, frame: bytes) -> bytes:
+        """``frame`` with the sequencing header (our next number, the last one we received), kept
+        until the server acknowledges it so a resumed session can send it again."""
         self.sent += 1
         out = wrap(self.sent, self.received, frame)
         self.unacked.append((self.sent, out))
@@ -57,6 +59,8 @@ class ClientSequencer:
         return out
 
     def acknowledge(self, ack: int) -> None:
+        """The server has everything up to ``ack``: forget those kept frames (they will not be sent
+        again on resume)."""
         while self.unacked and self.unacked[0][0] <= ack:
             self.unacked.popleft()
 
@@ -79,6 +83,9 @@ class ClientSequencer:
         return wrap(0, self.received, b"")
 
     def resume_frame(self, token: bytes) -> bytes:
+        """The first frame on a new connection: a Hello carrying the session's resume ``token`` and
+        the last sequence number we received (unnumbered itself), so the server replays what we
+        missed and tells us what it has."""
         return wrap(0, self.received, m.encode(m.Hello(m.PROTOCOL_VERSION, token)))
 
     def resumed(self, reply: bytes | None) -> list[bytes | memoryview]:

@@ -101,9 +101,13 @@ class ReplicaRuntime(LocalRuntime):
 
     # --- Runtime protocol -------------------------------------------------------------------
     def upload(self, tensor_id: int, array: Any) -> None:
+        """Queue the upload to the worker and return; waits only when MAX_QUEUED jobs are ahead."""
         self._put(lambda: LocalRuntime.upload(self, tensor_id, array))
 
     def execute(self, capture: Any) -> None:
+        """Queue the graph to the worker and return, so the caller can step the next rank before
+        this one reaches its collective. A failure (a GroupError for a failed collective) is raised
+        at the next read, sync or stats call."""
         from burn_remote.engine.collective import scope
 
         def run() -> None:
@@ -116,6 +120,8 @@ class ReplicaRuntime(LocalRuntime):
         self._put(run)
 
     def drop(self, ids: Sequence[int], into_graph: bool = False) -> None:
+        """Free ``ids``: at once from the worker itself (a graph's donated inputs), else queued after
+        the work that may still read them."""
         if threading.current_thread() is self._worker:  # from execute (donated inputs)
             LocalRuntime.drop(self, ids, into_graph)
         else:
@@ -123,6 +129,9 @@ class ReplicaRuntime(LocalRuntime):
             self._put(lambda: LocalRuntime.drop(self, ids, into_graph))
 
     def read(self, tensor_id: int) -> Any:
+        """The tensor's NumPy value once everything queued before it has run; raises the first failure
+        of queued work, or OpFailed for a tensor an earlier failed step never computed."""
+
         def get() -> Any:
             if tensor_id not in self.store:
                 raise OpFailed(f"tensor {tensor_id} was never computed (an earlier step failed)")
@@ -135,9 +144,11 @@ class ReplicaRuntime(LocalRuntime):
         self._call(lambda: None)
 
     def memory_stats(self) -> Any:
+        """`LocalRuntime.memory_stats` once the queued work has run (raising its first failure)."""
         return self._call(lambda: LocalRuntime.memory_stats(self))
 
     def stats(self) -> dict[str, int]:
+        """`LocalRuntime.stats` once the queued work has run (raising its first failure)."""
         return self._call(lambda: LocalRuntime.stats(self))
 
 
@@ -171,6 +182,8 @@ class ReplicaDevice(Device):
         raise TypeError(f"cannot pickle {self!r}: a replica lives only in this process")
 
     def sync(self) -> None:
+        """Run everything recorded and wait for this replica's worker to finish it; raises the first
+        failure of its queued work (a GroupError when a collective failed)."""
         super().sync()
         self._rec.runtime.wait()
 

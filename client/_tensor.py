@@ -108,9 +108,14 @@ class Builder:
         self.where = where
 
     def op(self, name: str, *inputs: Tensor, **attrs: Any) -> Any:
+        """Record op ``name`` on the builder's device, attributed to the user's line being
+        differentiated or decomposed (``where``), so an error in a gradient names that line. Returns
+        the output Tensor (a tuple for ops with several)."""
         return call(name, *inputs, _device=self.dev, _where=self.where, **attrs)
 
     def const(self, value: float | int | bool, dtype: str) -> Tensor:
+        """A scalar constant of ``dtype`` on the builder's device (recorded, not uploaded: it
+        becomes part of the graph's key)."""
         return const(self.dev, value, dtype, self.where)
 
 

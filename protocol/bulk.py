@@ -42,10 +42,12 @@ class BulkSend:
 
     @property
     def size(self) -> int:
+        """Bytes of the whole transfer."""
         return self.view.nbytes
 
     @property
     def done(self) -> bool:
+        """True once the receiver has acknowledged every byte (nothing to send again on resume)."""
         return self.acked >= self.size
 
     def header(self) -> bytes:
@@ -92,10 +94,12 @@ class BulkReceive:
 
     @property
     def size(self) -> int:
+        """Bytes of the whole transfer (the destination buffer's size)."""
         return int(self.buffer.size)
 
     @property
     def done(self) -> bool:
+        """True once every byte has been received into the buffer."""
         return self.received >= self.size
 
     def start(self, header: m.Bulk) -> bytes | None:

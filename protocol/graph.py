@@ -73,6 +73,8 @@ class Graph:
         )
 
     def digest(self) -> str:
+        """The sha256 (hex) of the graph's encoding: the name a server caches its compiled plan
+        under, so equal graphs from any client share one plan."""
         import hashlib
 
         return hashlib.sha256(self.encode()).hexdigest()

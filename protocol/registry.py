@@ -91,6 +91,8 @@ class OpDef:
 
     @property
     def primitive(self) -> bool:
+        """True for an op engines implement as a kernel (it has a shape rule); False for a
+        composite op, defined by its decomposition into other ops."""
         return self.decompose is None
 
     def shapes(self, inputs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:

@@ -71,9 +71,12 @@ class LlamaRMSNorm(Module):
         self.weight = weight
 
     def extra_repr(self) -> str:
+        """The weight's shape and ``eps``, as transformers prints them."""
         return f"{self.weight.shape}, eps={self.eps}"
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., hidden) normalised by its root mean square in float32 and cast back to its
+        dtype before the weight scales it (transformers' order, so bf16 numbers match)."""
         if x.dtype == "float32":
             return F.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x.cast("float32"), None, self.eps).cast(x.dtype) * self.weight
@@ -113,6 +116,7 @@ class LlamaAttention(Module):
         self.o_proj = _linear(src, f"{prefix}.o_proj", q_out, c.hidden, c.o_bias)
 
     def extra_repr(self) -> str:
+        """Query and key/value head counts, head size and the sliding window if any."""
         window = f", sliding_window={self.sliding_window}" if self.sliding_window else ""
         return f"heads={self.n_head}, kv_heads={self.n_kv_head}, head_dim={self.head_dim}{window}"
 
@@ -167,6 +171,8 @@ class LlamaMLP(Module):
         self.down_proj = _linear(src, f"{prefix}.down_proj", c.intermediate, c.hidden, c.mlp_bias)
 
     def act(self, x: Tensor) -> Tensor:
+        """The configured activation (``hidden_act``): SiLU for Llama, Qwen2 and Mistral; ReLU or
+        GELU (exact, or tanh for "gelu_new" and "gelu_pytorch_tanh") for configs that name them."""
         if self.activation == "silu":
             return F.silu(x)
         if self.activation == "relu":
@@ -174,6 +180,7 @@ class LlamaMLP(Module):
         return F.gelu(x, "tanh" if self.activation == "gelu_tanh" else "none")
 
     def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., hidden) through down(act(gate(x)) * up(x)): (..., hidden) out."""
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -197,6 +204,9 @@ class LlamaDecoderLayer(Module):
         mask: Tensor | None,
         cache: LayerCache | None = None,
     ) -> Tensor:
+        """``x`` (B, T, hidden) through the pre-norm residual block, same shape out; ``cos``/``sin``
+        are the rotary tables of its positions, ``mask`` the causal (or sliding) mask, ``cache`` a
+        generation step's view of the KV cache (then ``mask`` is None)."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -221,6 +231,9 @@ class LlamaModel(Module):
         self.windows = sorted(set(c.sliding_windows), key=lambda w: w or 0)
 
     def forward(self, ids: Tensor) -> Tensor:
+        """``ids`` (B, T) int64 to the final hidden states (B, T, hidden), after the last norm.
+        Recomputes each layer in the backward when gradient checkpointing is on and training.
+        Raises ValueError when T exceeds max_position_embeddings."""
         t = ids.shape[-1]
         if t > self.positions.shape[0]:
             raise ValueError(
@@ -347,4 +360,5 @@ class TiedHead(Module):
         object.__setattr__(self, "embedding", embedding)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Logits ``x @ E^T`` (..., vocab) from hidden states (..., hidden), E the token embedding."""
         return F.linear(x, self.embedding.weight)

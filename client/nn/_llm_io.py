@@ -82,18 +82,25 @@ class Checkpoint:
         self.nbytes = sum(p.stat().st_size for p in files)
 
     def names(self) -> set[str]:
+        """The names of every tensor in the checkpoint (all shards), from the headers alone."""
         return set(self._entries)
 
     def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor ``name`` as stored (from the header; no data read). KeyError if absent."""
         return self._entries[name][2]
 
     def dtype(self, name: str) -> str:
+        """Our dtype name of tensor ``name`` ("float32", "bfloat16", "float16"...). Raises
+        CheckpointError for a dtype that is not a float (a checkpoint of integers is not weights)."""
         path, code = self._entries[name][:2]
         if code not in _SAFETENSORS_DTYPES:
             raise CheckpointError(f"{path}: {name} is stored as {code}, not a float dtype")
         return _SAFETENSORS_DTYPES[code]
 
     def read(self, name: str) -> np.ndarray:
+        """Tensor ``name`` as a NumPy array in its stored dtype and shape, read with plain file I/O
+        (no mapping stays resident). Raises CheckpointError when its byte range does not match its
+        shape and dtype, or the file ends inside it."""
         path, _, shape, start, end = self._entries[name]
         dtype = dtypes.to_numpy(self.dtype(name))
         count = int(np.prod(shape))

@@ -47,10 +47,13 @@ class Op:
     value: Any = None
 
     def dtype(self, k: int = 0) -> str:
+        """Our dtype name of input ``k`` (the first by default): what a lowering casts from."""
         return self.in_specs[k][1]
 
     @property
     def out_dtype(self) -> str:
+        """Our dtype name of the first output: what a lowering must produce (casting back if ONNX
+        computed it in another type)."""
         return self.out_specs[0][1]
 
 
@@ -69,6 +72,8 @@ class Emitter:
         self._names: set[str] = set()
 
     def fresh(self, hint: str) -> str:
+        """A new value name ``<hint>_<n>``, never one already used or reserved: node outputs never
+        collide with the graph's inputs, outputs or initializers."""
         while True:
             self._count += 1
             name = f"{hint}_{self._count}"
@@ -77,6 +82,8 @@ class Emitter:
                 return name
 
     def reserve(self, name: str) -> None:
+        """Mark ``name`` as taken (a model input or output named by the user), so `fresh` never
+        hands it out."""
         self._names.add(name)
 
     def node(
@@ -90,6 +97,8 @@ class Emitter:
         return outs[0] if n_out == 1 else outs
 
     def initializer(self, name: str, array: np.ndarray) -> str:
+        """Add ``array`` as an initializer (a stored tensor of the model) under ``name`` exactly, and
+        return the name; use `const` for anonymous constants, which it shares by value."""
         self.reserve(name)
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         return name
@@ -106,9 +115,12 @@ class Emitter:
         return name
 
     def scalar(self, value: Any, dtype: str) -> str:
+        """A 0-d constant ``value`` of our ``dtype``, shared with any equal one; returns its name."""
         return self.const(np.asarray(value, dtype=dtypes.to_numpy(dtype)))
 
     def cast(self, name: str, src: str, dst: str) -> str:
+        """``name`` cast from our dtype ``src`` to ``dst`` (a Cast node), or ``name`` itself when
+        they are the same: no node is emitted for a no-op cast."""
         if src == dst:
             return name
         return self.node("Cast", [name], to=ONNX_DTYPES[dst])

@@ -77,6 +77,8 @@ class Axes:
 
     @property
     def symbols(self) -> list[str]:
+        """Every dynamic axis name, sorted, with a sum axis ("a + b") counted as its parts: the
+        names the exported graph's shapes are written in."""
         return sorted({p for axes in self.per_input for s in axes.values() for p in parts(s)})
 
     def sizes(self, arrays: Sequence[np.ndarray]) -> dict[str, int]:

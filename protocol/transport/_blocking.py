@@ -239,6 +239,8 @@ class BlockingConnection:
 
     @property
     def is_closed(self) -> bool:
+        """True once the connection failed or is being closed: nothing more goes through it;
+        `close_reason` says why it ended."""
         return self._error is not None or self._stopping
 
     @property
