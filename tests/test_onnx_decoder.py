@@ -132,3 +132,31 @@ def test_no_cache_export_runs_at_other_batch_sizes_and_lengths(models, name, tmp
 def test_decoder_export_refuses_a_model_without_a_cache_forward(tmp_path):
     with pytest.raises(ExportError, match="no forward_cached"):
         export_decoder(nn.Linear(3, 2), tmp_path / "x.onnx")
+
+
+def test_an_axis_named_as_a_sum_grows_with_its_parts(tmp_path):
+    """dynamic_axes may name an axis "a + b" (as long as axes a and b together): it is
+    traced growing with its parts, named so in the file, and sized at run time from them."""
+    from burn_remote import functional as F
+
+    def fn(x, y, z):  # type: ignore[no-untyped-def]
+        return F.cat([x, y], axis=1) * z
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(2, 3)).astype(np.float32), rng.normal(size=(2, 4)).astype(np.float32)
+    z = rng.normal(size=(2, 7)).astype(np.float32)
+    axes = {0: {1: "a"}, 1: {1: "b"}, 2: {1: "a + b"}}
+    path = export(fn, (x, y, z), tmp_path / "sum.onnx", dynamic_axes=axes)
+    proto = onnx.load(str(path))
+    dims = proto.graph.input[2].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == [2, "a + b"]
+    sess = _session(path)
+    for a, b in ((3, 4), (1, 9), (5, 1)):
+        xs = [rng.normal(size=(2, n)).astype(np.float32) for n in (a, b, a + b)]
+        want = fn(*[Device.cpu().tensor(v) for v in xs]).numpy()
+        got = sess.run(None, dict(zip(["input_0", "input_1", "input_2"], xs)))[0]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(ExportError, match="not the sum of its parts"):
+        export(fn, (x, y, z[:, :6]), tmp_path / "bad.onnx", dynamic_axes=axes)
+    with pytest.raises(ExportError, match="'c' is no other input's axis"):
+        export(fn, (x, y, z), tmp_path / "bad.onnx", dynamic_axes={0: {1: "a"}, 2: {1: "a + c"}})

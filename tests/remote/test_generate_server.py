@@ -1,10 +1,15 @@
 """`generate` against a real `burn-remote serve`, server side: the session's memory quota
 covers the KV cache (a cache that does not fit is refused by name before the prefill), and
-two clients generating at once on one server each make progress (their tokens interleave)."""
+two client processes generating at once on one server each make progress (their tokens
+interleave)."""
 
 from __future__ import annotations
 
-import threading
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,65 +60,42 @@ def test_a_cache_over_the_session_quota_is_refused_by_name_before_the_prefill(sp
     dev.close()
 
 
-class _Arrivals:
-    """A streamer per client writing (client, tokens so far) to one shared, ordered log."""
-
-    def __init__(self) -> None:
-        self.log: list[str] = []
-        self.lock = threading.Lock()
-
-    def streamer(self, name: str):  # type: ignore[no-untyped-def]
-        arrivals = self
-
-        class Streamer:
-            def __init__(self) -> None:
-                self.prompt_seen = False
-
-            def put(self, ids: np.ndarray) -> None:
-                if not self.prompt_seen:  # the first put is the prompt
-                    self.prompt_seen = True
-                    return
-                with arrivals.lock:
-                    arrivals.log.append(name)
-
-            def end(self) -> None:
-                pass
-
-        return Streamer()
+def _client(server, tmp_path, directory, name: str, fd: int, new: int, seed: int):  # type: ignore[no-untyped-def]
+    script = Path(__file__).with_name("generate_client.py")
+    args = [server.target, str(tmp_path / f"key-{name}"), str(directory), name, str(fd)]
+    return subprocess.Popen(
+        [sys.executable, str(script), *args, str(new), str(seed)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd,),
+    )  # fmt: skip
 
 
 def test_two_clients_generating_on_one_server_both_make_progress(server, tmp_path):
-    """Each client's tokens arrive while the other's generation is under way: the merged
-    order of arrivals is not one whole generation and then the other."""
+    """Two client processes (two peers, two sessions) start generating at once; each
+    writes a line per token to one shared pipe as it arrives. Each client's tokens arrive
+    while the other's generation is under way: the pipe's order is not one whole generation
+    and then the other."""
     directory = _model_dir(tmp_path)
-    new = 384
-    names = ("a", "b")
-    devs = [RemoteDevice(server.target, key=tmp_path / f"key-{n}") for n in names]
-    models = [nn.GPT.from_pretrained(directory, device=d) for d in devs]
-    prompts = [_prompt(1, 16, seed=7), _prompt(1, 16, seed=8)]
-    for model, prompt in zip(models, prompts):  # graphs registered, sessions warm
-        model.generate(prompt, 8, eos_token_id=None)
-    arrivals = _Arrivals()
-    start = threading.Barrier(2)
-    results: dict[str, np.ndarray] = {}
-    errors: list[BaseException] = []
-
-    def client(name: str, model, prompt) -> None:  # type: ignore[no-untyped-def]
-        try:
-            start.wait(timeout=60)
-            results[name] = model.generate(
-                prompt, new, eos_token_id=None, streamer=arrivals.streamer(name)
-            )
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=client, args=a) for a in zip(names, models, prompts)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not errors, errors
-    log = arrivals.log
+    new, names, seeds = 384, ("a", "b"), (7, 8)
+    read_fd, write_fd = os.pipe()
+    clients = [
+        _client(server, tmp_path, directory, n, write_fd, new, s) for n, s in zip(names, seeds)
+    ]
+    os.close(write_fd)  # the pipe ends when both clients have exited
+    try:
+        for c in clients:  # loaded and warm: what follows is the two generations only
+            assert c.stdout is not None and c.stdin is not None
+            assert c.stdout.readline().strip() == "ready"
+        for c in clients:
+            c.stdin.write("go\n")
+            c.stdin.flush()
+        with os.fdopen(read_fd, "rb") as pipe:
+            log = pipe.read().decode().split()
+        outs = [c.communicate(timeout=300)[0] for c in clients]
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+    assert [c.returncode for c in clients] == [0, 0]
     assert sorted(log) == ["a"] * new + ["b"] * new
     first = {n: log.index(n) for n in names}
     last = {n: len(log) - 1 - log[::-1].index(n) for n in names}
@@ -122,8 +104,8 @@ def test_two_clients_generating_on_one_server_both_make_progress(server, tmp_pat
     switches = sum(x != y for x, y in zip(log, log[1:]))
     assert switches >= 4, "".join(log)
     # and each got its own tokens: those of the same generation on the local CPU
-    for name, prompt in zip(names, prompts):
-        local = nn.GPT.from_pretrained(directory, device=Device.cpu())
-        np.testing.assert_array_equal(results[name], local.generate(prompt, new, eos_token_id=None))
-    for d in devs:
-        d.close()
+    local = nn.GPT.from_pretrained(directory, device=Device.cpu())
+    for out, seed in zip(outs, seeds):
+        prompt = np.random.default_rng(seed).integers(1, CFG.vocab, (1, 16))
+        got = np.array(json.loads(out.strip().splitlines()[-1]))
+        np.testing.assert_array_equal(got, local.generate(prompt, new, eos_token_id=None))
