@@ -14,6 +14,7 @@ import logging
 import math
 import secrets
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +31,8 @@ from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._state import LimitExceeded, ServerState, nbytes_of, pop_all, replacement_cost
 
 log = logging.getLogger("burn_remote.server")
+
+_perf = time.perf_counter
 
 RESUME_TOKEN_BYTES = 16
 """Random bytes of a resume token (128 bits): unguessable, and bound to the peer id too."""
@@ -314,9 +317,13 @@ class Session:
         kind, key = self.waiting
         return key in (self.bulk_in if kind == "bulk" else self.fetched)
 
-    def step(self, now: float, place: Place | None = None) -> list[Output]:
+    def step(
+        self, now: float, place: Place | None = None, slice_s: float | None = None
+    ) -> list[Output]:
         """Run queued messages until done, blocked on a bulk payload or a fetch, or (with
         ``place``) at a message that must run elsewhere; ``now`` is the caller's clock.
+        With ``slice_s`` it also stops, after one message at least, once that many seconds
+        have passed (the engine's fair turn, ``_fair.SLICE``).
 
         Per message: one handler lookup, one ``inline`` question (only with ``place``), the
         handler; a message answered with nothing (Upload, ExecuteGraph, Drop) costs no
@@ -330,12 +337,19 @@ class Session:
         budget = INLINE_BUDGET
         queue, handlers = self.queue, HANDLERS
         runs = place is not Place.JOBS and self.greeted
+        ends = None if slice_s is None else _perf() + slice_s
+        first = True
         while queue and not self.closed:
+            if ends is not None:
+                if not first and _perf() >= ends:
+                    break
+                first = False
             msg = queue[0]
             if self.waiting is not None and not self.ready():
                 break
             if runs and not self.run_skip and not self.stalled and type(msg) in _RUN_STARTS:
-                done, spent, failed, exc = replay_run(self, budget if place is Place.LOOP else None)
+                left = None if ends is None else max(0.0, ends - _perf())
+                done, spent, failed, exc = replay_run(self, budget if place is Place.LOOP else left)
                 if done:
                     budget -= spent
                     self.waiting = None

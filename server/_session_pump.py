@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from contextlib import suppress
 from typing import Any
@@ -16,6 +17,7 @@ from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, parse_header
 from ..protocol.sequencing import unwrap
 from ..protocol.transport import Connection, Endpoint, FrameStream, FrameTooLarge, TransportError
+from ._fair import SESSION_WEIGHT, SLICE, Ticket
 from ._fetch import FETCH_TIMEOUT, DialRefused, fetch_from
 from ._replies import Failure, Place, SendBulk, StartFetch
 from ._resume import SequencedControl
@@ -188,21 +190,53 @@ class SessionPump:
             await self._emit([out for out in stash if out is not _WAKE_ONLY])
         if frame is not None and frame is not _KICKED:
             session.feed_control(frame)
-        while True:
-            place = session.next_place()
-            now = trio.current_time()
-            if place is Place.LOOP:
-                outs = session.step(now, place)
-            else:
-                outs = await trio.to_thread.run_sync(
-                    session.step, now, place, limiter=_limiter(place)
-                )
-            await self._emit(outs)
-            if session.closed or not session.queue:
-                return
-            if session.ready():
-                continue  # stopped where the next message must run elsewhere
-            await self._wait_ready()
+        fair, turn = session.state.fair, None
+        try:
+            while True:
+                place = session.next_place()
+                now = trio.current_time()
+                if place is Place.LOOP:
+                    outs = session.step(now, place)
+                elif place is Place.ENGINE and not session.groups:
+                    # a fair turn (``_fair``); a group's graphs wait on their other ranks
+                    if turn is None:
+                        turn = fair.ask(session.peer_id, "session", SESSION_WEIGHT)
+                    await fair.wait(turn)
+                    outs, turn = await trio.to_thread.run_sync(
+                        self._engine_turn, turn, now, limiter=_limiter(place)
+                    )
+                else:
+                    if turn is not None:  # a job's long poll holds no engine turn
+                        fair.cancel(turn)
+                        turn = None
+                    outs = await trio.to_thread.run_sync(
+                        session.step, now, place, limiter=_limiter(place)
+                    )
+                await self._emit(outs)
+                if session.closed or not session.queue:
+                    return
+                if session.ready():
+                    continue  # stopped where the next message must run elsewhere
+                if turn is not None:  # no holding a place in the queue while waiting
+                    fair.cancel(turn)
+                    turn = None
+                await self._wait_ready()
+        finally:
+            if turn is not None:
+                fair.cancel(turn)
+
+    def _engine_turn(self, turn: Ticket, now: float) -> tuple[list[Any], Ticket | None]:
+        """One fair turn on an engine worker: at most a SLICE of the session's messages,
+        charged its time; the next turn is asked for at once while work is left."""
+        session = self.session
+        start = time.perf_counter()
+        try:
+            outs = session.step(now, Place.ENGINE, SLICE)
+        except BaseException:
+            session.state.fair.finish(turn, time.perf_counter() - start)
+            raise
+        more = bool(session.queue) and not session.closed and session.ready()
+        return outs, session.state.fair.finish(turn, time.perf_counter() - start, more)
 
     async def _emit(self, outs: list[Any]) -> None:
         for out in outs:

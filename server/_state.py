@@ -22,6 +22,7 @@ from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
+from ._fair import FairShare
 from ._footprint import footprint, output_bytes, plan_bytes
 from ._peers import PeerDirectory
 
@@ -160,6 +161,8 @@ class ServerState:
         self.peers = PeerDirectory()
         """Where this server may dial other servers (``serve --peer``, its address book;
         ``_peers.dial_peer``): never an address a client sent."""
+        self.fair = FairShare()
+        """The engine's turns, shared fairly by peers and jobs (``_fair``)."""
         self._ids = itertools.count(1)
         self._dials: dict[str, list[float]] = {}
         """peer -> times of the recent dials of other servers it caused (``allow_dial``)."""
@@ -275,6 +278,8 @@ class ServerState:
             last = session is not None and not any(
                 other.peer_id == peer for other in self.sessions.values()
             )
+        if last:
+            self.fair.forget(peer)
         if last and self.jobs is not None:  # its half uploads cannot resume: remove them
             self.jobs.store.drop_uploads(peer)
 

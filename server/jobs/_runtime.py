@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...engine.executor import ExecutionError
+from .._fair import JOB_WEIGHT
 from .._state import ServerState, pop_all, replacement_cost
 
 
@@ -51,7 +52,9 @@ class JobRuntime:
         donated = [*capture.donated, *capture.inplace]  # in place: the graph takes them
         self.drop([capture.input_ids[k] for k in donated])
         try:
-            outs = state.run(plan, inputs, capture.values, donated)
+            outs = state.fair.run(  # a fair turn, below sessions (``_fair``)
+                self.owner, "job", JOB_WEIGHT, state.run, plan, inputs, capture.values, donated
+            )
         except ExecutionError as exc:
             raise op_failure(capture.where(exc.node), exc.op, str(exc)) from exc
         self._keep(list(zip(capture.output_ids, outs)))
@@ -68,6 +71,7 @@ class JobRuntime:
     def release(self) -> None:
         """The job ended: everything it held goes back to the ledger."""
         self.drop(tuple(self.store))
+        self.state.fair.forget(self.owner)
 
     def stats(self) -> dict[str, int]:
         return {"tensors": len(self.store), "bytes": self.nbytes, "peak": self.peak}
