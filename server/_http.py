@@ -111,11 +111,51 @@ class _Collector:
                 "1 while the job runner waits out a storage error (full disk).",
                 1 if jobs["storage_error"] else 0,
             )
+        yield from _engine_families(snap["engine"])
         errors = CounterMetricFamily("burn_remote_errors", "Errors by kind.", labels=["kind"])
         for kind, n in sorted(snap["errors"].items()):
             errors.add_metric([kind], n)
         yield errors
         yield gauge("uptime_seconds", "Seconds since the server started.", snap["uptime_s"])
+
+
+def _engine_families(engine: dict[str, Any]) -> Iterator[Any]:
+    """The engine's fair turns (``_fair.FairShare.shares``): per flow (a peer's sessions, or
+    a job) its weight, engine seconds and turns used, turns waiting, and recent share."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    yield GaugeMetricFamily(
+        "burn_remote_engine_slots", "Engine turns that run at once.", value=engine["slots"]
+    )
+    yield GaugeMetricFamily(
+        "burn_remote_engine_busy", "Engine turns running now.", value=engine["busy"]
+    )
+    labels = ["flow", "kind"]
+    families: dict[str, Any] = {
+        "seconds": CounterMetricFamily(
+            "burn_remote_engine_seconds", "Engine seconds used, by flow.", labels=labels
+        ),
+        "turns": CounterMetricFamily(
+            "burn_remote_engine_turns", "Engine turns run, by flow.", labels=labels
+        ),
+        "waiting": GaugeMetricFamily(
+            "burn_remote_engine_waiting", "Engine turns waiting now, by flow.", labels=labels
+        ),
+        "share": GaugeMetricFamily(
+            "burn_remote_engine_share",
+            "Part of the engine time used lately (10 s half-life), by flow.",
+            labels=labels,
+        ),
+        "weight": GaugeMetricFamily(
+            "burn_remote_engine_weight",
+            "A flow's weight in the fair queue (sessions 1, jobs less).",
+            labels=labels,
+        ),
+    }
+    for flow in engine["flows"]:
+        for key, family in families.items():
+            family.add_metric([flow["flow"], flow["kind"]], flow[key])
+    yield from families.values()
 
 
 class _RelayCollector:

@@ -108,6 +108,7 @@ def snapshot(state: Any, now: float) -> dict[str, Any]:
         },
         "traffic": counters,
         "jobs": jobs(state),
+        "engine": state.fair.shares(),
         "errors": errors,
         "limits": {
             "max_sessions": state.limits.max_sessions,
@@ -117,4 +118,22 @@ def snapshot(state: Any, now: float) -> dict[str, Any]:
     }
 
 
-__all__ = ["HEALTH_STALL", "health", "jobs", "memory", "snapshot"]
+def engine_lines(engine: dict[str, Any] | None) -> list[str]:
+    """``burn-remote status``'s lines on the engine's fair turns (none for an older server
+    that does not report them)."""
+    if not engine:
+        return []
+    lines = [
+        f"engine: {engine['busy']}/{engine['slots']} turns running, "
+        f"turns of {engine['slice_s'] * 1000:.0f} ms"
+    ]
+    for f in engine["flows"]:
+        who = f["flow"] if f["kind"] == "job" else f"peer {f['flow'][:12]}..."
+        lines.append(
+            f"  {who}  weight {f['weight']:g}  share {f['share']:.0%}  "
+            f"{f['seconds']:.1f} s in {f['turns']} turns  {f['waiting']} waiting"
+        )
+    return lines
+
+
+__all__ = ["HEALTH_STALL", "engine_lines", "health", "jobs", "memory", "snapshot"]

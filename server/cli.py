@@ -98,6 +98,8 @@ def format_status(info: dict) -> str:
     """The human form of a ServerStatus answer."""
     from burn_remote.engine.memory import fmt_bytes
 
+    from ._status import engine_lines
+
     mem, cache, traffic = info["memory"], info["plan_cache"], info["traffic"]
     lines = [
         f"server {info['peer_id']} on {info['device']}, up {info['uptime_s']:.0f} s",
@@ -130,6 +132,7 @@ def format_status(info: dict) -> str:
         lines.append(f"jobs: {counts or 'none'}")
         if jobs["storage_error"]:
             lines.append(f"  job runner waiting for storage: {jobs['storage_error']}")
+    lines += engine_lines(info.get("engine"))  # a server from before fair shares: none
     if info["errors"]:
         errs = ", ".join(f"{k} {n}" for k, n in sorted(info["errors"].items()))
         lines.append(f"errors: {errs}")

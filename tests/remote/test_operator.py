@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from burn_remote import OpFailed, RemoteDevice
-from burn_remote.protocol.transport import Identity
+from burn_remote.protocol.transport import Identity, default_key_path
 from burn_remote.server.testing import start_daemon, start_server
 
 from tests.remote.conftest import env_with_home
@@ -85,6 +85,7 @@ def test_logs_health_metrics_and_status(tmp_path: Path, client_home: Path) -> No
         assert subprocess.run(check, capture_output=True, timeout=30).returncode == 0
 
         dev = RemoteDevice(server.target)
+        dev_peer = Identity.load_or_create(default_key_path()).peer_id
         x = dev.tensor(np.ones(1000, np.float32))
         for k in range(5):
             assert (x * k).sum().item() == 1000.0 * k
@@ -112,10 +113,13 @@ def test_logs_health_metrics_and_status(tmp_path: Path, client_home: Path) -> No
         assert info["memory"]["limit"] == 2**30
         assert info["plan_cache"]["plans"] >= 1
         assert info["jobs"]["by_state"]["succeeded"] == 0
+        flows = {f["flow"]: f for f in info["engine"]["flows"]}  # its first step took a turn
+        assert info["engine"]["slots"] >= 1 and flows[str(dev_peer)]["turns"] >= 1
         text = _cli("status", server.target, "--key", str(data / "key"), home=client_home)
         assert (
             text.returncode == 0 and "plan cache:" in text.stdout and "sessions: 2" in text.stdout
         )
+        assert f"peer {str(dev_peer)[:12]}...  weight 1" in text.stdout, text.stdout
         refused = _cli("status", server.target, home=client_home)
         assert refused.returncode == 1 and "admins" in refused.stderr
         dev.close()
