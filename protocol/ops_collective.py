@@ -24,6 +24,11 @@ round, and torch refuses it too)."""
 
 
 def _all_reduce_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    refused: `op not in ("sum", "mean") or type(group) is not int or not 0 < group < 2**64 or
+    x.dtype not in ("float16", "bfloat16", "float32", "float64", "int32", "int64") or op ==
+    "mean" and not is_float(x.dtype)`
+    outputs: `x.shape, x.dtype`"""
     (x,) = xs
     op, group = attrs["op"], attrs["group"]
     if op not in REDUCE_OPS:

@@ -36,6 +36,9 @@ def unbroadcast(b: Builder, g: Handle, shape: Sequence[int]) -> Handle:
 
 def _float_unary(name: str) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """inputs: x
+        refused: `not is_float(x.dtype)`
+        outputs: `x.shape, x.dtype`"""
         (x,) = xs
         if not dtypes.is_float(x.dtype):
             raise ShapeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
@@ -45,12 +48,16 @@ def _float_unary(name: str) -> InferRule:
 
 
 def _same_unary(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    outputs: `x.shape, x.dtype`"""
     (x,) = xs
     return [(x.shape, x.dtype)]
 
 
 def _binary(name: str) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """inputs: a, b
+        outputs: `broadcast(a.shape, b.shape), promote(a.dtype, b.dtype)`"""
         a, b = xs
         return [(broadcast(name, a.shape, b.shape), dtypes.promote(a.dtype, b.dtype))]
 
@@ -59,6 +66,8 @@ def _binary(name: str) -> InferRule:
 
 def _compare(name: str) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """inputs: a, b
+        outputs: `broadcast(a.shape, b.shape), "bool"`"""
         a, b = xs
         return [(broadcast(name, a.shape, b.shape), "bool")]
 
@@ -216,12 +225,23 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     declare(_name, "compare", 2, infer=_compare(_name))
 declare("logical_and", "compare", 2, infer=_compare("logical_and"))
 declare("logical_or", "compare", 2, infer=_compare("logical_or"))
-declare("logical_not", "compare", 1, infer=lambda xs, a: [(xs[0].shape, "bool")])
+
+
+def _logical_not_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    outputs: `x.shape, "bool"`"""
+    return [(xs[0].shape, "bool")]
+
+
+declare("logical_not", "compare", 1, infer=_logical_not_infer)
 
 # --- selection, conversion, constants -------------------------------------------------
 
 
 def _where_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: c, x, y
+    refused: `c.dtype != "bool"`
+    outputs: `broadcast(c.shape, x.shape, y.shape), promote(x.dtype, y.dtype)`"""
     c, x, y = xs
     if c.dtype != "bool":
         raise ShapeError(f"where: condition must be bool, got {c.dtype}")
@@ -255,6 +275,8 @@ declare("clamp", "select", 1, attrs={"min": None, "max": None}, decompose=_clamp
 
 
 def _cast_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    outputs: `x.shape, dtype`"""
     return [(xs[0].shape, dtypes.normalize(attrs["dtype"]))]
 
 
@@ -270,10 +292,19 @@ declare("cast", "convert", 1, attrs={"dtype": REQUIRED}, infer=_cast_infer, grad
 
 
 def _full_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: (none)
+    refused: `any(d < 0 for d in shape)`
+    outputs: `shape, dtype`"""
     shape = tuple(attrs["shape"])
     if any(d < 0 for d in shape):
         raise ShapeError(f"full: negative dimension in {shape}")
     return [(shape, dtypes.normalize(attrs["dtype"]))]
+
+
+def _value_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: (none)
+    outputs: `(), dtype`"""
+    return [((), dtypes.normalize(attrs["dtype"]))]
 
 
 declare(
@@ -289,6 +320,6 @@ declare(
     "creation",
     0,
     attrs={"dtype": REQUIRED},
-    infer=lambda xs, a: [((), dtypes.normalize(a["dtype"]))],
+    infer=_value_infer,
     doc="A 0-d scalar bound at execution time: its value is a binding, not part of the hash.",
 )

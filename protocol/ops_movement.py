@@ -12,6 +12,9 @@ from .shapes import fmt, norm_axes, norm_axis, numel, slice_len
 
 
 def _reshape_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    refused: `numel(resolve(shape, numel(x.shape))) != numel(x.shape)`
+    outputs: `resolve(shape, numel(x.shape)), x.dtype`"""
     (x,) = xs
     shape = tuple(attrs["shape"])
     if shape.count(-1) > 1:
@@ -39,6 +42,9 @@ declare(
 
 
 def _permute_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    refused: `sorted(norm_axis(d, len(x.shape)) for d in dims) != list(range(len(x.shape)))`
+    outputs: `tuple(x.shape[d] for d in dims), x.dtype`"""
     (x,) = xs
     dims = tuple(attrs["dims"])
     if sorted(d % max(len(x.shape), 1) for d in dims) != list(range(len(x.shape))):
@@ -71,6 +77,10 @@ declare("transpose", "movement", 1, attrs={"dim0": -2, "dim1": -1}, decompose=_t
 
 
 def _expand_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    refused: `len(shape) < len(x.shape) or any(d != 1 and d != shape[len(shape) - len(x.shape)
+    + i] for i, d in enumerate(x.shape))`
+    outputs: `shape, x.dtype`"""
     (x,) = xs
     shape = tuple(attrs["shape"])
     if len(shape) < len(x.shape):
@@ -115,7 +125,12 @@ declare("unsqueeze", "movement", 1, attrs={"axis": REQUIRED}, decompose=_unsquee
 
 
 def _slice_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
-    """`starts`, `stops`, `steps`: one entry per axis, already clamped by the client."""
+    """`starts`, `stops`, `steps`: one entry per axis, already clamped by the client.
+
+    inputs: x
+    refused: `not len(starts) == len(stops) == len(steps) == len(x.shape) or 0 in steps`
+    outputs: `tuple(slice_len(a, o, t) for a, o, t in zip(starts, stops, steps)), x.dtype`
+    """
     (x,) = xs
     starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
     if not len(starts) == len(stops) == len(steps) == len(x.shape):
@@ -136,6 +151,8 @@ declare("slice", "movement", 1, attrs=SLICE_ATTRS, infer=_slice_infer, grad=_sli
 
 
 def _slice_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: g
+    outputs: `in_shape, g.dtype`"""
     return [(tuple(attrs["in_shape"]), xs[0].dtype)]
 
 
@@ -153,6 +170,12 @@ declare(
 
 
 def _cat_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: xs (one or more)
+    refused: `k = norm_axis(axis, len(xs[0].shape)); len(xs[0].shape) == 0 or any(len(t.shape)
+    != len(xs[0].shape) or any(t.shape[i] != xs[0].shape[i] for i in range(len(t.shape)) if i
+    != k) for t in xs)`
+    outputs: `xs[0].shape[:k] + (sum(t.shape[k] for t in xs),) + xs[0].shape[k + 1 :],
+    promote(*(t.dtype for t in xs))`"""
     if not xs:
         raise ShapeError("cat: needs at least one tensor")
     first = xs[0]
@@ -225,6 +248,8 @@ declare("split", "movement", 1, attrs={"sizes": REQUIRED, "axis": 0}, decompose=
 
 
 def _flip_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    outputs: `k = norm_axes(axes, len(x.shape)); x.shape, x.dtype`"""
     (x,) = xs
     norm_axes("flip", attrs["axes"], len(x.shape))
     return [(x.shape, x.dtype)]
@@ -241,7 +266,12 @@ declare(
 
 
 def _pad_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
-    """`pads`: (before, after) per axis, non-negative; constant mode."""
+    """`pads`: (before, after) per axis, non-negative; constant mode.
+
+    inputs: x
+    refused: `len(pads) != len(x.shape) or any(p0 < 0 or p1 < 0 for p0, p1 in pads)`
+    outputs: `tuple(d + p0 + p1 for d, (p0, p1) in zip(x.shape, pads)), x.dtype`
+    """
     (x,) = xs
     pads = attrs["pads"]
     if len(pads) != len(x.shape) or any(p0 < 0 or p1 < 0 for p0, p1 in pads):
@@ -269,7 +299,13 @@ def _check_index(op: str, idx: Shaped) -> None:
 
 
 def _gather_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
-    """torch.gather / np.take_along_axis: output has the index's shape."""
+    """torch.gather / np.take_along_axis: output has the index's shape.
+
+    inputs: x, idx
+    refused: `k = norm_axis(axis, len(x.shape)); not is_int(idx.dtype) or len(idx.shape) !=
+    len(x.shape) or any(idx.shape[i] > x.shape[i] for i in range(len(x.shape)) if i != k)`
+    outputs: `idx.shape, x.dtype`
+    """
     x, idx = xs
     _check_index("gather", idx)
     axis = norm_axis("gather", attrs["axis"], len(x.shape))
@@ -294,6 +330,9 @@ declare("gather", "index", 2, attrs={"axis": REQUIRED}, infer=_gather_infer, gra
 
 
 def _scatter_add_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x, idx, src
+    refused: `not is_int(idx.dtype) or idx.shape != src.shape or len(idx.shape) != len(x.shape)`
+    outputs: `k = norm_axis(axis, len(x.shape)); x.shape, x.dtype`"""
     x, idx, src = xs
     _check_index("scatter_add", idx)
     norm_axis("scatter_add", attrs["axis"], len(x.shape))
@@ -322,7 +361,13 @@ declare(
 
 
 def _index_select_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
-    """np.take along one axis: the index may have any shape (embedding lookups)."""
+    """np.take along one axis: the index may have any shape (embedding lookups).
+
+    inputs: x, idx
+    refused: `not is_int(idx.dtype)`
+    outputs: `k = norm_axis(axis, len(x.shape)); x.shape[:k] + idx.shape + x.shape[k + 1 :],
+    x.dtype`
+    """
     x, idx = xs
     _check_index("index_select", idx)
     axis = norm_axis("index_select", attrs["axis"], len(x.shape))
@@ -348,6 +393,10 @@ declare(
 
 
 def _index_add_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: src, idx
+    refused: `not is_int(idx.dtype) or not 0 <= axis <= len(src.shape) - len(idx.shape) or
+    src.shape[axis : axis + len(idx.shape)] != idx.shape`
+    outputs: `src.shape[:axis] + (size,) + src.shape[axis + len(idx.shape) :], src.dtype`"""
     g, idx = xs
     _check_index("index_add", idx)
     axis = attrs["axis"]
@@ -379,6 +428,9 @@ declare(
 
 
 def _one_hot_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: idx
+    refused: `not is_int(idx.dtype) or num_classes <= 0`
+    outputs: `idx.shape + (num_classes,), dtype`"""
     (idx,) = xs
     _check_index("one_hot", idx)
     if attrs["num_classes"] <= 0:

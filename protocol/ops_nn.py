@@ -45,6 +45,13 @@ def _pair(v: int | Sequence[int]) -> tuple[int, ...]:
 def _conv2d_shape(
     x_shape: Sequence[int], w_shape: Sequence[int], attrs: Mapping[str, Any]
 ) -> tuple[int, ...]:
+    if (
+        min(*_pair(attrs["stride"]), *_pair(attrs["dilation"]), attrs["groups"]) < 1
+        or min(_pair(attrs["padding"])) < 0
+    ):
+        raise ShapeError(
+            "conv2d: stride, dilation and groups must be at least 1 and padding at least 0"
+        )
     n, c, h, w = x_shape
     o, cg, kh, kw = w_shape
     sh, sw = _pair(attrs["stride"])
@@ -63,6 +70,13 @@ def _conv2d_shape(
 
 
 def _conv2d_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x, w
+    refused: `len(x.shape) != 4 or len(w.shape) != 4 or min(pair(stride) + pair(dilation) +
+    (groups,)) < 1 or min(pair(padding)) < 0 or x.shape[1] != w.shape[1] * groups or
+    w.shape[0] % groups != 0 or min(conv_hw(x.shape, w.shape[2:], stride, padding, dilation))
+    <= 0`
+    outputs: `(x.shape[0], w.shape[0]) + conv_hw(x.shape, w.shape[2:], stride, padding,
+    dilation), promote(x.dtype, w.dtype)`"""
     x, w = xs
     if len(x.shape) != 4 or len(w.shape) != 4:
         raise ShapeError(
@@ -80,13 +94,25 @@ def _conv2d_grad(
     return gx, gw
 
 
+def _conv2d_grad_input_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: g, w
+    outputs: `input_shape, g.dtype`"""
+    return [(tuple(attrs["input_shape"]), xs[0].dtype)]
+
+
+def _conv2d_grad_weight_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x, g
+    outputs: `weight_shape, x.dtype`"""
+    return [(tuple(attrs["weight_shape"]), xs[0].dtype)]
+
+
 declare("conv2d", "nn", 2, attrs=CONV_ATTRS, infer=_conv2d_infer, grad=_conv2d_grad)
 declare(
     "conv2d_grad_input",
     "nn",
     2,
     attrs={"input_shape": REQUIRED, **CONV_ATTRS},
-    infer=lambda xs, a: [(tuple(a["input_shape"]), xs[0].dtype)],
+    infer=_conv2d_grad_input_infer,
     grad=NOT_DIFFERENTIABLE,
 )
 declare(
@@ -94,7 +120,7 @@ declare(
     "nn",
     2,
     attrs={"weight_shape": REQUIRED, **CONV_ATTRS},
-    infer=lambda xs, a: [(tuple(a["weight_shape"]), xs[0].dtype)],
+    infer=_conv2d_grad_weight_infer,
     grad=NOT_DIFFERENTIABLE,
 )
 
@@ -139,10 +165,17 @@ def pool_params(
 
 def _pool_infer(name: str) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """inputs: x
+        refused: `len(x.shape) != 4 or min(pair(kernel) + (pair(stride) if stride is not None
+        else (1,))) < 1 or any(p < 0 or 2 * p > k for p, k in zip(pair(padding), pair(kernel)))
+        or min(pool_hw(x.shape, kernel, stride, padding)) <= 0`
+        outputs: `x.shape[:2] + pool_hw(x.shape, kernel, stride, padding), x.dtype`"""
         (x,) = xs
         if len(x.shape) != 4:
             raise ShapeError(f"{name}: expected a 4-d (N, C, H, W) input, got {fmt(x.shape)}")
         (kh, kw), (sh, sw), (ph, pw) = pool_params(attrs)
+        if min(kh, kw, sh, sw) < 1 or min(ph, pw) < 0:
+            raise ShapeError(f"{name}: kernel and stride must be at least 1, padding at least 0")
         if ph * 2 > kh or pw * 2 > kw:
             raise ShapeError(f"{name}: padding must be at most half the kernel")
         oh, ow = conv_out(x.shape[2], kh, sh, ph, 1), conv_out(x.shape[3], kw, sw, pw, 1)
@@ -151,6 +184,18 @@ def _pool_infer(name: str) -> InferRule:
         return [((*x.shape[:2], oh, ow), x.dtype)]
 
     return infer
+
+
+def _max_pool2d_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x, g
+    outputs: `x.shape, g.dtype`"""
+    return [(xs[0].shape, xs[1].dtype)]
+
+
+def _avg_pool2d_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: g
+    outputs: `input_shape, g.dtype`"""
+    return [(tuple(attrs["input_shape"]), xs[0].dtype)]
 
 
 declare(
@@ -166,7 +211,7 @@ declare(
     "nn",
     2,
     attrs=POOL_ATTRS,
-    infer=lambda xs, a: [(xs[0].shape, xs[1].dtype)],
+    infer=_max_pool2d_backward_infer,
     grad=NOT_DIFFERENTIABLE,
     doc="Routes each output gradient to the first maximum of its window in the input x.",
 )
@@ -183,7 +228,7 @@ declare(
     "nn",
     1,
     attrs={"input_shape": REQUIRED, **POOL_ATTRS},
-    infer=lambda xs, a: [(tuple(a["input_shape"]), xs[0].dtype)],
+    infer=_avg_pool2d_backward_infer,
     grad=NOT_DIFFERENTIABLE,
     doc="Spreads each output gradient evenly over its window (padding counts in the divisor).",
 )
@@ -239,6 +284,10 @@ declare("dropout", "nn", 2, attrs={"p": 0.5}, decompose=_dropout)
 
 
 def _cross_entropy_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: logits, target
+    refused: `len(logits.shape) == 0 or target.shape != logits.shape[:-1] or not
+    is_int(target.dtype) or not is_float(logits.dtype) or not 0.0 <= label_smoothing < 1.0`
+    outputs: `(), logits.dtype`"""
     logits, target = xs
     if not logits.shape or target.shape != logits.shape[:-1]:
         raise ShapeError(
@@ -254,6 +303,12 @@ def _cross_entropy_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list
             f"cross_entropy: label_smoothing must be in [0, 1), got {attrs['label_smoothing']}"
         )
     return [((), logits.dtype)]
+
+
+def _cross_entropy_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: g, logits, target
+    outputs: `logits.shape, logits.dtype`"""
+    return [(xs[1].shape, xs[1].dtype)]
 
 
 CROSS_ENTROPY_DOC = (
@@ -276,7 +331,7 @@ declare(
     "loss",
     3,
     attrs={"ignore_index": -100, "label_smoothing": 0.0},
-    infer=lambda xs, a: [(xs[1].shape, xs[1].dtype)],
+    infer=_cross_entropy_backward_infer,
     grad=NOT_DIFFERENTIABLE,
     doc="d cross_entropy / d logits times the 0-d incoming gradient g: for each counted row "
     "(softmax(logits) - (1 - s) onehot(target) - s / C) g / count.",
@@ -306,6 +361,9 @@ def _key_check(op: str, key: Shaped) -> None:
 
 
 def _uniform_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: key
+    refused: `key.shape != () or not is_int(key.dtype) or not is_float(dtype)`
+    outputs: `shape, dtype`"""
     _key_check("uniform", xs[0])
     dt = dtypes.normalize(attrs["dtype"])
     if not dtypes.is_float(dt):
@@ -367,11 +425,19 @@ declare(
     attrs={"shape": REQUIRED, "low": 0, "high": REQUIRED, "dtype": "int64"},
     decompose=_randint,
 )
+
+
+def _floor_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    outputs: `x.shape, x.dtype`"""
+    return [(xs[0].shape, xs[0].dtype)]
+
+
 declare(
     "floor",
     "unary",
     1,
-    infer=lambda xs, a: [(xs[0].shape, xs[0].dtype)],
+    infer=_floor_infer,
     grad=lambda b, g, xs, out, a: (g * 0,),
 )
 
@@ -389,6 +455,11 @@ def _quant_infer(name: str, code_dtype: str, per_byte: int) -> InferRule:
             raise ShapeError(f"{name}: {n} elements do not split into blocks of {block}")
         return [((n // per_byte,), code_dtype), ((n // block,), "float32")]
 
+    infer.__doc__ = f"""inputs: x
+    refused: `not is_float(x.dtype) or block <= 0 or numel(x.shape) % block != 0 or block %
+    {per_byte} != 0`
+    outputs: `((numel(x.shape) // {per_byte},), "{code_dtype}"), ((numel(x.shape) // block,),
+    "float32")`"""
     return infer
 
 
@@ -396,6 +467,8 @@ def _dequant_infer(name: str, per_byte: int) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         codes, scales = xs
         shape, block = tuple(attrs["shape"]), attrs["block"]
+        if block <= 0:
+            raise ShapeError(f"{name}: block must be positive, got {block}")
         n = numel(shape)
         if codes.shape != (n // per_byte,) or scales.shape != (n // block,):
             raise ShapeError(
@@ -404,6 +477,10 @@ def _dequant_infer(name: str, per_byte: int) -> InferRule:
             )
         return [(shape, dtypes.normalize(attrs["dtype"]))]
 
+    infer.__doc__ = f"""inputs: codes, scales
+    refused: `block <= 0 or codes.shape != (numel(shape) // {per_byte},) or scales.shape !=
+    (numel(shape) // block,)`
+    outputs: `shape, dtype`"""
     return infer
 
 

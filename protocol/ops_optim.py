@@ -14,6 +14,10 @@ from .shapes import fmt
 
 
 def _adam_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: p, g, m, v, lr, bc1, bc2
+    refused: `not p.shape == g.shape == m.shape == v.shape or lr.shape != () or bc1.shape != ()
+    or bc2.shape != ()`
+    outputs: `(p.shape, p.dtype), (m.shape, m.dtype), (v.shape, v.dtype)`"""
     p, g, m, v, lr, bc1, bc2 = xs
     if not (p.shape == g.shape == m.shape == v.shape):
         raise ShapeError(
@@ -42,6 +46,9 @@ declare(
 
 
 def _sgd_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: p, g, buf, lr
+    refused: `not p.shape == g.shape == buf.shape`
+    outputs: `(p.shape, p.dtype), (buf.shape, buf.dtype)`"""
     p, g, buf, lr = xs
     if not (p.shape == g.shape == buf.shape):
         raise ShapeError(

@@ -13,9 +13,7 @@ from .shapes import broadcast, fmt, norm_axes, norm_axis, numel, reduce
 REDUCE_ATTRS = {"axes": None, "keepdims": False}
 
 
-def _reduce_infer(
-    name: str, out_dtype: str | None = None, needs_float: bool = False, needs_items: bool = False
-) -> InferRule:
+def _reduce_infer(name: str, needs_float: bool = False, needs_items: bool = False) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
         (x,) = xs
         axes = norm_axes(name, attrs["axes"], len(x.shape))
@@ -23,8 +21,17 @@ def _reduce_infer(
             raise ShapeError(f"{name}: expected a floating-point tensor, got {x.dtype}")
         if needs_items and any(x.shape[a] == 0 for a in axes):
             raise ShapeError(f"{name}: cannot reduce an empty axis of shape {fmt(x.shape)}")
-        return [(reduce(x.shape, axes, attrs["keepdims"]), out_dtype or x.dtype)]
+        return [(reduce(x.shape, axes, attrs["keepdims"]), x.dtype)]
 
+    if needs_float:
+        infer.__doc__ = """inputs: x
+        refused: `not is_float(x.dtype)`
+        outputs: `reduce(x.shape, norm_axes(axes, len(x.shape)), keepdims), x.dtype`"""
+    if needs_items:
+        infer.__doc__ = """inputs: x
+        refused: `any(a >= len(x.shape) or x.shape[a] == 0 for a in norm_axes(axes,
+        len(x.shape)))`
+        outputs: `reduce(x.shape, norm_axes(axes, len(x.shape)), keepdims), x.dtype`"""
     return infer
 
 
@@ -40,6 +47,8 @@ def expand_back(
 
 
 def _sum_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: x
+    outputs: `reduce(x.shape, norm_axes(axes, len(x.shape)), keepdims), sum_dtype(x.dtype)`"""
     (x,) = xs
     axes = norm_axes("sum", attrs["axes"], len(x.shape))
     dt = "int64" if x.dtype in ("bool", "int8", "uint8", "int32") else x.dtype
@@ -88,6 +97,11 @@ def _extreme_grad(
 
 def _arg_infer(name: str) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """inputs: x
+        refused: `axis is not None and len(x.shape) > 0 and x.shape[norm_axis(axis,
+        len(x.shape))] == 0`
+        outputs: `((1,) * len(x.shape) if keepdims else ()) if axis is None else
+        reduce(x.shape, (norm_axis(axis, len(x.shape)),), keepdims), "int64"`"""
         (x,) = xs
         if attrs["axis"] is None:
             return [((1,) * len(x.shape) if attrs["keepdims"] else (), dtypes.INDEX_DTYPE)]
@@ -141,6 +155,9 @@ declare(
 
 def _softmax_infer(name: str) -> InferRule:
     def infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+        """inputs: x
+        refused: `not is_float(x.dtype)`
+        outputs: `k = norm_axis(axis, len(x.shape)); x.shape, x.dtype`"""
         (x,) = xs
         norm_axis(name, attrs["axis"], len(x.shape))
         if not dtypes.is_float(x.dtype):
@@ -177,6 +194,10 @@ declare(
 
 
 def _matmul_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
+    """inputs: a, b
+    refused: `len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]`
+    outputs: `broadcast(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1]),
+    promote(a.dtype, b.dtype)`"""
     a, b = xs
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise ShapeError(
