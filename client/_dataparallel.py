@@ -463,7 +463,9 @@ def _failure(dp: DataParallel, outcome: Outcome) -> BaseException:
     from . import collective
 
     errors = outcome.errors
-    first = next((e for e in errors.values() if isinstance(e, collective.GroupError)), None)
+    first: BaseException | None = next(
+        (e for e in errors.values() if isinstance(e, collective.GroupError)), None
+    )
     dead = sorted(outcome.dead)
     if first is None and dead:
         rank = dead[0]

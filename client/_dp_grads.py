@@ -130,13 +130,13 @@ class GradientReducer:
         alongside, kept in ``losses``), then add them back onto the gradients set aside, as an
         accumulating backward would."""
         with no_grad():
-            fresh = [p for p in self.params if p.grad is not None]
+            fresh = [(id(p), p.grad) for p in self.params if p.grad is not None]
             carry = root.size == 1 and root.dtype in REDUCED_FLOATS
-            tensors = [p.grad for p in fresh] + ([root.detach()] if carry else [])
+            tensors = [g for _, g in fresh] + ([root.detach()] if carry else [])
             reduced = reduce_tensors(tensors, self.weight, self.group, self.limit)
             if carry:
                 self.losses[root._id] = reduced.pop()
-            done = {id(p): g for p, g in zip(fresh, reduced)}
+            done = {key: g for (key, _), g in zip(fresh, reduced)}
             for p, old in zip(self.params, self.stash):
                 new = done.get(id(p))
                 p.grad = old if new is None else (new if old is None else old + new)

@@ -20,7 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:
+    from ._group_error import GroupError
 
 PROBE_AFTER = 1.0
 """Seconds a rank may lag behind all the others (which answered) before the group is probed."""
@@ -45,7 +48,7 @@ class Outcome:
         return not self.errors and not self.dead
 
 
-def _is_group_error(exc: BaseException) -> bool:
+def _is_group_error(exc: BaseException) -> TypeGuard[GroupError]:
     from . import collective
 
     return isinstance(exc, collective.GroupError)
@@ -156,10 +159,10 @@ def wait_all(devices: list[Any], probe: Callable[[], None] | None = None) -> Out
             waits.start([r for r in range(len(devices)) if r not in late])
         out.errors = dict(waits.errors)
         out.completed = set(waits.completed)
-    for r, exc in out.errors.items():
-        if _is_group_error(exc):
-            out.dead.add(int(exc.rank))
-        elif _is_lost(exc):
+    for r, err in out.errors.items():
+        if _is_group_error(err):
+            out.dead.add(int(err.rank))
+        elif _is_lost(err):
             out.dead.add(r)
     return out
 

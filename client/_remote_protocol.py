@@ -15,7 +15,7 @@ import math
 import struct
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from burn_remote.protocol import dtypes
@@ -23,6 +23,9 @@ from burn_remote.protocol import messages as m
 
 from ._group_error import group_error
 from ._recorder import OpFailed, op_failure
+
+if TYPE_CHECKING:
+    import msgpack
 
 
 class RemoteError(ConnectionError):
@@ -78,24 +81,32 @@ class _Entry:
     """A queued (then journaled) message: the message object, or for the messages a step
     sends (inline Upload, ExecuteGraph) its bytes, encoded when it was queued."""
 
-    __slots__ = ("msg", "payload", "raw", "kind", "rid")
+    __slots__ = ("msg", "bulk", "raw", "kind", "rid")
 
     def __init__(
         self,
         msg: m.Message | None,
-        payload: bytes | None = None,
+        bulk: tuple[int, bytes] | None = None,
         raw: bytes | None = None,
         kind: type | None = None,
         rid: int = 0,
     ) -> None:
         self.msg = msg
-        self.payload = payload
-        """Bulk payload of an Upload sent on its own stream."""
+        self.bulk = bulk
+        """(bulk id, payload) of an Upload whose payload goes on its own stream."""
         self.raw = raw
         """The message's bytes within a frame (``messages.encode_one``), once encoded."""
         self.kind = type(msg) if kind is None else kind
         self.rid: int = getattr(msg, "request_id", 0) if msg is not None else rid
         """Its request id; 0 for a message without one."""
+
+    def encoded(self, packer: msgpack.Packer) -> bytes:
+        """The message's bytes within a frame, encoded on first need (an entry is built with
+        its message, or with its bytes when there is none)."""
+        if self.raw is None:
+            assert self.msg is not None, "an entry without a message is built with its bytes"
+            self.raw = m.encode_one(self.msg, packer)
+        return self.raw
 
 
 @dataclass(slots=True)
@@ -159,8 +170,8 @@ class ClientProtocol:
         self._rid += 1
         return self._rid
 
-    def _queue(self, msg: m.Message, payload: bytes | None = None, size: int = 0) -> None:
-        self.pending.append(_Entry(msg, payload))
+    def _queue(self, msg: m.Message, size: int = 0) -> None:
+        self.pending.append(_Entry(msg))
         self.pending_bytes += size
 
     @property
@@ -195,9 +206,10 @@ class ClientProtocol:
         n = a.nbytes
         self.counters.data_bytes_sent += n
         if n > self._bulk_threshold:
-            data = a.tobytes()  # the one copy: the caller may change its array after this
+            payload = a.tobytes()  # the one copy: the caller may change its array after this
             self._bulk += 1
-            self._queue(m.Upload(0, tensor_id, name, a.shape, b"", self._bulk), data)
+            upload = m.Upload(0, tensor_id, name, a.shape, b"", self._bulk)
+            self.pending.append(_Entry(upload, (self._bulk, payload)))
         else:  # encoded now, straight from the array's memory (the one copy)
             # (ml_dtypes' bfloat16 exports no buffer: its bits go as uint16, the same bytes)
             data = a.data if name != "bfloat16" else a.view(np.uint16).data
@@ -287,16 +299,14 @@ class ClientProtocol:
         entries, self.pending, self.pending_bytes = self.pending, [], 0
         packer, encoded = self._packer, []
         for e in entries:
-            if e.raw is None:
-                e.raw = m.encode_one(e.msg, packer)
-            encoded.append(e.raw)
+            encoded.append(e.encoded(packer))
         frame = m.frame_of(encoded, reserve)
         batch = Batch(frame)
         journal = self.journal
         for e in entries:
-            if e.payload is not None:  # the link keeps it until the server has all of it
-                batch.bulk.append((e.msg.bulk_id, e.payload))
-                e.payload = None
+            if e.bulk is not None:  # the link keeps it until the server has all of it
+                batch.bulk.append(e.bulk)
+                e.bulk = None
             if e.kind is not m.Hello:
                 journal.append(e)
         c = self.counters

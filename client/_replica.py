@@ -155,6 +155,10 @@ class ReplicaRuntime(LocalRuntime):
 class _ReplicaRecorder(Recorder):
     """A Recorder whose every recorded op counts as its replica's progress."""
 
+    def __init__(self, runtime: ReplicaRuntime) -> None:
+        super().__init__(runtime)
+        self.runtime: ReplicaRuntime = runtime
+
     def add(self, node: Any) -> None:
         self.runtime.liveness.touch()
         super().add(node)
@@ -163,6 +167,8 @@ class _ReplicaRecorder(Recorder):
 class ReplicaDevice(Device):
     """One of ``collective.local_devices(n)``: a CPU device of its own (``Device.cpu()`` is
     one shared object, so it cannot be two ranks)."""
+
+    _rec: _ReplicaRecorder
 
     def __init__(self, spec: str, index: int) -> None:
         runtime = ReplicaRuntime(spec, f"local:{index}")

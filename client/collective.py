@@ -122,17 +122,18 @@ class _LocalImpl:
     def __init__(self, group: Group) -> None:
         from burn_remote.engine.collective.local import LocalGroup
 
-        names = [d._rec.runtime.name for d in group.devices]
-        liveness = [d._rec.runtime.liveness for d in group.devices]
+        # (every device is a ReplicaDevice: Group chose this impl for that)
+        self.runtimes = [d._rec.runtime for d in group.devices if isinstance(d, ReplicaDevice)]
+        names = [rt.name for rt in self.runtimes]
+        liveness = [rt.liveness for rt in self.runtimes]
         self.shared = LocalGroup(group.id, names, group.timeout, liveness)
-        self.devices = group.devices
-        for dev, member in zip(group.devices, self.shared.members):
-            dev._rec.runtime.groups[group.id] = member
+        for rt, member in zip(self.runtimes, self.shared.members):
+            rt.groups[group.id] = member
 
     def close(self) -> None:
         self.shared.close()
-        for dev in self.devices:
-            dev._rec.runtime.groups.pop(self.shared.id, None)
+        for rt in self.runtimes:
+            rt.groups.pop(self.shared.id, None)
 
 
 def all_reduce(x: Tensor, group: Group, op: str = "mean") -> Tensor:

@@ -258,12 +258,15 @@ def batch_norm(
     ones are updated in place, with the unbiased variance), running statistics otherwise."""
     from ._autograd import no_grad
 
+    if (running_mean is None) != (running_var is None):
+        given, missing = ("running_mean", "running_var")[:: 1 if running_var is None else -1]
+        raise ValueError(f"batch_norm: {given} given without {missing}: pass both or neither")
     axes = (0, *range(2, x.ndim))
     shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
-    if training or running_mean is None:
+    if training or running_mean is None or running_var is None:
         mean = x.mean(axes, keepdims=True)
         var = x.var(axes, keepdims=True, correction=0)
-        if training and running_mean is not None:
+        if training and running_mean is not None and running_var is not None:
             n = x.size // x.shape[1]
             with no_grad():
                 m = mean.detach().reshape(x.shape[1])

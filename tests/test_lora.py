@@ -128,6 +128,14 @@ def test_adapter_save_load_roundtrip_peft_layout(tmp_path):
         other.load_adapter(tmp_path)
 
 
+def test_save_adapter_names_a_model_of_no_hf_class(tmp_path):
+    """Keying for a Llama class a model that came from no Hugging Face class is refused with
+    the model's own class named (it failed on the missing `hf_class` attribute instead)."""
+    model = Tiny().apply_lora(lora.LoraConfig(r=2, target_modules=["q_proj"]))
+    with pytest.raises(ValueError, match="this model is a Tiny, not LlamaForCausalLM"):
+        lora.save_adapter(model, tmp_path, hf_class="LlamaForCausalLM")
+
+
 def test_lora_finetune_lowers_loss():
     """A tiny GPT (2 layers, d_model 64) is first trained in full on the cycle t -> t+1, then
     adapters alone (13% of the parameters) learn the cycle t -> t+3. Stated margin: over 40

@@ -160,6 +160,20 @@ def test_param_groups_select_by_glob_regex_predicate():
         optim.SGD(model, groups=[optim.ParamGroup("*", betas=(0.9, 0.9))])
 
 
+def test_predicate_group_matches_only_with_the_tensor():
+    """A predicate reads the tensor; a name alone gets a clear error rather than a None
+    handed to the predicate (which would fail inside it, or answer wrongly)."""
+    group = optim.ParamGroup(predicate=lambda n, t: t.ndim == 2)
+    w = DEV.tensor(np.zeros((2, 3), np.float32))
+    assert group.matches("w", w)
+    with pytest.raises(TypeError, match="needs the tensor"):
+        group.matches("w")
+    assert optim.ParamGroup("w*").matches("w")  # a glob needs only the name
+    with pytest.raises(ValueError, match="empty list of patterns"):
+        optim.ParamGroup([])  # (it passed as "one of pattern, regex, predicate", then
+        # failed at the first match calling the absent predicate)
+
+
 def test_group_lr_applies_per_group():
     model = _model()
     before = model.state_dict()

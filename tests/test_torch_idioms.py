@@ -147,6 +147,17 @@ def test_batchnorm_train_and_eval(cls):
     assert set(ours.state_dict()) == set(theirs.state_dict())
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_batch_norm_refuses_half_the_running_statistics(training):
+    """Running mean and variance go together (torch refuses one without the other too):
+    given only one, batch_norm names the missing one instead of failing inside on None."""
+    x, stat = DEV.tensor(np.ones((4, 3), np.float32)), DEV.tensor(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="running_var"):
+        F.batch_norm(x, stat, None, training=training)
+    with pytest.raises(ValueError, match="running_mean"):
+        F.batch_norm(x, None, stat, training=training)
+
+
 @pytest.mark.parametrize(
     ("name", "kwargs", "bound"),
     [

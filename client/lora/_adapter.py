@@ -29,15 +29,17 @@ HF_GPT2_LIBRARY = "transformers.models.gpt2.modeling_gpt2"
 def key_prefix(model: Module, hf_class: str | None = None) -> str:
     """`base_model.model.` plus where the Hugging Face class `hf_class` (default: the one
     the model was loaded from, if any) keeps our module tree."""
-    cls = hf_class or getattr(model, "hf_class", None)
+    own: str | None = getattr(model, "hf_class", None)
+    cls = hf_class or own
     if cls is None:
         return PREFIX
     from ..nn._hf import CLASSES
     from ..nn._llm_config import CLASSES as LLM_CLASSES
 
     if cls in LLM_CLASSES.values():  # our tree is the class's own: model.layers.N...
-        if hf_class is not None and hf_class != getattr(model, "hf_class", None):
-            raise ValueError(f"save_adapter: this model is a {model.hf_class}, not {hf_class}")
+        if hf_class is not None and hf_class != own:
+            is_a = own or type(model).__name__
+            raise ValueError(f"save_adapter: this model is a {is_a}, not {hf_class}")
         return PREFIX
     if cls not in CLASSES:
         supported = sorted(CLASSES) + sorted(LLM_CLASSES.values())
@@ -78,6 +80,7 @@ def save_adapter(
     config: LoraConfig | None = getattr(model, "lora_config", None)
     if config is None:
         raise ValueError("save_adapter: this model has no LoRA adapters (apply_lora first)")
+    targets: list[str] = getattr(model, "lora_targets", [])  # set with lora_config (apply_lora)
     name_or_path = config.base_model_name_or_path or getattr(model, "name_or_path", None)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -89,7 +92,7 @@ def save_adapter(
         "r": config.r,
         "lora_alpha": config.alpha,
         "lora_dropout": config.dropout,
-        "target_modules": config.targets_json(model.lora_targets),
+        "target_modules": config.targets_json(targets),
         "bias": "none",
         "use_rslora": config.use_rslora,
         "fan_in_fan_out": hasattr(model, "save_gpt2"),  # GPT-2's Conv1D layout

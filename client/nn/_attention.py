@@ -49,6 +49,8 @@ def _merge_heads(x: Tensor) -> Tensor:
 
 
 class _CausalBase(Module):
+    mask: Tensor  # a buffer (register_buffer): the (context, context) causal mask
+
     def _setup(self, d_model: int, n_head: int, context: int, dev: Device) -> None:
         if d_model % n_head:
             raise ValueError(f"attention: d_model {d_model} is not divisible by {n_head} heads")

@@ -35,6 +35,7 @@ class GPT(GenerationMixin, Module):
     hf_class: str = "GPT2LMHeadModel"
     name_or_path: str | None = None
     hf_config: dict | None = None
+    pos: Tensor  # a buffer (register_buffer): the positions 0 .. context-1
 
     def __init__(self, config: GPTConfig, device: Device | None = None) -> None:
         from ._hf import ACTIVATIONS

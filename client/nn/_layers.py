@@ -29,12 +29,11 @@ class Linear(Module):
         self.weight = dev.tensor(
             _init.kaiming_uniform((out_features, in_features), in_features), requires_grad=True
         )
+        self.bias: Tensor | None = None
         if bias:
             self.bias = dev.tensor(
                 _init.uniform((out_features,), 1 / math.sqrt(in_features)), requires_grad=True
             )
-        else:
-            self.bias = None
 
     @classmethod
     def from_tensors(cls, weight: Tensor, bias: Tensor | None = None) -> Linear:
@@ -265,6 +264,10 @@ class _BatchNorm(Module):
     variance updated in place with `momentum`), the running ones in eval mode."""
 
     expected_ndim: tuple[int, ...] = ()
+    # buffers (register_buffer), present when track_running_stats
+    running_mean: Tensor
+    running_var: Tensor
+    num_batches_tracked: Tensor
 
     def __init__(
         self,

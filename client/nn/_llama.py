@@ -141,6 +141,8 @@ class LlamaAttention(Module):
         v = self.v_proj(x).reshape(b, t, self.n_kv_head, 1, self.head_dim)
         v = v.transpose(1, 2).transpose(2, 3)
         if cache is None:
+            if mask is None:
+                raise TypeError("LlamaAttention: mask is None: without a KV cache it is needed")
             y = self.attend(q, k, v, mask)  # (B, kv_heads, group, T, d)
         else:
             h, d = self.n_head, self.head_dim
@@ -215,6 +217,8 @@ class LlamaModel(Module):
     """Embeddings, the decoder layers and the final norm (transformers' `.model`)."""
 
     gradient_checkpointing = False
+    inv_freq: Tensor  # buffers (register_buffer): RoPE's inverse frequencies (head_dim / 2,)
+    positions: Tensor  # and the positions 0 .. context-1
 
     def __init__(self, c: DecoderConfig, src: WeightSource, device: Device) -> None:
         self.embed_tokens = Embedding.from_weight(
@@ -272,6 +276,7 @@ class LlamaForCausalLM(GenerationMixin, Module):
         self.hf_class = config.hf_class
         src = source or random_source(dev, dtype)
         self.model = LlamaModel(config, src, dev)
+        self.lm_head: TiedHead | Linear
         if config.tie_word_embeddings:
             self.lm_head = TiedHead(self.model.embed_tokens)
         else:
@@ -355,6 +360,8 @@ class LlamaForCausalLM(GenerationMixin, Module):
 class TiedHead(Module):
     """The LM head of a tied model: logits = x E^T with E the embedding (not a child, so its
     weight is named once, as `model.embed_tokens.weight`)."""
+
+    embedding: Embedding  # set past Module.__setattr__: not a child
 
     def __init__(self, embedding: Embedding) -> None:
         object.__setattr__(self, "embedding", embedding)

@@ -162,7 +162,7 @@ def _layer_windows(doc: dict[str, Any], model_type: str, n_layer: int, where: An
         raise _refuse(where, "layer_types", types, f"{n_layer} of {FULL!r}/{SLIDING!r}")
     if SLIDING in types and window is None:
         raise _refuse(where, "layer_types", types, "sliding layers need a sliding_window")
-    return tuple(int(window) if t == SLIDING else None for t in types)
+    return tuple(None if window is None or t != SLIDING else int(window) for t in types)
 
 
 def decoder_config(doc: dict[str, Any], where: Any = "config.json") -> DecoderConfig:

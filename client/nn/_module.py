@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -264,21 +264,26 @@ class Sequential(Module):
         return x
 
 
-class ModuleList(Module):
+ChildT = TypeVar("ChildT", bound=Module)
+"""The kind of module a ModuleList holds (its blocks are usually all of one class)."""
+
+
+class ModuleList(Module, Generic[ChildT]):
     """A list of children named by position, for blocks that a parent applies itself."""
 
-    def __init__(self, modules: Iterable[Module] = ()) -> None:
+    def __init__(self, modules: Iterable[ChildT] = ()) -> None:
         for m in modules:
             self.append(m)
 
-    def append(self, m: Module) -> None:
+    def append(self, m: ChildT) -> None:
         """Add ``m`` as the next child (named by its position)."""
         setattr(self, str(len(self)), m)
 
-    def __iter__(self) -> Iterator[Module]:
-        return iter(m for _, m in self.named_children())
+    def __iter__(self) -> Iterator[ChildT]:
+        # (every child came through `append`, or a setattr the caller typed the same way)
+        return iter(cast(ChildT, m) for _, m in self.named_children())
 
-    def __getitem__(self, i: int) -> Module:
+    def __getitem__(self, i: int) -> ChildT:
         return list(self)[i]
 
     def __len__(self) -> int:

@@ -14,18 +14,17 @@ from ._groups import named_params
 def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6) -> Tensor | None:
     """Scale every gradient by min(1, max_norm / (norm + eps)); returns the (lazy) norm
     before clipping, or None when no parameter has a gradient."""
-    grads = [t for _, t in named_params(params) if t.grad is not None]
+    grads = [(t, t.grad) for _, t in named_params(params) if t.grad is not None]
     if not grads:
         return None
-    dev = grads[0].device
+    dev = grads[0][0].device
     with no_grad():
-        total = None
-        for p in grads:
-            g = p.grad.cast("float32")
-            sq = (g * g).sum()
-            total = sq if total is None else total + sq
+        squares = [(g32 * g32).sum() for g32 in (g.cast("float32") for _, g in grads)]
+        total = squares[0]
+        for sq in squares[1:]:
+            total = total + sq
         norm = total.sqrt()
         scale = call("minimum", const(dev, 1.0, "float32"), max_norm / (norm + eps))
-        for p in grads:
-            p.grad = p.grad * scale.cast(p.grad.dtype)
+        for p, g in grads:
+            p.grad = g * scale.cast(g.dtype)
     return norm

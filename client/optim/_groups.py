@@ -43,6 +43,8 @@ class ParamGroup:
         if sum(x is not None for x in (pattern, regex, predicate)) != 1:
             raise ValueError("ParamGroup: give exactly one of pattern, regex or predicate")
         self.patterns = [pattern] if isinstance(pattern, str) else list(pattern or [])
+        if pattern is not None and not self.patterns:
+            raise ValueError("ParamGroup: an empty list of patterns selects nothing")
         self.regex = re.compile(regex) if isinstance(regex, str) else regex
         self.predicate = predicate
         self.name = name or (pattern if isinstance(pattern, str) else None) or repr(self)
@@ -54,12 +56,16 @@ class ParamGroup:
 
     def matches(self, name: str, tensor: Tensor | None = None) -> bool:
         """Whether the parameter ``name`` (and tensor) belongs to this group: its patterns, regex or
-        predicate."""
+        predicate (which reads the tensor, so a predicate group needs it)."""
         if self.patterns:
             return any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
         if self.regex is not None:
             return self.regex.search(name) is not None
-        return bool(self.predicate(name, tensor))  # type: ignore[misc]
+        if self.predicate is None:  # (`patterns` emptied after construction)
+            raise ValueError(f"{self!r}: has no pattern, regex or predicate to match with")
+        if tensor is None:
+            raise TypeError(f"{self!r}.matches({name!r}): a predicate group needs the tensor")
+        return bool(self.predicate(name, tensor))
 
     def select(self, source: Any) -> Named:
         """The (name, tensor) pairs of ``source``'s parameters in this group."""
