@@ -38,7 +38,9 @@ def _relative_to(spec: dict[str, Any], base: Path) -> None:
     keeps the spec next to its data expects), not to wherever the command runs."""
     for section, key in (*_FILE_KEYS, ("model", "base")):
         table = spec.get(section)
-        value = table.get(key) if isinstance(table, dict) else None
+        if not isinstance(table, dict):
+            continue
+        value = table.get(key)
         if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):
             table[key] = str(base / Path(value).expanduser())
 
@@ -75,13 +77,15 @@ def _expand_pretrained(spec: dict[str, Any]) -> None:
     """model.weights naming a local save_pretrained directory: its weights and config.json
     travel as two files, and the directory's path is what the adapter names as its base."""
     model = spec.get("model")
-    base = model.get("base") if isinstance(model, dict) else None
+    if not isinstance(model, dict):
+        return
+    base = model.get("base")
     if isinstance(base, str) and not base.startswith(_REF_PREFIXES):
         directory = Path(base).expanduser()
         model["base_files"] = _base_files(directory)  # uploaded in submit
         model.pop("base")
         model.setdefault("name_or_path", str(directory.resolve()))
-    weights = model.get("weights") if isinstance(model, dict) else None
+    weights = model.get("weights")
     if not isinstance(weights, str) or weights.startswith(_REF_PREFIXES):
         return
     directory = Path(weights)
@@ -177,13 +181,19 @@ class Jobs:
                 spec = tomllib.loads(spec)
             except tomllib.TOMLDecodeError as exc:
                 raise JobError(f"spec: not valid TOML: {exc}") from None
-        spec = json.loads(json.dumps(spec, default=str))  # a deep copy with paths as strings
+        if not isinstance(spec, dict):
+            raise JobError(
+                f"spec: expected a dict, TOML text or the path of a .toml file, got "
+                f"{type(spec).__name__}"
+            )
+        doc: dict[str, Any] = json.loads(json.dumps(spec, default=str))  # a deep copy, paths str
         if base is not None:
-            _relative_to(spec, base)
-        _expand_pretrained(spec)
+            _relative_to(doc, base)
+        _expand_pretrained(doc)
         local = []
         for section, key in _FILE_KEYS:
-            value = spec.get(section, {}).get(key) if isinstance(spec.get(section), dict) else None
+            table = doc.get(section)
+            value = table.get(key) if isinstance(table, dict) else None
             if isinstance(value, str) and value and not value.startswith(_REF_PREFIXES):
                 local.append((section, key, value))
         missing = [f"{s}.{k}: no such file: {v}" for s, k, v in local if not Path(v).is_file()]
@@ -193,15 +203,14 @@ class Jobs:
                 "sha256:<hex>, server:<path> or job:<id>)"
             )
         for section, key, value in local:
-            spec[section][key] = self.upload(value)
-        files = (
-            spec.get("model", {}).get("base_files") if isinstance(spec.get("model"), dict) else None
-        )
+            doc[section][key] = self.upload(value)
+        model = doc.get("model")
+        files = model.get("base_files") if isinstance(model, dict) else None
         if isinstance(files, dict):
             for name, value in files.items():
                 if isinstance(value, str) and not value.startswith(_REF_PREFIXES):
                     files[name] = self.upload(value)
-        info = self._call(m.JobSubmit, json.dumps(spec).encode())
+        info = self._call(m.JobSubmit, json.dumps(doc).encode())
         return Job(self, json.loads(info.info))
 
     def _pipelined(self, calls: Iterable[tuple[Any, ...]]) -> Iterator[Any]:
@@ -426,6 +435,10 @@ MAX_OUTPUT_NAME = 255
 """Longest output file name accepted from a server (a common file-system limit)."""
 
 
+def _refused_output(name: object, bad: str) -> JobError:
+    return JobError(f"the server named a job output {name!r}, which {bad}; nothing written")
+
+
 def output_path(directory: Path, name: object) -> Path:
     """``directory / name`` for an output name a server sent, after checking that the name is
     one plain file name: a malicious or compromised server must not write elsewhere.
@@ -433,10 +446,10 @@ def output_path(directory: Path, name: object) -> Path:
     Raises:
         JobError: naming what is wrong with the name.
     """
-    bad = None
     if not isinstance(name, str) or not name:
-        bad = "is not a non-empty string"
-    elif len(name) > MAX_OUTPUT_NAME:
+        raise _refused_output(name, "is not a non-empty string")
+    bad = None
+    if len(name) > MAX_OUTPUT_NAME:
         bad = f"is longer than {MAX_OUTPUT_NAME} characters"
     elif name in (".", ".."):
         bad = "is a directory reference"
@@ -447,7 +460,7 @@ def output_path(directory: Path, name: object) -> Path:
     elif Path(name).is_absolute() or Path(name).drive:
         bad = "is an absolute path"
     if bad is not None:
-        raise JobError(f"the server named a job output {name!r}, which {bad}; nothing written")
+        raise _refused_output(name, bad)
     path = directory / name
     if path.resolve().parent != directory.resolve():  # belt and braces (symlinked names)
         raise JobError(f"the job output {name!r} would be written outside {directory}")

@@ -147,6 +147,7 @@ class Emitter:
                 elif coef != 1:
                     x = self.node("Mul", [x, self.const(np.array([coef], np.int64))])
                 total = x if total is None else self.node("Add", [total, x])
+            assert total is not None, "a Dyn has a term (one that has none is a constant)"
             self._dyn[d.terms] = total
         return self._dyn[d.terms]
 

@@ -7,6 +7,8 @@ computed at run time; sizes that ONNX takes as node attributes must be static.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from burn_remote.protocol import dtypes
 from burn_remote.protocol.ops_nn import NF4_CODEBOOK, pool_params
@@ -49,7 +51,10 @@ def _slice(e: Emitter, n: Op) -> list[str]:
             continue
         if isinstance(o, int) and o < 0:  # the client's "through index 0" for negative steps
             o = INT64_MIN if s < 0 else INT64_MAX
-        starts.append(a), ends.append(o), axes.append(axis), steps.append(s)
+        starts.append(a)
+        ends.append(o)
+        axes.append(axis)
+        steps.append(s)
     if not axes:
         return [n.inputs[0]]
     args = [n.inputs[0], e.ints(starts), e.ints(ends), e.ints(axes), e.ints(steps)]
@@ -124,8 +129,8 @@ def _one_hot(e: Emitter, n: Op) -> list[str]:
 # --- convolution and pooling ----------------------------------------------------------------
 
 
-def _pair(v: object) -> list[int]:
-    return [v, v] if isinstance(v, int) else list(v)  # type: ignore[list-item]
+def _pair(v: int | Sequence[int]) -> list[int]:
+    return [v, v] if isinstance(v, int) else list(v)
 
 
 @lowers("conv2d")
@@ -148,10 +153,19 @@ def _conv2d(e: Emitter, n: Op) -> list[str]:
 def _pool(e: Emitter, n: Op) -> list[str]:
     """Max pooling ignores padding (the engine pads with -inf); average counts it (zeros)."""
     (kh, kw), (sh, sw), (ph, pw) = pool_params(n.attrs)
-    geometry = dict(kernel_shape=[kh, kw], strides=[sh, sw], pads=[ph, pw, ph, pw])
+    kernel, strides, pads = [kh, kw], [sh, sw], [ph, pw, ph, pw]
     if n.name == "max_pool2d":
-        return [e.node("MaxPool", n.inputs, **geometry)]
-    return [e.node("AveragePool", n.inputs, count_include_pad=1, **geometry)]
+        return [e.node("MaxPool", n.inputs, kernel_shape=kernel, strides=strides, pads=pads)]
+    return [
+        e.node(
+            "AveragePool",
+            n.inputs,
+            kernel_shape=kernel,
+            strides=strides,
+            pads=pads,
+            count_include_pad=1,
+        )
+    ]
 
 
 # --- dequantisation (QLoRA base weights) ------------------------------------------------------

@@ -246,7 +246,7 @@ def _fit(where: str, leaves: dict[Point, Any], names: Sequence[str], sizes: Sequ
         linear[j] -= c * sizes[i]
     const = v0 - sum(a * n for a, n in zip(linear, sizes))
     const -= sum(c * sizes[i] * sizes[j] for (i, j), c in cross.items())
-    terms = [((names[i],), a) for i, a in enumerate(linear) if a]
+    terms: list[tuple[tuple[str, ...], int]] = [((names[i],), a) for i, a in enumerate(linear) if a]
     terms += [((names[i], names[j]), c) for (i, j), c in cross.items()]
     if const:
         terms.append(((), const))

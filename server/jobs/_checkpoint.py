@@ -70,7 +70,7 @@ class Choice:
 def choose(folder: Path) -> Choice:
     """The newest verified checkpoint in ``folder``. A damaged one is renamed to
     ``<name>.damaged`` (kept for a look, never a candidate again)."""
-    skipped = []
+    skipped: list[str] = []
     for step, sha, path in sorted(_checkpoints(folder), reverse=True):
         actual = _sha256(path)
         if actual == sha:

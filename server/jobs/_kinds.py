@@ -106,13 +106,17 @@ def _step_body(clip: float | None, accum: int = 1) -> Any:
     def step(model: Any, opt: Any, x: Any, y: Any) -> Any:
         if accum > 1:
             micro = x.shape[0] // accum
-            total = None
-            for k in range(accum):
+
+            def micro_loss(k: int) -> Any:  # backpropagated here; its value, detached
                 part = loss_on(
                     model, x[k * micro : (k + 1) * micro], y[k * micro : (k + 1) * micro]
                 )
                 (part * (1.0 / accum)).backward()
-                total = part.detach() if total is None else total + part.detach()
+                return part.detach()
+
+            total = micro_loss(0)
+            for k in range(1, accum):
+                total = total + micro_loss(k)
             loss = total * (1.0 / accum)
         else:
             loss = loss_on(model, x, y)
@@ -231,8 +235,8 @@ def run_export(ctx: Any) -> dict[str, Path]:
     dtype = spec["example_dtype"] or ("int64" if isinstance(model, nn.GPT) else "float32")
     example = np.zeros(spec["example_shape"], dtype=dtype)
     if dtype == "float32":
-        example = np.random.default_rng(spec["seed"]).standard_normal(example.shape)
-        example = example.astype(np.float32)
+        noise = np.random.default_rng(spec["seed"]).standard_normal(example.shape)
+        example = np.asarray(noise, np.float32)
     out = ctx.work / "out"
     out.mkdir(parents=True, exist_ok=True)
     kwargs: dict = {"opset": spec["opset"]} if spec["opset"] else {}

@@ -44,7 +44,9 @@ def build_model(
         from burn_remote.nn import _hf
         from burn_remote.nn._gpt2 import config_from_file
 
+        model: nn.GPT
         if m["hf_config"]:  # every hyperparameter from the config.json
+            assert weights is not None, "validate: model.hf_config comes with model.weights"
             doc = json.loads(resolve(m["hf_config"], "model.hf_config").read_text())
             state = nn.load_safetensors(weights)
             model = _hf.build(
@@ -56,7 +58,7 @@ def build_model(
             config = config_from_file(weights, m["n_head"])
         else:
             config = nn.GPTConfig(**(m["config"] or {}))
-        model: nn.Module = nn.GPT(dataclasses.replace(config, dropout=m["dropout"]), device=dev)
+        model = nn.GPT(dataclasses.replace(config, dropout=m["dropout"]), device=dev)
         if weights is not None:
             model.load_gpt2(weights)
         model.name_or_path = m["name_or_path"]
@@ -70,10 +72,10 @@ def build_model(
             layers.append(_LAYERS[kind](**args))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"model.layers[{i}]: {exc}") from None
-    model = nn.Sequential(*layers)
+    net = nn.Sequential(*layers)
     if weights is not None:
-        model.load(weights)
-    return model
+        net.load(weights)
+    return net
 
 
 def base_directory(spec: dict[str, Any], resolve: Any, work: Path) -> Path:

@@ -10,6 +10,7 @@ queued again and resume from their last checkpoint.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import logging
@@ -324,7 +325,7 @@ class JobService:
         timeout: float = WATCH_WAIT,
         owner: str | None = None,
         admin: bool = False,
-    ) -> list[Any]:
+    ) -> builtins.list[Any]:  # (`list` here is the method above)
         """One JobEvents page: the events numbered above ``after``, oldest first, at most
         JOB_EVENTS_PAGE of them and cut short where the JSON would pass half the server's
         frame limit (at least one, however large: a frame the client cannot take ends its

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from burn_remote import JobError, RemoteDevice
+from burn_remote._jobs import Jobs
 from burn_remote.server.jobs import SpecError, validate
 
 from tests.jobs.models import lora_spec
@@ -45,6 +46,14 @@ def test_the_spellings_users_bring_are_taken_as_the_keys_they_mean():
     assert "learning_rate" not in out and "rank" not in out["lora"]  # stored as the keys
     nested = validate({**lora_spec(REF, REF), "optimizer": {"learning_rate": 0.5}})
     assert nested["optimizer"]["lr"] == 0.5
+
+
+@pytest.mark.parametrize("spec", [["kind", "lora_finetune"], b"kind = 'lora_finetune'"])
+def test_a_spec_that_is_no_table_is_refused_before_anything_is_sent(spec):
+    """A list or bytes is no spec: named, where it failed on `.get` of a list or str."""
+    jobs = Jobs(runtime=None)  # no runtime: the refusal must come before anything is sent
+    with pytest.raises(JobError, match=f"spec: expected a dict.*got {type(spec).__name__}"):
+        jobs.submit(spec)
 
 
 def _refused(target: str, spec: dict) -> str:
