@@ -126,6 +126,32 @@ def _ids(raw: Any) -> tuple[int, ...]:
     return tuple(int(i) for i in raw)
 
 
+_ATTR_SCALARS = (int, float, bool, str, type(None))
+
+
+def _attr_value(name: str, value: Any, node: int) -> Any:
+    if type(value) is tuple:
+        for item in value:
+            _attr_value(name, item, node)
+    elif type(value) not in _ATTR_SCALARS:
+        raise GraphError(
+            f"node {node}: attribute {name!r} holds a {type(value).__name__}; attribute values "
+            "are nil, int, float, bool, str or arrays of them (protocol/README.md section 5)",
+            node,
+        )
+    return value
+
+
+def _attrs(raw: Any, node: int) -> tuple[tuple[str, Any], ...]:
+    """A node's [name, value] pairs, as section 5 allows them: str names, each once, and
+    values that are msgpack scalars or arrays (a bin or a map would pass for an array of
+    ints or of keys in an op's rule)."""
+    out = tuple((str(k), _attr_value(str(k), v, node)) for k, v in raw)
+    if len({k for k, _ in out}) != len(out):
+        raise GraphError(f"node {node}: an attribute named twice in {[k for k, _ in out]}", node)
+    return out
+
+
 def decode(data: bytes, max_nodes: int = MAX_GRAPH_NODES) -> Graph:
     """Parse the canonical form; any deviation raises GraphError naming what was wrong.
 
@@ -152,10 +178,10 @@ def decode(data: bytes, max_nodes: int = MAX_GRAPH_NODES) -> Graph:
                 GraphNode(
                     op=op if type(op) is str else str(op),
                     inputs=_ids(ins),
-                    attrs=tuple((str(k), v) for k, v in attrs),
+                    attrs=_attrs(attrs, index),
                     outputs=tuple(specs[s] for s in outs),
                 )
-                for op, ins, attrs, outs in nodes
+                for index, (op, ins, attrs, outs) in enumerate(nodes)
             ),
             outputs=_ids(outputs),
         )

@@ -158,3 +158,42 @@ def test_bad_graph_names_the_node_that_failed_validation(raw: Raw) -> None:
     raw.send(msg("RegisterGraph", 3, hashlib.sha256(bad).digest(), bad), msg("Sync", 4))
     (err,) = errors(raw.replies("Ack"))
     assert (err["code"], err["node"], err["request_id"]) == (ERR["BAD_GRAPH"], -1, 3)
+
+
+def _node_graph(op: str, attrs: list, out: list, **pack: bool) -> bytes:
+    """A one-node graph on a float32[2, 3] input, ``attrs`` written in the order given."""
+    nodes = [[op, [0] if op != "full" else [], attrs, [out]]]
+    inputs = [[[2, 3], F32]] if op != "full" else []
+    return msgpack.packb([1, inputs, nodes, [len(inputs)]], use_bin_type=True, **pack)
+
+
+def test_attributes_are_sorted_by_code_point_and_typed_as_section_5_says(raw: Raw) -> None:
+    """Section 5: a graph's digest is over its attributes sorted by the names' code points,
+    floats as float64; bytes written otherwise are normalised under that digest, refused
+    under their own. Values are nil, int, float, bool, str or arrays of them; a bin or a
+    map is BAD_GRAPH naming its node."""
+    attrs = [["keepdims", False], ["axes", [0]]]  # not in order
+    loose = _node_graph("sum", attrs, [[3], F32])
+    canonical = _node_graph("sum", sorted(attrs, key=lambda kv: kv[0].encode()), [[3], F32])
+    full = [["value", 0.5], ["shape", [2]], ["dtype", F32]]
+    single = _node_graph("full", full, [[2], F32], use_single_float=True)  # 0.5 as float32
+    full64 = _node_graph("full", sorted(full, key=lambda kv: kv[0].encode()), [[2], F32])
+    for rid, (data, canon) in enumerate([(loose, canonical), (single, full64)], start=1):
+        assert data != canon
+        digest = hashlib.sha256(canon).digest()
+        raw.send(msg("RegisterGraph", rid, digest, data), msg("Sync", 10 + rid))
+        assert not errors(raw.replies("Ack"))
+        raw.send(msg("RegisterGraph", 20 + rid, hashlib.sha256(data).digest(), data))
+        raw.send(msg("Sync", 30 + rid))
+        (err,) = errors(raw.replies("Ack"))
+        assert (err["code"], err["request_id"]) == (ERR["BAD_GRAPH"], 20 + rid)
+        assert digest.hex() in err["message"]
+    unset = _node_graph("sum", [["axes", None], ["keepdims", False]], [[], F32])
+    raw.send(msg("RegisterGraph", 40, hashlib.sha256(unset).digest(), unset), msg("Sync", 41))
+    assert not errors(raw.replies("Ack"))  # nil: axes unset, every axis reduced
+    for rid, value in [(50, b"\x00"), (52, {"a": 0})]:  # a bin once passed for axes (0,)
+        bad = _node_graph("sum", [["axes", value], ["keepdims", False]], [[3], F32])
+        raw.send(msg("RegisterGraph", rid, hashlib.sha256(bad).digest(), bad), msg("Sync", 1))
+        (err,) = errors(raw.replies("Ack"))
+        assert (err["code"], err["node"], err["request_id"]) == (ERR["BAD_GRAPH"], 0, rid)
+        assert "'axes'" in err["message"]
