@@ -171,6 +171,9 @@ class BlockingConnection:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self.peer_id: PeerId | None = None
+        self.stopped: dict[int, int] = {}
+        """Stream id -> the application error code of the peer's STOP_SENDING or RESET_STREAM
+        on it: why the peer refused that stream (protocol/README.md section 3, Refusal)."""
         self._thread = threading.Thread(target=self._run, name="burn-remote-quic", daemon=True)
 
     @classmethod
@@ -515,6 +518,7 @@ class BlockingConnection:
                     if sid & 1:  # the peer's stream: end ours too, so aioquic frees it
                         quic.finish_stream(sid)
             elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
+                self.stopped[event.stream_id] = event.error_code
                 if self._readers.pop(event.stream_id, None) is not None:
                     out.append((event.stream_id, None))
             elif isinstance(event, events.ConnectionTerminated) and self._error is None:
