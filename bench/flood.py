@@ -9,6 +9,7 @@ flood running; the figures are medians over the repeats of each phase's median a
 their ratio (the issue's target: median <= 2x, p99 <= 3x).
 
 Run: .venv/bin/python bench/flood.py [--repeats 3] [--steps 100] [--slots N]
+[--flood both|matmuls|reads]
 (``--slots`` sets BURN_REMOTE_ENGINE_SLOTS for the server: engine turns at once.)
 """
 
@@ -73,19 +74,21 @@ def timed(one, steps: int) -> tuple[float, float]:  # type: ignore[no-untyped-de
     return statistics.median(lat), lat[min(len(lat) - 1, int(0.99 * len(lat)))]
 
 
-def flood(dev: RemoteDevice, stop: threading.Event, rounds: list[int]) -> None:
+def flood(dev: RemoteDevice, stop: threading.Event, rounds: list[int], kind: str) -> None:
     rng = np.random.default_rng(1)
     a = dev.tensor(rng.standard_normal((1024, 1024)).astype(np.float32))
     b = dev.tensor(rng.standard_normal((1024, 1024)).astype(np.float32))
     big = dev.tensor(np.ones(READ_BYTES // 4, np.float32))
     dev.sync()
     while not stop.is_set():
-        outs = []
-        for _ in range(FLOOD_MATMULS):
-            outs.append(a @ b)
-            dev.flush()
-        outs[-1].numpy()
-        big.numpy()
+        if kind != "reads":
+            outs = []
+            for _ in range(FLOOD_MATMULS):
+                outs.append(a @ b)
+                dev.flush()
+            outs[-1].numpy()
+        if kind != "matmuls":
+            big.numpy()
         rounds[0] += 1
 
 
@@ -94,6 +97,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--slots", type=int, default=None, help="BURN_REMOTE_ENGINE_SLOTS")
+    ap.add_argument(
+        "--flood",
+        choices=("both", "matmuls", "reads"),
+        default="both",
+        help="what the flooding peer sends (the issue's flood: both)",
+    )
     args = ap.parse_args()
     if args.slots is not None:
         os.environ["BURN_REMOTE_ENGINE_SLOTS"] = str(args.slots)
@@ -112,7 +121,9 @@ def main() -> None:
             quiet.append(timed(one, args.steps))
             flooder = RemoteDevice(target, key=Path(home) / "flood.key")
             stop = threading.Event()
-            thread = threading.Thread(target=flood, args=(flooder, stop, rounds), daemon=True)
+            thread = threading.Thread(
+                target=flood, args=(flooder, stop, rounds, args.flood), daemon=True
+            )
             thread.start()
             time.sleep(1.0)  # the flood's tensors are up and its first round queued
             loud.append(timed(one, args.steps))
@@ -124,7 +135,7 @@ def main() -> None:
         server.stop()
     slots = os.environ.get("BURN_REMOTE_ENGINE_SLOTS", "default (2)")
     print(f"benign captured-MLP step, {args.steps} steps x {args.repeats} repeats, "
-          f"engine slots {slots}, flood rounds run {rounds[0]}")  # fmt: skip
+          f"engine slots {slots}, flood {args.flood}, flood rounds run {rounds[0]}")  # fmt: skip
     med = [statistics.median(r[0] for r in rows) for rows in (quiet, loud)]
     p99 = [statistics.median(r[1] for r in rows) for rows in (quiet, loud)]
     print(f"{'':>8} {'unloaded':>10} {'flooded':>10} {'ratio':>7}")

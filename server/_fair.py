@@ -57,11 +57,13 @@ Wake = Callable[[], None]
 class Ticket:
     """One turn asked for: granted (then running) or waiting in its flow's queue."""
 
-    __slots__ = ("flow", "granted", "_wake")
+    __slots__ = ("flow", "granted", "done", "_wake")
 
     def __init__(self, flow: _Flow, wake: Wake | None) -> None:
         self.flow = flow
         self.granted = False
+        self.done = False
+        """Finished or cancelled: a second finish or cancel does nothing."""
         self._wake = wake
 
 
@@ -126,6 +128,9 @@ class FairShare:
         keeps its place."""
         flow = ticket.flow
         with self._lock:
+            if ticket.done or not ticket.granted:
+                return None
+            ticket.done = True
             self._charge(flow, seconds)
             flow.running -= 1
             self.busy -= 1
@@ -141,7 +146,10 @@ class FairShare:
     def cancel(self, ticket: Ticket) -> None:
         """Give up a turn: a waiting one leaves its queue, a granted one is finished unused."""
         with self._lock:
+            if ticket.done:
+                return
             if not ticket.granted:
+                ticket.done = True
                 flow = ticket.flow
                 try:
                     flow.waiting.remove(ticket)

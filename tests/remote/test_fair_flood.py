@@ -154,11 +154,7 @@ def test_a_job_yields_to_an_interactive_session(tmp_path: Path) -> None:
     from tests.jobs.conftest import wait_for
     from tests.jobs.models import lora_spec, make_base
 
-    one_slot = {**os.environ, "BURN_REMOTE_ENGINE_SLOTS": "1"}  # the job and the session contend
-    server = start_daemon(
-        "serve", tmp_path / "server", "--device", "cpu", "--allow-any", "--http", "127.0.0.1:0",
-        env=one_slot,
-    )  # fmt: skip
+    server = one_slot_server(tmp_path)  # the job and the session contend
     try:
         key = tmp_path / "me.key"
         me = str(Identity.load_or_create(key).peer_id)
@@ -191,3 +187,12 @@ def test_a_job_yields_to_an_interactive_session(tmp_path: Path) -> None:
         dev.close()
     finally:
         assert server.stop() == 0, server.output()
+
+
+def one_slot_server(tmp_path: Path) -> Any:
+    """A server whose engine runs one turn at a time: every turn is contended."""
+    env = {**os.environ, "BURN_REMOTE_ENGINE_SLOTS": "1"}
+    return start_daemon(
+        "serve", str(tmp_path / "server"), "--device", "cpu", "--allow-any",
+        "--http", "127.0.0.1:0", env=env,
+    )  # fmt: skip

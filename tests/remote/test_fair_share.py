@@ -86,6 +86,9 @@ def test_turns_start_at_once_when_free_and_cancel_gives_them_back():
     assert d.granted and woken == ["d"] and not c.granted
     fair.finish(b, 0.001)
     fair.finish(d, 0.001)
+    fair.cancel(d)  # twice (a cancelled wait, then the caller's cleanup): no second release
+    fair.finish(b, 0.001)
+    fair.cancel(c)
     assert fair.busy == 0
     shares = {f["flow"]: f for f in fair.shares()["flows"]}
     assert shares["b"]["turns"] == 1 and shares["a"]["seconds"] == 0.0
