@@ -30,7 +30,7 @@ def test_soak_every_kind_progresses_without_errors_or_leaks(spawn, tmp_path: Pat
     server = spawn("--http", "0")
     assert server.http, server.output()
     report = soak.run_soak(
-        server, tmp_path / "soak", sessions=len(soak.KINDS), seconds=15.0, warmup=4.0,
+        server, tmp_path / "soak", sessions=len(soak.KINDS), seconds=12.0, warmup=4.0,
         every=2.0, bulk_mib=(8, 16),
     )  # fmt: skip
     assert report.errors == [], report.errors
