@@ -1,28 +1,14 @@
-"""Neural-network modules; `functional` holds the stateless forms."""
+"""Neural-network modules; `functional` holds the stateless forms.
+
+The layers and `Module` load with the package; the language-model half (GPT, Llama, the KV
+cache, generation, checkpoints) on first use, through `__getattr__`: a script that builds
+an MLP does not pay for it (bench/first_contact.py times script start to first loss)."""
+
+from typing import TYPE_CHECKING, Any
 
 from .. import functional
 from . import init
-from ._attention import (
-    MLP,
-    CausalSelfAttention,
-    MultiHeadAttention,
-    TransformerBlock,
-    causal_mask,
-    scaled_dot_product_attention,
-)
-from ._auto import AutoModelForCausalLM
-from ._generate import GenerationMixin
-from ._gpt import GPT, GPTConfig
-from ._hf import HFConfigError
 from ._init import seed
-from ._kv_cache import (
-    CacheSpec,
-    CacheStep,
-    KVCache,
-    KVCacheDoesNotFit,
-    LayerCache,
-    cached_attention,
-)
 from ._layers import (
     GELU,
     BatchNorm1d,
@@ -37,12 +23,87 @@ from ._layers import (
     ReLU,
     RMSNorm,
 )
-from ._llama import LlamaForCausalLM
-from ._llm_config import DecoderConfig
-from ._llm_io import CheckpointError
 from ._module import Module, ModuleList, Sequential
-from ._serialize import load_arrays as load_safetensors
-from ._serialize import save_arrays as save_safetensors
+
+_LAZY = {
+    # name: (module, attribute)
+    **{
+        name: ("._attention", name)
+        for name in (
+            "MLP",
+            "CausalSelfAttention",
+            "MultiHeadAttention",
+            "TransformerBlock",
+            "causal_mask",
+            "scaled_dot_product_attention",
+        )
+    },
+    **{
+        name: ("._kv_cache", name)
+        for name in (
+            "CacheSpec",
+            "CacheStep",
+            "KVCache",
+            "KVCacheDoesNotFit",
+            "LayerCache",
+            "cached_attention",
+        )
+    },
+    "AutoModelForCausalLM": ("._auto", "AutoModelForCausalLM"),
+    "GenerationMixin": ("._generate", "GenerationMixin"),
+    "GPT": ("._gpt", "GPT"),
+    "GPTConfig": ("._gpt", "GPTConfig"),
+    "HFConfigError": ("._hf", "HFConfigError"),
+    "LlamaForCausalLM": ("._llama", "LlamaForCausalLM"),
+    "DecoderConfig": ("._llm_config", "DecoderConfig"),
+    "CheckpointError": ("._llm_io", "CheckpointError"),
+    "load_safetensors": ("._serialize", "load_arrays"),
+    "save_safetensors": ("._serialize", "save_arrays"),
+}
+"""Public names loaded on first use (the language-model half and safetensors)."""
+
+
+def __getattr__(name: str) -> Any:
+    spec = _LAZY.get(name)
+    if spec is None:
+        raise AttributeError(f"module 'burn_remote.nn' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(spec[0], __name__), spec[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly
+    from ._attention import (  # noqa: F401
+        MLP,
+        CausalSelfAttention,
+        MultiHeadAttention,
+        TransformerBlock,
+        causal_mask,
+        scaled_dot_product_attention,
+    )
+    from ._auto import AutoModelForCausalLM  # noqa: F401
+    from ._generate import GenerationMixin  # noqa: F401
+    from ._gpt import GPT, GPTConfig  # noqa: F401
+    from ._hf import HFConfigError  # noqa: F401
+    from ._kv_cache import (  # noqa: F401
+        CacheSpec,
+        CacheStep,
+        KVCache,
+        KVCacheDoesNotFit,
+        LayerCache,
+        cached_attention,
+    )
+    from ._llama import LlamaForCausalLM  # noqa: F401
+    from ._llm_config import DecoderConfig  # noqa: F401
+    from ._llm_io import CheckpointError  # noqa: F401
+    from ._serialize import load_arrays as load_safetensors  # noqa: F401
+    from ._serialize import save_arrays as save_safetensors  # noqa: F401
 
 __all__ = [
     "AutoModelForCausalLM",
