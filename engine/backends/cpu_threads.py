@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -111,6 +110,8 @@ def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int)
         return
     pool = _state["pool"]
     if pool is None:
+        from concurrent.futures import ThreadPoolExecutor  # here: a small step never needs it
+
         pool = _state["pool"] = ThreadPoolExecutor(n, thread_name_prefix="burn-cpu")
     for _ in pool.map(fn, parts):
         pass

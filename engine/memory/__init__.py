@@ -4,28 +4,89 @@ statistics and quota.
 Everything public is re-exported here from private modules; import from this package.
 """
 
+# What a CPU device needs at its start (its ledger, its errors) loads now; the pools, arena
+# planning and traces on first use (see __getattr__): `Device.cpu()` opens without them.
+from typing import TYPE_CHECKING, Any
+
 from ._accounting import Accounting
-from ._adaptive import AdaptivePool
-from ._arena import ArenaPlan, Buffer, plan_arena
-from ._block import Block, align_up
-from ._constants import ALIGNMENT, SMALL_ALLOC_MAX
-from ._cupy import (
-    CupyAllocator,
-    CupyPageAllocator,
-    install_cupy_allocator,
-    installed_allocator,
-    uninstall_cupy_allocator,
-)
-from ._device import Arena, DeviceMemory
 from ._errors import MemoryQuotaExceeded
 from ._format import fmt_bytes, parse_bytes
-from ._graph import GraphMemory, GraphRun
-from ._pages import HostPageAllocator, Page, PageAllocator, VirtualPageAllocator
-from ._source import PageSource
-from ._static import StaticPool, subslice_classes
 from ._stats import MemoryStats, PoolStats
-from ._trace import Alloc, Event, Free, ReplayResult, peak_live, replay, transient_buffers
-from ._tuning import PageChoice, choose_page_size
+
+_LAZY = {
+    # name: the private module that holds it
+    "AdaptivePool": "._adaptive",
+    "ArenaPlan": "._arena",
+    "Buffer": "._arena",
+    "plan_arena": "._arena",
+    "Block": "._block",
+    "align_up": "._block",
+    "ALIGNMENT": "._constants",
+    "SMALL_ALLOC_MAX": "._constants",
+    "CupyAllocator": "._cupy",
+    "CupyPageAllocator": "._cupy",
+    "install_cupy_allocator": "._cupy",
+    "installed_allocator": "._cupy",
+    "uninstall_cupy_allocator": "._cupy",
+    "Arena": "._device",
+    "DeviceMemory": "._device",
+    "GraphMemory": "._graph",
+    "GraphRun": "._graph",
+    "HostPageAllocator": "._pages",
+    "Page": "._pages",
+    "PageAllocator": "._pages",
+    "VirtualPageAllocator": "._pages",
+    "PageSource": "._source",
+    "StaticPool": "._static",
+    "subslice_classes": "._static",
+    "Alloc": "._trace",
+    "Event": "._trace",
+    "Free": "._trace",
+    "ReplayResult": "._trace",
+    "peak_live": "._trace",
+    "replay": "._trace",
+    "transient_buffers": "._trace",
+    "PageChoice": "._tuning",
+    "choose_page_size": "._tuning",
+}
+"""Public names loaded on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'burn_remote.engine.memory' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # for type checkers: the names as if imported eagerly
+    from ._adaptive import AdaptivePool  # noqa: F401
+    from ._arena import ArenaPlan, Buffer, plan_arena  # noqa: F401
+    from ._block import Block, align_up  # noqa: F401
+    from ._constants import ALIGNMENT, SMALL_ALLOC_MAX  # noqa: F401
+    from ._cupy import (  # noqa: F401
+        CupyAllocator,
+        CupyPageAllocator,
+        install_cupy_allocator,
+        installed_allocator,
+        uninstall_cupy_allocator,
+    )
+    from ._device import Arena, DeviceMemory  # noqa: F401
+    from ._graph import GraphMemory, GraphRun  # noqa: F401
+    from ._pages import HostPageAllocator, Page, PageAllocator, VirtualPageAllocator  # noqa: F401
+    from ._source import PageSource  # noqa: F401
+    from ._static import StaticPool, subslice_classes  # noqa: F401
+    from ._trace import Alloc, Event, Free, ReplayResult, peak_live, replay, transient_buffers  # noqa: F401
+    from ._tuning import PageChoice, choose_page_size  # noqa: F401
+
 
 __all__ = [
     "Accounting",
