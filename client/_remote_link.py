@@ -137,6 +137,7 @@ class Link:
                 # prefix and sequencing header written into the frame's buffer: the frame
                 # is copied once (into QUIC's send buffer) after it was joined
                 buffer = batch.frame
+                assert isinstance(buffer, bytearray)  # take(STAMP_ROOM): room in a bytearray
                 self._seq.stamp(buffer)
                 sends = (
                     [BulkSend(bid, payload) for bid, payload in batch.bulk] if batch.bulk else ()
@@ -187,7 +188,7 @@ class Link:
         with self._lock:
             conn, up = self._conn, self._state == _UP
             self._state = _CLOSED
-            if up:
+            if up and conn is not None:
                 _control_frame(conn, self._control, self._seq.goodbye())
         if conn is not None:
             conn.close("client closing", flush_timeout=2.0)
@@ -210,9 +211,10 @@ class Link:
     def _send(self, frame: Any, sends: Any, prefixed: bool = False) -> None:
         """A lost connection is reported by its reader; what failed here is resent on resume.
         ``prefixed``: ``frame`` starts with its transport length prefix (``stamp``)."""
-        if _control_frame(self._conn, self._control, frame, prefixed):
+        conn = self._conn
+        if conn is not None and _control_frame(conn, self._control, frame, prefixed):
             for send in sends:
-                self._bulk_put((self._conn, send))
+                self._bulk_put((conn, send))
 
     def _bulk_put(self, item: tuple[Any, BulkSend]) -> None:
         if self._bulk_thread is None:
@@ -338,7 +340,7 @@ class Link:
             f"its tensors are lost and no transfer under way was stored: {_describe(exc)}"
         )
 
-    def _go_up(self, frames: list[bytes]) -> None:
+    def _go_up(self, frames: list[bytes | memoryview]) -> None:
         """Send the frames the server lacks, then every unfinished transfer (from where the
         server's acknowledgements left it)."""
         for frame in frames:

@@ -93,7 +93,9 @@ def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, flo
     if len(execs) < MIN_RUN_STEPS and not cut:
         s.run_skip = execs[0][0] + 1  # no run starts up to its only ExecuteGraph
         return None
-    fit = min(len(execs), budget_limit - 1) if cut else len(execs)  # what the budget takes
+    fit = len(execs)  # what the budget takes
+    if cut and budget_limit is not None:
+        fit = min(fit, budget_limit - 1)
     if not looked:
         plan = _plan_for(s, execs[0][1])
     valid = 0  # leading steps that bind as the plan wants
@@ -172,6 +174,7 @@ class _Run:
 
     def __init__(self, s: Any, reserve: int, arena: int) -> None:
         self.s, self.reserve = s, reserve
+        self.settled = False
         self.room = reserve - arena
         """What the store may grow by: the rest stays for each step's arena."""
         self.base = s.nbytes
@@ -300,9 +303,9 @@ class _Run:
         """One ledger update for the whole run: the reservation returned, what it stored
         and dropped charged (once; a second call does nothing)."""
         s, reserve = self.s, self.reserve
-        if reserve is None:
+        if self.settled:
             return
-        self.reserve = None
+        self.settled = True
         s.nbytes = self.base + self.delta
         s.run_reserved = 0
         s.state.settle_run(reserve, self.added, self.delta, self.top)

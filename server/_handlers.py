@@ -185,7 +185,7 @@ def _execute(
         raise engine_failure(exc) from None
 
 
-def engine_failure(exc: BaseException) -> BaseException:
+def engine_failure(exc: Exception) -> Exception:
     """What the client is told of a run that raised ``exc``: the Failure naming the node
     (a collective's names the group and the culprit rank), MALFORMED for bindings the
     kernels refused; anything else as it is (an internal error)."""

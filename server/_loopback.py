@@ -26,7 +26,7 @@ class LoopbackLink:
 
     def __init__(self, session: Session, proto: ClientProtocol, cond: threading.Condition) -> None:
         self.session, self.proto, self.cond = session, proto, cond
-        self.frames: list[bytes] = []
+        self.frames: list[bytes | bytearray] = []
         """Every control frame sent, for tests that inspect or mutate them."""
 
     def kick(self) -> None:
@@ -46,7 +46,8 @@ class LoopbackLink:
                         self._return_bulk(out.send)
                     elif isinstance(out, StartFetch):
                         self.session.feed_fetched(out.tensor_id, "no network in memory")
-                        self.session.queue and self._resume()
+                        if self.session.queue:
+                            self._resume()
                 self.cond.notify_all()
 
     def _deliver_bulk(self, bulk_id: int, payload: Any) -> None:

@@ -255,7 +255,7 @@ class DataIn:
         _close(self.sock)
 
 
-def _close(sock: socket.socket) -> None:
+def _close(sock: socket.socket | shm.SharedPipe) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:

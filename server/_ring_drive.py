@@ -19,6 +19,7 @@ from cryptography.exceptions import InvalidTag
 
 from ..engine.collective import ring
 from ..protocol import messages as m
+from . import _ring_shm as shm
 from ._ring_data import LENGTH, DataIn, DataOut, LinkBroken
 
 
@@ -134,7 +135,7 @@ def drive_tcp(
                 k, a, b = sends[si]
                 if k == 0 or done > where[(k - 1, a)]:
                     src = xb if k == 0 else ab  # ring.source
-                    pending = out.seal_piece(memoryview(src[a * item : b * item]))
+                    pending = out.seal_piece(src[a * item : b * item].data)
                     si += 1
             reading = done < len(recvs) or stage != "piece"
             if not pending and si == len(sends) and not reading:
@@ -160,7 +161,8 @@ def drive_tcp(
                 wait = LINK_POLL
                 if header_wait:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
-                if reading and getattr(isock, "buffered", 0):  # announced, in shared memory
+                # announced, in shared memory (poll cannot see those bytes: see SharedPipe)
+                if reading and isinstance(isock, shm.SharedPipe) and isock.buffered:
                     events = {ifd: select.POLLIN}
                 else:
                     events = dict(poller.poll(wait * 1000))
@@ -199,7 +201,7 @@ def drive_tcp(
                 if sealed:
                     try:
                         sealer.aead.decrypt_into(
-                            sealer.nonce(), want, sealer.aad, ab[a * item : b * item]
+                            sealer.nonce(), want, sealer.aad, ab[a * item : b * item].data
                         )
                     except InvalidTag:
                         why = "sent ring data that failed authentication"
@@ -291,7 +293,7 @@ def send_pieces(plan: ring.Plan, x: np.ndarray, acc: np.ndarray, out, progress: 
         if k and not progress.wait_for(where[(k - 1, a)] + 1):
             return
         src = xb if k == 0 else ab  # ring.source: the input at step 0, the result after
-        out.send_piece(memoryview(src[a * item : b * item]))
+        out.send_piece(src[a * item : b * item].data)
 
 
 def receive_pieces(
@@ -302,7 +304,7 @@ def receive_pieces(
     item = acc.itemsize
     ab = acc.view(np.uint8)
     for j, (_, a, b, reduce) in enumerate(plan.receives()):
-        inp.recv_piece_into(memoryview(ab[a * item : b * item]))
+        inp.recv_piece_into(ab[a * item : b * item].data)
         if reduce:
             np.add(acc[a:b], x[a:b], out=acc[a:b])
         progress.advance(j + 1)

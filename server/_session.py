@@ -77,6 +77,8 @@ _RUNS_AT = {
 Tuples: membership compares identity first, where a set would hash an Enum in Python."""
 _LOOP_ONLY = _RUNS_AT[Place.LOOP]
 _RUN_STARTS = (m.Upload, m.ExecuteGraph)
+Queued = m.Message | m.Undecodable
+"""A queued message: one that decoded, or one that did not (answered MALFORMED in its place)."""
 """Messages a run of replays (``_batch.replay_run``) may start with."""
 
 
@@ -107,7 +109,7 @@ class Session:
         self.closed = False
         """Set when the connection must end (bad version, session limit)."""
         self.greeted = False
-        self.queue: deque[m.Message] = deque()
+        self.queue: deque[Queued] = deque()
         self.bulk_in: dict[int, Any] = {}
         """Whole transfers not yet used by their Upload: bulk id -> buffer (None: given up;
         a Failure: refused)."""
@@ -183,7 +185,7 @@ class Session:
             self.last_active = now
         return reply
 
-    def feed_control(self, frame: bytes) -> None:
+    def feed_control(self, frame: bytes | bytearray) -> None:
         """Queue a control frame's messages; a malformed frame is answered and skipped."""
         try:
             msgs = m.decode_each(frame)  # a bad message is answered in its place
@@ -288,13 +290,13 @@ class Session:
         self.fetched[tensor_id] = result
 
     # --- processing -------------------------------------------------------------------------
-    def place_of(self, msg: m.Message, budget: float | None = None) -> Place:
+    def place_of(self, msg: Queued, budget: float | None = None) -> Place:
         """Where ``msg`` runs: its handler's place, or the loop for engine work whose known
         cost fits ``budget``. Hello and unknown messages are answered on the loop."""
         handler = HANDLERS.get(type(msg)) if self.greeted else None
         return self._where(handler, msg, INLINE_BUDGET if budget is None else budget)[0]
 
-    def _where(self, handler: Any, msg: m.Message, budget: float) -> tuple[Place, float]:
+    def _where(self, handler: Any, msg: Queued, budget: float) -> tuple[Place, float]:
         """(where ``msg`` runs, the loop time it takes there): ``handler.inline`` is asked
         once per message and place (an ExecuteGraph's answer also keeps its plan for the
         handler: ``_handlers.execute``)."""
@@ -442,7 +444,7 @@ class Session:
         self._bulk_ids += 1
         return self._bulk_ids
 
-    def _dispatch(self, msg: m.Message, now: float) -> Any:
+    def _dispatch(self, msg: Queued, now: float) -> Any:
         if isinstance(msg, m.Undecodable):
             raise Failure(m.MALFORMED, msg.reason)
         if not self.greeted:
