@@ -14,7 +14,9 @@ The loop, and why it is shaped so:
    choice of token, the EOS and repetition bookkeeping) is one `br.compile`d function whose
    arguments are the previous token (a device tensor) and two Python ints (the slot and the
    token's index) that become bindings: after two recordings it replays, and on a remote
-   device each step is one small ExecuteGraph.
+   device each step is one small ExecuteGraph. The model keeps the state and its captured
+   step after the call (`_decode_state`), so a later call of the same shape and settings
+   records nothing: it resets the state's values and replays from its first step.
 2. The chosen token stays on the device and is the next step's argument, so nothing waits
    for it. The client reads tokens in blocks of TOKEN_BLOCK (the prefill's token alone, for a
    fast first token), one block behind the steps it has queued, so the device always has
@@ -34,10 +36,9 @@ import numpy as np
 
 from .. import functional as F
 from .._autograd import no_grad
-from .._compile import compile as capture
 from .._tensor import Tensor
-from . import _sampling
-from ._kv_cache import KVCache, prefill_mask
+from . import _decode_state, _sampling
+from ._kv_cache import prefill_mask
 
 FROM_CONFIG: Any = object()
 """`eos_token_id`'s default: take it from the model's config.json (None means none)."""
@@ -263,64 +264,15 @@ class _Generation:
         self.key = key
         self.dev = _device_of(model)
         self.spec = spec
+        self.settings = (
+            do_sample, temperature, self.top_k, top_p, repetition_penalty, tuple(self.eos),
+            self.pad,
+        )  # fmt: skip
         self.reads = 0
         self.stats: dict[str, int] = {}
 
     def _vocab(self) -> int:
         return int(self.model.config.vocab)
-
-    # --- device state ---------------------------------------------------------------------
-    def _setup(self) -> None:
-        dev, (b, t) = self.dev, self.ids.shape
-        self.cache = KVCache(self.spec, b, self.length, dev)
-        real = self.mask.sum(axis=1, keepdims=True)
-        readable = np.ones((b, self.length), bool)
-        readable[:, :t] = self.mask
-        self.readable = dev.tensor(readable)
-        self.offset = dev.tensor((real - t).astype(np.int64))
-        vocab = self._vocab()
-        self.seen = None
-        if self.penalty != 1.0:
-            seen = np.zeros((b, vocab), bool)
-            np.put_along_axis(seen, self.ids, True, axis=1)  # padding too, as transformers
-            self.seen = dev.tensor(seen)
-            self.vocab_ids = dev.tensor(np.arange(vocab, dtype=np.int64)[None])
-        self.done = dev.tensor(np.zeros((b, 1), bool)) if self.eos else None
-        if self.do_sample:
-            from ._init import next_key
-
-            base = next_key(dev) if self.key is None else dev.tensor(np.int64(self.key))
-            self.base_key = base
-
-    def _choose(self, logits: Tensor, index: Tensor | int) -> Tensor:
-        """The next token (B, 1) int64 from the last position's logits (B, vocab); updates
-        the finished rows and the tokens seen. `index`: which new token this is (0 first)."""
-        b = logits.shape[0]
-        if self.seen is not None:
-            logits = _sampling.repetition_penalty(logits, self.seen, self.penalty)
-        if self.do_sample:
-            if self.temperature != 1.0:
-                logits = logits * (1.0 / self.temperature)
-            if self.top_k:
-                logits = _sampling.top_k_top_p(logits, self.top_k, self.top_p)
-            token = _sampling.gumbel_argmax(logits, self.base_key + index)
-        else:
-            token = logits.argmax(axis=-1)
-        token = token.reshape(b, 1)
-        if self.done is not None:
-            token = F.where(self.done, self.pad, token)
-            ended = self.done
-            for e in self.eos:
-                ended = ended | (token == e)
-            self.done._assign(ended)
-        if self.seen is not None:
-            self.seen._assign(self.seen | (self.vocab_ids == token))
-        return token
-
-    def _decode(self, token: Tensor, slot: Tensor, index: Tensor) -> Tensor:
-        """One decode step (the captured function): `token` (B, 1) at cache slot `slot`."""
-        step = self.cache.decode(slot, slot + self.offset, self.readable)
-        return self._choose(self.model.forward_cached(token, step), index)
 
     # --- the loop -------------------------------------------------------------------------
     def run(self, streamer: Any) -> np.ndarray:
@@ -340,14 +292,28 @@ class _Generation:
     def tokens(self) -> Generator[np.ndarray, None, None]:
         """The new tokens, one (B,) int64 column per step, in order, as their blocks are
         read; ends after the step where the last row met EOS, or at max_new_tokens."""
-        self._setup()
+        dev, b = self.dev, self.ids.shape[0]
+        state = _decode_state.acquire(self.model, dev, self.spec, b, self.length, self.settings)
+        decode = state.decode
+        recordings, replays = decode.recordings, decode.replays
+        try:
+            state.reset(self.ids, self.mask, self.key)
+            yield from self._steps(state)
+        finally:
+            self.stats["decode_steps"] = decode.recordings + decode.replays - recordings - replays
+            self.stats["decode_recordings"] = decode.recordings - recordings
+            self.stats["decode_replays"] = decode.replays - replays
+            self.stats["cache_bytes"] = state.cache.nbytes
+            _decode_state.done_with(self.model, state)
+
+    def _steps(self, state: _decode_state.DecodeState) -> Generator[np.ndarray, None, None]:
         dev, (b, t) = self.dev, self.ids.shape
         positions = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int64)
-        step = self.cache.prefill(
+        step = state.cache.prefill(
             dev.tensor(positions), dev.tensor(prefill_mask(self.mask, self.length))
         )
-        token = self._choose(self.model.forward_cached(dev.tensor(self.ids), step), 0)
-        decode = capture(self._decode)
+        token = state.choose(self.model.forward_cached(dev.tensor(self.ids), step), 0)
+        decode = state.decode
         pending: list[Tensor] = [token]
         queued: list[Tensor] = []
         finished = np.zeros(b, bool)
@@ -372,14 +338,7 @@ class _Generation:
                     new += 1
                     yield column
         finally:
-            self.stats = {
-                "new_tokens": new,
-                "decode_steps": decode.recordings + decode.replays,
-                "decode_recordings": decode.recordings,
-                "decode_replays": decode.replays,
-                "reads": self.reads,
-                "cache_bytes": self.cache.nbytes,
-            }
+            self.stats.update(new_tokens=new, reads=self.reads)
 
     def _take(self, block: list[Tensor], finished: np.ndarray) -> list[np.ndarray]:
         """Read a block of tokens: its columns (B,), cut after the step where the last row

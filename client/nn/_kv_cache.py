@@ -231,6 +231,9 @@ def _write(cache: Tensor, new: Tensor, step: CacheStep) -> Tensor:
         raise ValueError(f"KV cache: {start + t} positions exceed its {slots} slots")
     if start == 0 and t == slots:
         return new
+    if start == 0:  # a prompt: the slots past it start empty, whatever a kept cache held
+        b, h, _, d = new.shape
+        return F.cat([new, step.cache.device.zeros((b, h, slots - t, d), cache.dtype)], axis=2)
     parts = [p for p in (cache[:, :, :start] if start else None, new) if p is not None]
     if start + t < slots:
         parts.append(cache[:, :, start + t :])

@@ -163,6 +163,41 @@ def test_stream_yields_generates_tokens_in_order_and_stops_at_eos(gpt2_dir, hf_m
         np.testing.assert_array_equal(np.stack(got, axis=1), full[:, PROMPT:])
 
 
+def test_a_later_call_replays_the_decode_step_the_model_kept(gpt2_dir, hf_model) -> None:
+    ids, mask = _prompts(3)
+    hf = dict(eos_token_id=None, pad_token_id=0, repetition_penalty=1.3, do_sample=False)
+    kw = dict(attention_mask=mask, eos_token_id=None, pad_token_id=0, repetition_penalty=1.3)
+    want = _hf_generate(hf_model, ids, mask, max_new_tokens=NEW, **hf)
+    model = nn.GPT.from_pretrained(gpt2_dir)
+    np.testing.assert_array_equal(model.generate(ids, NEW, **kw), want)
+    # other prompts of the same shape: nothing recorded, every step replayed over the reset
+    # state (cache, mask, offsets, tokens seen), tokens as a fresh model's
+    other = (ids * 7 + 5) % VOCAB
+    other[mask == 0] = 0
+    got = model.generate(other, NEW, **kw)
+    stats = model.generation_stats
+    assert stats["decode_recordings"] == 0 and stats["decode_replays"] == NEW - 1
+    np.testing.assert_array_equal(got, nn.GPT.from_pretrained(gpt2_dir).generate(other, NEW, **kw))
+    np.testing.assert_array_equal(model.generate(ids, NEW, **kw), want)
+    # another length records anew (the kept state is dropped), and is still right
+    short = _hf_generate(hf_model, ids, mask, max_new_tokens=NEW - 4, **hf)
+    np.testing.assert_array_equal(model.generate(ids, NEW - 4, **kw), short)
+    assert model.generation_stats["decode_recordings"] == 2
+    # sampling: the kept step draws from the key of each call
+    sample = dict(do_sample=True, top_k=20, attention_mask=mask, eos_token_id=None)
+    a = model.generate(ids, NEW, key=3, **sample)
+    b = model.generate(ids, NEW, key=4, **sample)
+    assert model.generation_stats["decode_recordings"] == 0
+    np.testing.assert_array_equal(model.generate(ids, NEW, key=3, **sample), a)
+    assert (a != b).any()
+    # a stream left open holds the kept state: a call meanwhile gets a state of its own
+    it = model.stream(ids, NEW, key=3, **sample)
+    first = next(it)
+    np.testing.assert_array_equal(model.generate(ids, NEW, key=4, **sample), b)
+    rest = list(it)
+    np.testing.assert_array_equal(np.stack([first, *rest], axis=1), a[:, PROMPT:])
+
+
 def test_stream_stopped_early_queues_no_more_steps(gpt2_dir) -> None:
     model = nn.GPT.from_pretrained(gpt2_dir)
     ids = _prompts(1)[0]
