@@ -1,7 +1,11 @@
 """Peer-to-peer QUIC transport: Ed25519 identities, mutual TLS, a trio driver, frame streams.
 
-Public names are re-exported here from private modules; see README.md beside this file.
+Public names are re-exported here from private modules; see README.md beside this file. The
+trio driver (`Connection`, `Endpoint`, `FrameStream`) loads on first use (see __getattr__):
+a client's `BlockingConnection` runs on threads and never loads trio.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._addressing import (
     AddressBook,
@@ -21,13 +25,39 @@ from ._config import (
     MAX_FRAME_SIZE,
     EndpointConfig,
 )
-from ._connection import Connection
-from ._endpoint import Endpoint
 from ._errors import FrameTooLarge, KeyFileError, PeerGone, PeerRejected, TransportError
 from ._identity import PEER_ID_LENGTH, Identity, PeerId
 from ._paths import default_address_book_path, default_authorized_peers_path, default_key_path
 from ._resolver import PeerLookup, add_resolver, ask_resolvers, remove_resolver
-from ._streams import FRAME_PREFIX_SIZE, FrameStream
+
+_LAZY = {
+    "Connection": "._connection",
+    "Endpoint": "._endpoint",
+    "FrameStream": "._streams",
+    "FRAME_PREFIX_SIZE": "._streams",
+}
+"""The trio driver's public names, loaded on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'burn_remote.protocol.transport' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # for type checkers: the names as if imported eagerly
+    from ._connection import Connection  # noqa: F401
+    from ._endpoint import Endpoint  # noqa: F401
+    from ._streams import FRAME_PREFIX_SIZE, FrameStream  # noqa: F401
 
 __all__ = [
     "ALPN",

@@ -32,12 +32,12 @@ from aioquic.quic import events
 from ..addressing import SocketAddress
 from ._auth import AUTH_REFUSED, AuthFailure, PeerAuth
 from ._config import EndpointConfig, qh3_part
-from ._connection import _termination_error
-from ._endpoint import SEND_LOSS_ERRNOS, _size_buffers
 from ._engine import ClientEngine, ReceiveLedger
 from ._errors import FrameTooLarge, PeerGone, PeerRejected, TransportError
 from ._identity import Identity, PeerId
 from ._quic import client_connection
+from ._termination import termination_error
+from ._udp import SEND_LOSS_ERRNOS, size_buffers
 
 log = logging.getLogger("burn_remote.transport")
 
@@ -206,7 +206,7 @@ class BlockingConnection:
         sock = socket.socket(family, socket.SOCK_DGRAM)
         conn = None
         try:
-            _size_buffers(sock, config.socket_buffer)
+            size_buffers(sock, config.socket_buffer)
             sock.connect(remote)
             auth, ledger = (
                 PeerAuth(identity, is_client=True, expected_peer=peer_id),
@@ -523,7 +523,7 @@ class BlockingConnection:
                     out.append((event.stream_id, None))
             elif isinstance(event, events.ConnectionTerminated) and self._error is None:
                 host, port = self._remote[:2]
-                self._error = _termination_error(event, f"connection to {host}:{port}")
+                self._error = termination_error(event, f"connection to {host}:{port}")
         if not self._ready.is_set():
             proof = None if self._error is not None else self._auth.proof_due()
             if proof is not None:  # the handshake has its keys: the binding is known

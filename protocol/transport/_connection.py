@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
-from aioquic import tls
 from aioquic.quic import events
 
 from ..addressing import Address, SocketAddress
@@ -24,6 +23,7 @@ from ._engine import EndpointEngine, ReceiveLedger
 from ._errors import PeerRejected, TransportError
 from ._identity import PeerId
 from ._streams import FrameStream
+from ._termination import termination_error
 
 if TYPE_CHECKING:
     from ._endpoint import Endpoint
@@ -34,31 +34,6 @@ Handler = Callable[["Connection"], Awaitable[None]]
 LegacyRefusal = Callable[[bytes], bytes]
 """What a server answers to the first frame of a client that offered only an older ALPN
 (``LEGACY_ALPNS``): the frame payload it sends back before it closes the connection."""
-
-_AUTH_ALERTS = {
-    tls.AlertDescription.bad_certificate,
-    tls.AlertDescription.unsupported_certificate,
-    tls.AlertDescription.access_denied,
-    tls.AlertDescription.certificate_required,
-}
-
-
-def _termination_error(event: events.ConnectionTerminated, where: str) -> TransportError:
-    """Turn aioquic's close event into an exception whose text says what happened."""
-    code = event.error_code
-    reason = event.reason_phrase or "no reason given"
-    if 0x100 <= code < 0x200:
-        try:
-            alert = tls.AlertDescription(code - 0x100)
-        except ValueError:
-            return TransportError(f"{where}: TLS alert {code - 0x100}: {reason}")
-        cls = PeerRejected if alert in _AUTH_ALERTS else TransportError
-        return cls(f"{where}: TLS {alert.name}: {reason}")
-    if code in (AUTH_REFUSED, VERSION_REFUSED) and event.frame_type is None:
-        return PeerRejected(f"{where}: refused: {reason}")
-    if code == 0 and event.frame_type is None:
-        return TransportError(f"{where}: closed: {reason}")
-    return TransportError(f"{where}: closed (error 0x{code:x}): {reason}")
 
 
 class Connection:
@@ -333,7 +308,7 @@ class Connection:
         if self._error is not None:
             return
         host, port = self.remote_address
-        self._fail(_termination_error(event, f"connection to {host}:{port}"))
+        self._fail(termination_error(event, f"connection to {host}:{port}"))
 
     def _fail(self, error: TransportError) -> None:
         if self._error is not None:

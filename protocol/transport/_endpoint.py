@@ -17,7 +17,7 @@ import os
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Protocol
 
 import trio
@@ -40,6 +40,7 @@ from ._engine import EndpointEngine, ReceiveLedger
 from ._errors import PeerRejected, TransportError
 from ._identity import Identity, PeerId
 from ._quic import aioquic_connection, client_connection
+from ._udp import SEND_LOSS_ERRNOS, size_buffers
 
 log = logging.getLogger("burn_remote.transport")
 
@@ -75,12 +76,6 @@ MAX_UNAUTHENTICATED = 256
 with ``handshake_timeout`` and ``_auth.PREAUTH_BYTES`` it bounds what strangers hold."""
 MAX_TRACKED_SOURCES = 4096
 """Source addresses whose handshake rate is remembered at once."""
-SEND_LOSS_ERRNOS = frozenset(
-    {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPERM, errno.ENOBUFS}
-)
-"""Errors of a UDP send that only mean "this datagram is lost" (QUIC retransmits): ICMP
-errors from a gone or unreachable peer, a local firewall rule that drops it (netfilter
-answers EPERM), a full device queue. Anything else is a bug and is raised."""
 
 
 class Router(Protocol):
@@ -169,7 +164,7 @@ class Endpoint:
         family = socket.AF_INET6 if ":" in bind[0] else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
-            _size_buffers(sock, config.socket_buffer)
+            size_buffers(sock, config.socket_buffer)
             sock.setblocking(False)
             sock.bind(bind)
             async with trio.open_nursery() as nursery:
@@ -669,16 +664,6 @@ def _try_setsockopt(sock: socket.socket, option: int, value: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def _size_buffers(sock: socket.socket, size: int) -> None:
-    """Ask for big socket buffers: a burst of 64 KiB datagrams overflows the default."""
-    for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, size)  # SO_*BUFFORCE (privileged)
-        except OSError:
-            with suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, plain, size)
 
 
 async def _resolve(addr: tuple[str, int], family: int) -> tuple[str, int]:
