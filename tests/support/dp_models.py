@@ -98,7 +98,17 @@ def train_parallel(devices: list, build: Callable, batch: int, steps: int, **opt
 
 def assert_state_close(got: dict, want: dict, rtol: float = 1e-4, atol: float = 1e-6) -> None:
     """Equal up to the rounding of a different summation order (a wrong average or a missed
-    replica is off by orders of magnitude more)."""
+    replica is off by orders of magnitude more): each tensor within ``rtol`` of its norm,
+    and each element within 1 % of the tensor's largest value. Not each element within
+    ``rtol`` of itself: Adam divides each gradient by its own size, so an element whose
+    gradient is near Adam's eps turns the summation order's rounding into a visible share
+    of its update (0.6 % of a -7e-4 LoRA B weight seen in the GPT-2-sized test, a 4e-6
+    difference, while the tensor's norm agreed to 1e-4)."""
     assert got.keys() == want.keys()
     for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+        a, b = np.asarray(got[name], np.float64), np.asarray(want[name], np.float64)
+        assert a.shape == b.shape, name
+        err, size = float(np.linalg.norm(a - b)), float(np.linalg.norm(b))
+        assert err <= rtol * size + atol, f"{name}: |got - want| {err:.3g}, |want| {size:.3g}"
+        scale = float(np.abs(b).max(initial=0.0))
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol + 100 * rtol * scale, err_msg=name)
