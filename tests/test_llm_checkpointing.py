@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from burn_remote import lora, nn, optim
+from support.dp_models import assert_state_close
 
 DOC = dict(
     model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=48,
@@ -47,8 +48,12 @@ def test_checkpointed_steps_equal_the_plain_ones():
     plain_losses, plain = _run(False)
     losses, params = _run(True)
     assert losses == plain_losses and losses[-1] < losses[0]
-    for name, value in plain.items():
-        np.testing.assert_array_equal(params[name], value, err_msg=name)
+    # The recomputed forward gives the same bits (the losses above); the backward's plan
+    # differs (recomputed activations are other values of the graph), so the CPU engine may
+    # merge a weight gradient's products into one GEMM in one plan and not the other: the
+    # gradients then differ by float32 rounding, which Adam's division by each gradient's
+    # own size turns into up to 3e-5 of a weight near eps (seen), not by a wrong gradient.
+    assert_state_close(params, plain)
 
 
 def test_dropout_inside_a_checkpointed_layer_is_refused():
