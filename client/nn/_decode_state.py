@@ -1,7 +1,7 @@
-"""A generation's device state and its captured decode step, kept by the model between calls.
+"""A generation's device state and its captured steps, kept by the model between calls.
 
-Recording a decode step (running the model's forward to record ~30 layers of ops, then
-the capture's analysis of every live tensor) costs far more than replaying it: hundreds of
+Recording a step (running the model's forward to record ~30 layers of ops, then the
+capture's analysis of every live tensor) costs far more than replaying it: hundreds of
 milliseconds against well under one. `br.compile` replays a step only after two recordings
 agree, so a state made afresh per `generate` call would pay two recordings every call, one
 of them before the first token. So the state (the KV cache, the read mask, the offsets,
@@ -9,10 +9,11 @@ the finished rows, the tokens seen, the sampling key) lives in `DecodeState`, wh
 model keeps after a call: the next call whose `signature` is the same (batch, cache
 length, sampling settings, EOS ids, device, the model's own modules and tensors, the
 train/eval and requires_grad epoch) resets the state's values in place (`_assign`, new
-values into the same Tensor objects the capture reads) and replays the step from its
-first token. A call with another signature drops the kept state first (its cache memory
-is freed before the new cache is asked for), and a call made while the kept state is in
-use (a second thread, or a stream not yet finished) gets a private state of its own.
+values into the same Tensor objects the captures read) and replays its steps from the
+first: the prompt's (captured per prompt length) and the decode step. A call with another
+signature drops the kept state first (its cache memory is freed before the new cache is
+asked for), and a call made while the kept state is in use (a second thread, or a stream
+not yet finished) gets a private state of its own.
 
 The cache is not cleared on reuse: the prefill writes every slot (the prompt's, then
 zeros), so its graph is the same whether the cache is new or kept.
@@ -63,15 +64,18 @@ class DecodeState:
             self.vocab_ids = dev.tensor(np.arange(vocab, dtype=np.int64)[None])
         self.done = dev.tensor(np.zeros((batch, 1), bool)) if eos else None
         self.base_key = dev.tensor(np.int64(0)) if do_sample else None
+        self.prefill = capture(self._prefill)
         self.decode = capture(self._decode)
 
     def release(self) -> None:
         """Let go of the device state now (the captured step refers back to this object, so
         waiting for the garbage collector would hold the cache's memory meanwhile)."""
+        self.prefill.reset()
         self.decode.reset()
         for name in ("cache", "readable", "offset", "seen", "vocab_ids", "done", "base_key"):
             self.__dict__.pop(name, None)
         self.__dict__.pop("decode", None)
+        self.__dict__.pop("prefill", None)
 
     def reset(self, ids: np.ndarray, mask: np.ndarray, key: int | None) -> None:
         """New values for a new call (prompts `ids` (B, T), their attention `mask`), into the
@@ -118,6 +122,12 @@ class DecodeState:
         if self.seen is not None:
             self.seen._assign(self.seen | (self.vocab_ids == token))
         return token
+
+    def _prefill(self, ids: Tensor, positions: Tensor, mask: Tensor) -> Tensor:
+        """The prompts' step (captured too, per prompt length): `ids` (B, T) into slots
+        [0, T) at position ids `positions` (B, T) under `mask` (B, 1, T, L); the first token."""
+        step = self.cache.prefill(positions, mask)
+        return self.choose(self.model.forward_cached(ids, step), 0)
 
     def _decode(self, token: Tensor, slot: Tensor, index: Tensor) -> Tensor:
         """One decode step (the captured function): `token` (B, 1) at cache slot `slot`."""

@@ -309,10 +309,8 @@ class _Generation:
     def _steps(self, state: _decode_state.DecodeState) -> Generator[np.ndarray, None, None]:
         dev, (b, t) = self.dev, self.ids.shape
         positions = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int64)
-        step = state.cache.prefill(
-            dev.tensor(positions), dev.tensor(prefill_mask(self.mask, self.length))
-        )
-        token = state.choose(self.model.forward_cached(dev.tensor(self.ids), step), 0)
+        mask = prefill_mask(self.mask, self.length)
+        token = state.prefill(dev.tensor(self.ids), dev.tensor(positions), dev.tensor(mask))
         decode = state.decode
         pending: list[Tensor] = [token]
         queued: list[Tensor] = []
