@@ -48,7 +48,7 @@ def named(raw: list[Any]) -> dict[str, Any]:
 class Raw:
     """One QUIC connection to the server; frames in and out as the spec says."""
 
-    def __init__(self, server: Daemon, key: Path) -> None:
+    def __init__(self, server: Daemon, key: Path, keepalive: float | None = 10.0) -> None:
         host, port = server.address.rsplit(":", 1)
         self.inbox: queue.Queue[tuple[int, bytes | None]] = queue.Queue()
         self.closed: queue.Queue[Exception] = queue.Queue()
@@ -58,7 +58,7 @@ class Raw:
             (host, int(port)),
             on_frame=lambda sid, f: self.inbox.put((sid, f)),
             on_closed=self.closed.put,
-            config=EndpointConfig(max_frame_size=64 * 2**20),
+            config=EndpointConfig(max_frame_size=64 * 2**20, keepalive_interval=keepalive),
         )
         self.control = self.conn.open_stream()
         self.other: dict[int, list[bytes | None]] = {}
