@@ -4,6 +4,7 @@ numbers and acknowledgements, resuming a session. A real server, raw frames (wir
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from burn_remote.protocol.transport import BlockingConnection, Identity
 from burn_remote.server.testing import Daemon
 
+from . import spec
 from .wire import ERR, MAX_FRAME, VERSION, Raw, frame, msg, named, upload
 
 pytestmark = pytest.mark.timeout(300)
@@ -160,3 +163,44 @@ def test_hello_extension_versions_are_strings(server: Daemon, tmp_path: Path) ->
     welcome = ok.hello()
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in welcome["extensions"].items())
     ok.close()
+
+
+def test_a_refused_key_is_told_during_the_handshake_with_the_reason(tmp_path: Path) -> None:
+    """Section 1, steps 3 and 4 (issue 38 gap 3, when a refusal arrives): the server decides
+    on the client's key proof and refuses then, closing with AUTH_REFUSED and a reason
+    naming the check, so the dialler's connect fails; it never gets as far as a control
+    stream or a Hello. An admitted key's connect returns."""
+    from burn_remote.protocol.transport import PeerRejected
+    from burn_remote.server.testing import start_daemon
+
+    section = spec.README.read_text().split("## 1.", 1)[1].split("\n## ")[0]
+    reason = re.search(r"`(peer X is not in this server's authorized peers)`", section)
+    assert reason and "`0x5A`" in section and "(`AUTH_REFUSED`)" in section
+    admitted = Identity.load_or_create(tmp_path / "admitted")
+    peers = tmp_path / "authorized_peers"
+    peers.write_text(f"{admitted.peer_id}\n")
+    server = start_daemon(
+        "serve", tmp_path / "server", "--device", "cpu", "--authorized-peers", str(peers)
+    )
+    try:
+        host, port = server.address.rsplit(":", 1)
+        stranger = Identity.load_or_create(tmp_path / "stranger")
+        expected = reason.group(1).replace("X", str(stranger.peer_id))
+        with pytest.raises(PeerRejected, match=re.escape(expected)):
+            BlockingConnection.connect(
+                stranger,
+                server.peer_id,
+                (host, int(port)),
+                on_frame=lambda *_: None,
+                on_closed=lambda _: None,
+            )
+        ok = BlockingConnection.connect(
+            admitted,
+            server.peer_id,
+            (host, int(port)),
+            on_frame=lambda *_: None,
+            on_closed=lambda _: None,
+        )
+        ok.close("done", flush_timeout=1.0)
+    finally:
+        assert server.stop() == 0, server.output()
