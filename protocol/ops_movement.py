@@ -124,20 +124,34 @@ declare("squeeze", "movement", 1, attrs={"axes": None}, decompose=_squeeze)
 declare("unsqueeze", "movement", 1, attrs={"axis": REQUIRED}, decompose=_unsqueeze)
 
 
+def _slice_out(op: str, shape: tuple[int, ...], attrs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The shape a slice of ``shape`` makes; refuses bounds that are not clamped."""
+    starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+    if not len(starts) == len(stops) == len(steps) == len(shape):
+        raise ShapeError(f"{op}: need one start/stop/step per axis of {fmt(shape)}")
+    if any(s == 0 for s in steps):
+        raise ShapeError(f"{op}: step cannot be zero")
+    for axis, (a, o, t, n) in enumerate(zip(starts, stops, steps, shape)):
+        lo, hi = (0, n) if t > 0 else (-1, n - 1)
+        if not (lo <= a <= hi and lo <= o <= hi):
+            raise ShapeError(
+                f"{op}: axis {axis} of {fmt(shape)}: start {a} and stop {o} must lie in "
+                f"[{lo}, {hi}] for step {t} (bounds clamped as slice.indices clamps them)"
+            )
+    return tuple(slice_len(a, o, t) for a, o, t in zip(starts, stops, steps))
+
+
 def _slice_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
-    """`starts`, `stops`, `steps`: one entry per axis, already clamped by the client.
+    """`starts`, `stops`, `steps`: one entry per axis, clamped by the client as Python's
+    `slice(...).indices(n)` clamps (a bound outside that range would make an output larger
+    than the input, which a kernel would fill by reading past it: refused).
 
     inputs: x
-    refused: `not len(starts) == len(stops) == len(steps) == len(x.shape) or 0 in steps`
+    refused: `not len(starts) == len(stops) == len(steps) == len(x.shape) or 0 in steps or not all(lo <= a <= hi and lo <= o <= hi for a, o, t, n in zip(starts, stops, steps, x.shape) for lo, hi in [(0, n) if t > 0 else (-1, n - 1)])`
     outputs: `tuple(slice_len(a, o, t) for a, o, t in zip(starts, stops, steps)), x.dtype`
-    """
+    """  # noqa: E501
     (x,) = xs
-    starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
-    if not len(starts) == len(stops) == len(steps) == len(x.shape):
-        raise ShapeError(f"slice: need one start/stop/step per axis of {fmt(x.shape)}")
-    if any(s == 0 for s in steps):
-        raise ShapeError("slice: step cannot be zero")
-    return [(tuple(slice_len(a, o, s) for a, o, s in zip(starts, stops, steps)), x.dtype)]
+    return [(_slice_out("slice", tuple(x.shape), attrs), x.dtype)]
 
 
 def _slice_grad(
@@ -151,9 +165,22 @@ declare("slice", "movement", 1, attrs=SLICE_ATTRS, infer=_slice_infer, grad=_sli
 
 
 def _slice_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
-    """inputs: g
-    outputs: `in_shape, g.dtype`"""
-    return [(tuple(attrs["in_shape"]), xs[0].dtype)]
+    """The gradient of a slice, scattered back into `in_shape`: `g` must have the shape that
+    slice of `in_shape` makes (else the scatter would write past its output).
+
+    inputs: g
+    refused: `not len(starts) == len(stops) == len(steps) == len(in_shape) or 0 in steps or not all(lo <= a <= hi and lo <= o <= hi for a, o, t, n in zip(starts, stops, steps, in_shape) for lo, hi in [(0, n) if t > 0 else (-1, n - 1)]) or tuple(slice_len(a, o, t) for a, o, t in zip(starts, stops, steps)) != g.shape`
+    outputs: `in_shape, g.dtype`
+    """  # noqa: E501
+    (g,) = xs
+    in_shape = tuple(attrs["in_shape"])
+    want = _slice_out("slice_backward", in_shape, attrs)
+    if tuple(g.shape) != want:
+        raise ShapeError(
+            f"slice_backward: gradient {fmt(g.shape)}, but that slice of {fmt(in_shape)} "
+            f"is {fmt(want)}"
+        )
+    return [(in_shape, g.dtype)]
 
 
 declare(

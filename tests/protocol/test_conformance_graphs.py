@@ -197,3 +197,31 @@ def test_attributes_are_sorted_by_code_point_and_typed_as_section_5_says(raw: Ra
         (err,) = errors(raw.replies("Ack"))
         assert (err["code"], err["node"], err["request_id"]) == (ERR["BAD_GRAPH"], 0, rid)
         assert "'axes'" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "op,attrs,out",
+    [
+        # a stop past the axis would make 1000 rows of a 2-row input (read past it)
+        ("slice", [["starts", [0, 0]], ["steps", [1, 1]], ["stops", [1000, 3]]], [[1000, 3], F32]),
+        ("slice", [["starts", [-5, 0]], ["steps", [1, 1]], ["stops", [2, 3]]], [[7, 3], F32]),
+        ("slice", [["starts", [5, 0]], ["steps", [-1, 1]], ["stops", [-1, 3]]], [[6, 3], F32]),
+        # a gradient larger than the slice it comes from would be written past in_shape
+        (
+            "slice_backward",
+            [["in_shape", [2, 3]], ["starts", [0, 0]], ["steps", [1, 1]], ["stops", [1, 3]]],
+            [[2, 3], F32],
+        ),
+    ],
+)
+def test_a_slice_whose_bounds_are_not_clamped_is_bad_graph(raw: Raw, op, attrs, out) -> None:
+    """OPS.md's slice rows: bounds lie where ``slice(...).indices(n)`` puts them, and a
+    slice_backward's gradient has the shape of that slice; anything else is BAD_GRAPH naming
+    the node, never an output larger than what it reads (on a device: a read past a buffer)."""
+    data = _node_graph(op, sorted(attrs), out)
+    raw.send(msg("RegisterGraph", 7, hashlib.sha256(data).digest(), data), msg("Sync", 8))
+    (err,) = errors(raw.replies("Ack"))
+    assert (err["code"], err["node"], err["request_id"]) == (ERR["BAD_GRAPH"], 0, 7), err
+    assert op in err["message"] and (
+        "must lie in" in err["message"] or "gradient" in err["message"]
+    )
