@@ -94,16 +94,43 @@ def _conv2d_grad(
     return gx, gw
 
 
+def _gradient_of(op: str, g: Shaped, forward: tuple[int, ...]) -> None:
+    """A backward op's gradient must have its forward's output shape: a larger one would be
+    read past, and the result written past, by a device kernel sized from the attributes."""
+    if tuple(g.shape) != forward:
+        raise ShapeError(f"{op}: gradient {fmt(g.shape)}, but the forward makes {fmt(forward)}")
+
+
 def _conv2d_grad_input_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """inputs: g, w
-    outputs: `input_shape, g.dtype`"""
-    return [(tuple(attrs["input_shape"]), xs[0].dtype)]
+    refused: `len(input_shape) != 4 or len(w.shape) != 4 or min(pair(stride) + pair(dilation) + (groups,)) < 1 or min(pair(padding)) < 0 or input_shape[1] != w.shape[1] * groups or w.shape[0] % groups != 0 or min(conv_hw(input_shape, w.shape[2:], stride, padding, dilation)) <= 0 or (input_shape[0], w.shape[0]) + conv_hw(input_shape, w.shape[2:], stride, padding, dilation) != g.shape`
+    outputs: `input_shape, g.dtype`
+    """  # noqa: E501
+    g, w = xs
+    input_shape = tuple(attrs["input_shape"])
+    if len(input_shape) != 4 or len(w.shape) != 4:
+        raise ShapeError(
+            f"conv2d_grad_input: expected 4-d input_shape and weight, got {fmt(input_shape)}, "
+            f"{fmt(w.shape)}"
+        )
+    _gradient_of("conv2d_grad_input", g, _conv2d_shape(input_shape, w.shape, attrs))
+    return [(input_shape, g.dtype)]
 
 
 def _conv2d_grad_weight_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """inputs: x, g
-    outputs: `weight_shape, x.dtype`"""
-    return [(tuple(attrs["weight_shape"]), xs[0].dtype)]
+    refused: `len(x.shape) != 4 or len(weight_shape) != 4 or min(pair(stride) + pair(dilation) + (groups,)) < 1 or min(pair(padding)) < 0 or x.shape[1] != weight_shape[1] * groups or weight_shape[0] % groups != 0 or min(conv_hw(x.shape, weight_shape[2:], stride, padding, dilation)) <= 0 or (x.shape[0], weight_shape[0]) + conv_hw(x.shape, weight_shape[2:], stride, padding, dilation) != g.shape`
+    outputs: `weight_shape, x.dtype`
+    """  # noqa: E501
+    x, g = xs
+    weight_shape = tuple(attrs["weight_shape"])
+    if len(x.shape) != 4 or len(weight_shape) != 4:
+        raise ShapeError(
+            f"conv2d_grad_weight: expected 4-d input and weight_shape, got {fmt(x.shape)}, "
+            f"{fmt(weight_shape)}"
+        )
+    _gradient_of("conv2d_grad_weight", g, _conv2d_shape(x.shape, weight_shape, attrs))
+    return [(weight_shape, x.dtype)]
 
 
 declare("conv2d", "nn", 2, attrs=CONV_ATTRS, infer=_conv2d_infer, grad=_conv2d_grad)
@@ -186,16 +213,34 @@ def _pool_infer(name: str) -> InferRule:
     return infer
 
 
+class _Shape:
+    """A bare shape as a rule's operand (a backward rule asks its forward's rule)."""
+
+    def __init__(self, shape: Sequence[int], dtype: str) -> None:
+        self.shape, self.dtype = tuple(shape), dtype
+
+
 def _max_pool2d_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """inputs: x, g
-    outputs: `x.shape, g.dtype`"""
-    return [(xs[0].shape, xs[1].dtype)]
+    refused: `len(x.shape) != 4 or min(pair(kernel) + (pair(stride) if stride is not None else (1,))) < 1 or any(p < 0 or 2 * p > k for p, k in zip(pair(padding), pair(kernel))) or min(pool_hw(x.shape, kernel, stride, padding)) <= 0 or x.shape[:2] + pool_hw(x.shape, kernel, stride, padding) != g.shape`
+    outputs: `x.shape, g.dtype`
+    """  # noqa: E501
+    x, g = xs
+    ((forward, _),) = _pool_infer("max_pool2d_backward")([x], attrs)
+    _gradient_of("max_pool2d_backward", g, forward)
+    return [(x.shape, g.dtype)]
 
 
 def _avg_pool2d_backward_infer(xs: Sequence[Shaped], attrs: Mapping[str, Any]) -> list[Spec]:
     """inputs: g
-    outputs: `input_shape, g.dtype`"""
-    return [(tuple(attrs["input_shape"]), xs[0].dtype)]
+    refused: `len(input_shape) != 4 or min(pair(kernel) + (pair(stride) if stride is not None else (1,))) < 1 or any(p < 0 or 2 * p > k for p, k in zip(pair(padding), pair(kernel))) or min(pool_hw(input_shape, kernel, stride, padding)) <= 0 or input_shape[:2] + pool_hw(input_shape, kernel, stride, padding) != g.shape`
+    outputs: `input_shape, g.dtype`
+    """  # noqa: E501
+    (g,) = xs
+    input_shape = tuple(attrs["input_shape"])
+    ((forward, _),) = _pool_infer("avg_pool2d_backward")([_Shape(input_shape, g.dtype)], attrs)
+    _gradient_of("avg_pool2d_backward", g, forward)
+    return [(input_shape, g.dtype)]
 
 
 declare(

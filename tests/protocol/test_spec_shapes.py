@@ -268,6 +268,8 @@ def _attr(data: st.DataObject, op: str, key: str, default: Any, base: tuple[int,
         return tuple(data.draw(st.permutations(base)) if data.draw(st.booleans()) else ()) or (
             data.draw(_int_tuple(n, st.integers(-1, 6)))
         )
+    if key in ("input_shape", "weight_shape") and data.draw(st.integers(0, 2)):
+        return base  # a conv or pool gradient's forward operand: most often the one given
     if key in ("shape", "in_shape", "input_shape", "weight_shape"):
         return data.draw(st.one_of(st.just(base), _shape_like(base), _int_tuple(n, small)))
     if key == "dims":
@@ -306,10 +308,10 @@ def _attr(data: st.DataObject, op: str, key: str, default: Any, base: tuple[int,
 def _operands(data: st.DataObject, name: str, base: tuple[int, ...]) -> list[Spec]:
     arity = OPS[name].arity
     n = data.draw(st.integers(1, 3)) if arity is None else arity
-    if name in ("conv2d", "max_pool2d", "avg_pool2d") and data.draw(st.integers(0, 3)):
+    if name in FOUR_D and data.draw(st.integers(0, 3)):
         base = tuple(data.draw(st.lists(st.integers(1, 5), min_size=4, max_size=4)))
     shapes = [base, *(data.draw(_shape_like(base)) for _ in range(n - 1))][:n]
-    if name == "conv2d" and len(base) == 4 and data.draw(st.integers(0, 3)):
+    if name in ("conv2d", "conv2d_grad_input") and len(base) == 4 and data.draw(st.integers(0, 3)):
         kernel = data.draw(st.tuples(st.integers(1, 3), st.integers(1, 3)))
         shapes[1] = (data.draw(st.integers(1, 4)), base[1], *kernel)
     if name == "uniform" and data.draw(st.booleans()):
@@ -324,6 +326,44 @@ def _operands(data: st.DataObject, name: str, base: tuple[int, ...]) -> list[Spe
         (s, common if data.draw(st.integers(0, 3)) else data.draw(st.sampled_from(DTYPES)))
         for s in shapes
     ]
+
+
+FOUR_D = ("conv2d", "max_pool2d", "avg_pool2d", "conv2d_grad_input", "conv2d_grad_weight",
+          "max_pool2d_backward", "avg_pool2d_backward")  # fmt: skip
+
+
+def _forward(name: str, operands: list[Spec], attrs: dict[str, Any]) -> tuple[str, list[Spec]]:
+    """A backward op's forward and the forward's operands, as the page's rows relate them
+    (the gradient operand is what the forward outputs)."""
+    attrs_x = lambda key: [(tuple(attrs[key]), operands[0][1])]  # noqa: E731
+    return {
+        "slice_backward": lambda: ("slice", attrs_x("in_shape")),
+        "avg_pool2d_backward": lambda: ("avg_pool2d", attrs_x("input_shape")),
+        "max_pool2d_backward": lambda: ("max_pool2d", operands[:1]),
+        "conv2d_grad_input": lambda: ("conv2d", attrs_x("input_shape") + operands[1:]),
+        "conv2d_grad_weight": lambda: (
+            "conv2d", operands[:1] + [(tuple(attrs["weight_shape"]), operands[0][1])]
+        ),
+    }[name]()  # fmt: skip
+
+
+GRADIENT_AT = {"slice_backward": 0, "avg_pool2d_backward": 0, "max_pool2d_backward": 1,
+               "conv2d_grad_input": 0, "conv2d_grad_weight": 1}  # fmt: skip
+"""Where a backward op takes the gradient of its forward's output."""
+
+
+def _with_consistent_gradient(name: str, operands: list[Spec], attrs: dict[str, Any]) -> list[Spec]:
+    """The operands with the gradient given the shape the page's forward row makes (when
+    that forward is accepted), so that backward rows are reached past their refusal."""
+    forward, forward_operands = _forward(name, operands, attrs)
+    try:
+        made = spec_rule(forward, forward_operands, attrs)
+    except (KeyError, TypeError, IndexError):
+        return operands
+    if made is None:
+        return operands
+    at = GRADIENT_AT[name]
+    return [*operands[:at], (made[0][0], operands[at][1]), *operands[at + 1 :]]
 
 
 PRIMITIVES = sorted(RULES)
@@ -344,12 +384,16 @@ def test_the_page_s_shape_rule_is_the_registry_s(name: str) -> None:
     def check(data: st.DataObject) -> None:
         base = tuple(data.draw(st.lists(dims, max_size=4)))
         operands = _operands(data, name, base)
+        if name in FOUR_D:
+            base = operands[0][0]  # a backward op's input_shape/weight_shape near it
         attrs = {k: _attr(data, name, k, v, base) for k, v in OPS[name].attrs.items()}
         if name.startswith("quantize") and data.draw(st.booleans()):
             operands = [(data.draw(st.sampled_from([(4, 16), (2, 64), (8,)])), "float32")]
         if name.startswith("dequantize") and attrs["block"] > 0 and data.draw(st.booleans()):
             n, per_byte = numel(attrs["shape"]), 2 if name.endswith("nf4") else 1
             operands = [((n // per_byte,), "uint8"), ((n // attrs["block"],), "float32")]
+        if name in GRADIENT_AT and data.draw(st.integers(0, 3)):
+            operands = _with_consistent_gradient(name, operands, attrs)
         want = spec_rule(name, operands, attrs)
         got = registry_rule(name, operands, attrs)
         assert got == want, (operands, attrs)
@@ -371,15 +415,31 @@ def test_the_page_s_shape_rule_is_the_registry_s(name: str) -> None:
         ("max_pool2d", [((1, 1, 4, 4), "float32")], {"kernel": 2, "stride": 0}),
         ("max_pool2d", [((1, 1, 1, 1), "float32")], {"kernel": 1, "stride": -1}),
         ("dequantize_int8", [((4,), "int8"), ((1,), "float32")], {"block": 0, "shape": (4,)}),
+        # gradients that are not their forward's output (a device kernel sized from the
+        # attributes would read past them): accepted before
+        ("slice", [((2, 3), "float32")], {"starts": (0, 0), "stops": (9, 3), "steps": (1, 1)}),
+        ("slice_backward", [((2, 3), "float32")],
+         {"in_shape": (2, 3), "starts": (0, 0), "stops": (1, 3), "steps": (1, 1)}),
+        ("avg_pool2d_backward", [((1, 1, 4, 4), "float32")],
+         {"kernel": 2, "input_shape": (1, 1, 4, 4)}),
+        ("max_pool2d_backward", [((1, 1, 4, 4), "float32"), ((1, 1, 3, 3), "float32")],
+         {"kernel": 2}),
+        ("conv2d_grad_input", [((1, 2, 4, 4), "float32"), ((2, 1, 3, 3), "float32")],
+         {"input_shape": (1, 1, 4, 4)}),
+        ("conv2d_grad_weight", [((1, 1, 4, 4), "float32"), ((1, 2, 4, 4), "float32")],
+         {"weight_shape": (2, 1, 3, 3)}),
     ],
     ids=["conv-negative-stride", "conv-groups-0", "pool-stride-0", "pool-negative-stride",
-         "dequantize-block-0"],
+         "dequantize-block-0", "slice-past-the-axis", "slice-backward-larger-gradient",
+         "avg-pool-backward-gradient", "max-pool-backward-gradient", "conv-grad-input-gradient",
+         "conv-grad-weight-gradient"],
 )  # fmt: skip
 def test_attributes_a_kernel_cannot_run_are_refused_by_both(
     name: str, operands: list[Spec], attrs: dict[str, Any]
 ) -> None:
     """Strides, groups and blocks below 1 were accepted (a kernel with a negative stride) or
-    crashed graph validation with ZeroDivisionError instead of BAD_GRAPH."""
+    crashed graph validation with ZeroDivisionError instead of BAD_GRAPH; slice bounds past
+    an axis and gradients of another shape than their forward's output were accepted."""
     full = OPS[name].bind_attrs(attrs)
     assert spec_rule(name, operands, full) is None
     assert registry_rule(name, operands, full) is None
