@@ -12,7 +12,8 @@ for a grace period; a new connection of the same peer presenting the session's t
 resume gets ``Error(SESSION_EXPIRED)``.
 
 The wrapper sits around the control stream, so the session pump does not know about it.
-Bulk streams are not sequenced: a bulk transfer cut mid-way is not resumed.
+Bulk streams are not sequenced: a transfer cut mid-way continues, once the session is
+resumed, on a new stream from its last acknowledged offset (``protocol/bulk.py``).
 """
 
 from __future__ import annotations
