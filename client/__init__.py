@@ -4,7 +4,7 @@ The public surface is re-exported here from private modules; tests/test_package.
 honest. Transport, server and GPU stacks load only when a device needs them.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # What creating a CPU tensor needs loads now; the rest on first use (see __getattr__).
 from ._autograd import no_grad
@@ -12,6 +12,7 @@ from ._device import DEVICE_KINDS, PEER_KIND, Device, DeviceKind
 from ._ops import RecordError
 from ._recorder import OpFailed
 from ._tensor import Tensor, matmul
+from .protocol.lazy import lazy_names
 
 
 def _open_peer(target: str) -> Device:
@@ -70,20 +71,7 @@ _LAZY = {
 """Public names loaded on first use, so `import burn_remote` costs little more than NumPy."""
 
 
-def __getattr__(name: str) -> Any:
-    spec = _LAZY.get(name)
-    if spec is None:
-        raise AttributeError(f"module 'burn_remote' has no attribute {name!r}")
-    import importlib
-
-    module = importlib.import_module(spec[0], __name__)
-    value = module if spec[1] is None else getattr(module, spec[1])
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly

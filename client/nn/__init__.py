@@ -4,9 +4,10 @@ The layers and `Module` load with the package; the language-model half (GPT, Lla
 cache, generation, checkpoints) on first use, through `__getattr__`: a script that builds
 an MLP does not pay for it (bench/first_contact.py times script start to first loss)."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import functional
+from ..protocol.lazy import lazy_names
 from . import init
 from ._init import seed
 from ._layers import (
@@ -63,19 +64,7 @@ _LAZY = {
 """Public names loaded on first use (the language-model half and safetensors)."""
 
 
-def __getattr__(name: str) -> Any:
-    spec = _LAZY.get(name)
-    if spec is None:
-        raise AttributeError(f"module 'burn_remote.nn' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(spec[0], __name__), spec[1])
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the names as if imported eagerly

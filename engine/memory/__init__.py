@@ -6,8 +6,9 @@ Everything public is re-exported here from private modules; import from this pac
 
 # What a CPU device needs at its start (its ledger, its errors) loads now; the pools, arena
 # planning and traces on first use (see __getattr__): `Device.cpu()` opens without them.
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ...protocol.lazy import lazy_names
 from ._accounting import Accounting
 from ._errors import MemoryQuotaExceeded
 from ._format import fmt_bytes, parse_bytes
@@ -52,19 +53,7 @@ _LAZY = {
 """Public names loaded on first use."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'burn_remote.engine.memory' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:  # for type checkers: the names as if imported eagerly

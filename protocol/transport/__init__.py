@@ -5,8 +5,9 @@ trio driver (`Connection`, `Endpoint`, `FrameStream`) loads on first use (see __
 a client's `BlockingConnection` runs on threads and never loads trio.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ..lazy import lazy_names
 from ._addressing import (
     AddressBook,
     BookEntry,
@@ -39,19 +40,7 @@ _LAZY = {
 """The trio driver's public names, loaded on first use."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'burn_remote.protocol.transport' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY)
 
 
 if TYPE_CHECKING:  # for type checkers: the names as if imported eagerly
