@@ -15,7 +15,7 @@ import pytest
 from burn_remote.server.testing import Daemon
 
 from . import spec
-from .wire import ERR, F32, MAX_FRAME, MSG, QUOTA, Raw, errors, frame, msg
+from .wire import ERR, F32, MAX_FRAME, MSG, QUOTA, Raw, errors, frame, msg, stream_frames
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,14 +34,6 @@ REFUSED, TOO_LONG = (
 def _client(server: Daemon, tmp_path: Path) -> tuple[Raw, dict]:
     client = Raw(server, tmp_path / "key")
     return client, client.hello()["limits"]
-
-
-def _stream_frames(raw: Raw, sid: int, until: int, timeout: float = 60) -> list[bytes | None]:
-    """Frames of stream ``sid`` as they come, until ``until`` of them (control frames kept)."""
-    while len(raw.other.get(sid, [])) < until:
-        got, data = raw.inbox.get(timeout=timeout)
-        raw.other.setdefault(got, []).append(data)
-    return raw.other[sid]
 
 
 def test_a_bulk_stream_is_a_bidirectional_stream_of_one_header_then_chunks_acked_every_2_mib(
@@ -74,12 +66,12 @@ def test_a_bulk_stream_is_a_bidirectional_stream_of_one_header_then_chunks_acked
         got, chunk = raw.inbox.get(timeout=60)
         raw.other.setdefault(got, []).append(chunk)
     (down,) = (s for s in raw.other if s % 4 == 1)  # a server-initiated bidirectional stream
-    frames = _stream_frames(raw, down, 1)
+    frames = stream_frames(raw, down, 1)
     assert msgpack.unpackb(frames[0], raw=False) == [
         [MSG["Bulk"].tag, data["bulk_id"], len(payload), 0]
     ]
     chunks = len(range(0, len(payload), limits["bulk_chunk"]))
-    frames = _stream_frames(raw, down, 1 + chunks)
+    frames = stream_frames(raw, down, 1 + chunks)
     assert all(0 < len(f) <= limits["bulk_chunk"] for f in frames[1:] if f is not None)
     assert b"".join(f for f in frames[1:] if f is not None) == payload
     raw.conn.send_frame(down, frame(msg("BulkAck", data["bulk_id"], len(payload))))
@@ -98,7 +90,7 @@ def test_an_upload_before_its_bytes_holds_the_messages_after_it(
     raw.conn.send_frame(sid, frame(msg("Bulk", 7, len(payload), 0)))
     for start in range(0, ACK_EVERY, limits["bulk_chunk"]):
         raw.conn.send_frame(sid, payload[start : start + limits["bulk_chunk"]])
-    (ack,) = _stream_frames(raw, sid, 1)  # the first BulkAck: half the bytes are there
+    (ack,) = stream_frames(raw, sid, 1)  # the first BulkAck: half the bytes are there
     assert msgpack.unpackb(ack, raw=False) == [[MSG["BulkAck"].tag, 7, ACK_EVERY]]
     with pytest.raises(queue.Empty):  # no Ack for the Sync yet (it waits for the bytes)
         next(raw.frames(timeout=1.0))

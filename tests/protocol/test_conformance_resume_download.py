@@ -7,9 +7,7 @@ frames (wire.py); the figures are read from protocol/README.md."""
 from __future__ import annotations
 
 import re
-import struct
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 from burn_remote.server.testing import Daemon
 
 from . import spec
-from .wire import F32, MSG, VERSION, Raw, frame, msg, named
+from .wire import F32, MSG, SEQ_MARKER, VERSION, Raw, frame, msg, stream_frames, unwrap, wrap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,26 +27,7 @@ def _section(heading: str) -> str:
 STREAMS, RESUME = _section("## 3. Streams"), _section("## 10. Session resume")
 ACK_EVERY = int(re.search(r"`BULK_ACK_EVERY` \((\d+) MiB\)", STREAMS).group(1)) * 2**20  # type: ignore[union-attr]
 MAGIC = int(re.search(r"`(0x[0-9A-F]{2}), seq u64 BE, ack u64 BE", RESUME).group(1), 16)  # type: ignore[union-attr]
-_SEQ = struct.Struct(">BQQ")
-
-
-def _wrap(seq: int, ack: int, inner: bytes) -> bytes:
-    return _SEQ.pack(MAGIC, seq, ack) + inner
-
-
-def _unwrap(data: bytes | None) -> tuple[int, int, list[dict[str, Any]]]:
-    assert data is not None, "the control stream ended"
-    magic, seq, ack = _SEQ.unpack_from(data)
-    assert magic == MAGIC
-    return seq, ack, [named(m) for m in msgpack.unpackb(data[_SEQ.size :], raw=False)]
-
-
-def _stream_frames(raw: Raw, sid: int, until: int, timeout: float = 60) -> list[bytes | None]:
-    """Frames of stream ``sid`` as they come, until ``until`` of them (control frames kept)."""
-    while len(raw.other.get(sid, [])) < until:
-        got, data = raw.inbox.get(timeout=timeout)
-        raw.other.setdefault(got, []).append(data)
-    return raw.other[sid]
+assert MAGIC == SEQ_MARKER, "wire.py writes the marker section 10 names"
 
 
 def _server_stream(raw: Raw, timeout: float = 60) -> int:
@@ -64,7 +43,7 @@ def _chunks_until(raw: Raw, sid: int, nbytes: int) -> bytes:
     """The raw-bytes frames after a bulk stream's header, until ``nbytes`` of them came."""
     count = 1
     while True:
-        frames = _stream_frames(raw, sid, count)
+        frames = stream_frames(raw, sid, count)
         body = b"".join(f for f in frames[1:] if f is not None)
         if len(body) >= nbytes:
             return body
@@ -83,8 +62,8 @@ def test_a_cut_download_resumes_on_a_new_stream_from_the_last_bulk_ack(
     frame: its seq and bulk_id) only when the resume Hello's `ack` is below it."""
     key = tmp_path / "key"
     first = Raw(server, key)
-    first.send(raw=_wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
-    _, _, (welcome,) = _unwrap(next(first.frames()))
+    first.send(raw=wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
+    _, _, (welcome,) = unwrap(next(first.frames()))
     limits = welcome["limits"]
     array = np.random.default_rng(8).standard_normal(2 * ACK_EVERY // 4 + 19).astype(np.float32)
     payload = array.tobytes()
@@ -95,18 +74,18 @@ def test_a_cut_download_resumes_on_a_new_stream_from_the_last_bulk_ack(
     for start in range(0, len(payload), limits["bulk_chunk"]):
         first.conn.send_frame(up, payload[start : start + limits["bulk_chunk"]])
     upload = msg("Upload", 1, 5, F32, [array.size], b"", 3)
-    first.send(raw=_wrap(2, 1, frame(upload, msg("Read", 2, 5))))
-    data_seq, data_ack, (data,) = _unwrap(next(first.frames()))
+    first.send(raw=wrap(2, 1, frame(upload, msg("Read", 2, 5))))
+    data_seq, data_ack, (data,) = unwrap(next(first.frames()))
     assert (data["name"], data["request_id"], data["data"]) == ("Data", 2, b"")
     assert data["bulk_id"] > 0 and data["shape"] == [array.size]
     final = frame(msg("BulkAck", 3, len(payload)))
     count = 1
-    while final not in _stream_frames(first, up, count):
+    while final not in stream_frames(first, up, count):
         count += 1
     first.conn.finish(up)  # the upload is whole: our side ends after its final BulkAck
 
     down = _server_stream(first)
-    header = msgpack.unpackb(_stream_frames(first, down, 1)[0], raw=False)  # type: ignore[arg-type]
+    header = msgpack.unpackb(stream_frames(first, down, 1)[0], raw=False)  # type: ignore[arg-type]
     assert header == [[MSG["Bulk"].tag, data["bulk_id"], len(payload), 0]]
     held = _chunks_until(first, down, ACK_EVERY)[:ACK_EVERY]
     first.conn.send_frame(down, frame(msg("BulkAck", data["bulk_id"], ACK_EVERY)))
@@ -114,24 +93,24 @@ def test_a_cut_download_resumes_on_a_new_stream_from_the_last_bulk_ack(
 
     again = Raw(server, key)
     seen = data_seq if data_seen else data_seq - 1
-    again.send(raw=_wrap(0, seen, frame(msg("Hello", VERSION, welcome["resume_token"], {}))))
-    seq, ack, (resumed,) = _unwrap(next(again.frames()))
+    again.send(raw=wrap(0, seen, frame(msg("Hello", VERSION, welcome["resume_token"], {}))))
+    seq, ack, (resumed,) = unwrap(next(again.frames()))
     assert (seq, ack, resumed["name"]) == (0, 2, "Welcome")
     if not data_seen:  # the Data frame was not acknowledged: resent, the very frame
-        assert _unwrap(next(again.frames())) == (data_seq, data_ack, [data])
-    again.send(raw=_wrap(3, data_seq, frame(msg("Sync", 4))))
-    seq, _, (reply,) = _unwrap(next(again.frames()))  # nothing (no second Data) before it
+        assert unwrap(next(again.frames())) == (data_seq, data_ack, [data])
+    again.send(raw=wrap(3, data_seq, frame(msg("Sync", 4))))
+    seq, _, (reply,) = unwrap(next(again.frames()))  # nothing (no second Data) before it
     assert (seq, reply["name"], reply["request_id"]) == (data_seq + 1, "Ack", 4)
 
     down = _server_stream(again)
-    header = msgpack.unpackb(_stream_frames(again, down, 1)[0], raw=False)  # type: ignore[arg-type]
+    header = msgpack.unpackb(stream_frames(again, down, 1)[0], raw=False)  # type: ignore[arg-type]
     assert header == [[MSG["Bulk"].tag, data["bulk_id"], len(payload), ACK_EVERY]]
     rest = _chunks_until(again, down, len(payload) - ACK_EVERY)
     assert len(rest) == len(payload) - ACK_EVERY
     got = np.frombuffer(held + rest, np.float32)
     np.testing.assert_array_equal(got, array)
     again.conn.send_frame(down, frame(msg("BulkAck", data["bulk_id"], len(payload))))
-    assert _stream_frames(again, down, len(again.other[down]) + 1)[-1] is None  # server ends
+    assert stream_frames(again, down, len(again.other[down]) + 1)[-1] is None  # server ends
     again.conn.finish(down)
-    again.send(raw=_wrap(0, data_seq + 1, b""))  # the goodbye
+    again.send(raw=wrap(0, data_seq + 1, b""))  # the goodbye
     again.close()

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from pathlib import Path
-from typing import Any
 
-import msgpack
 import numpy as np
 import pytest
 from burn_remote.protocol.transport import BlockingConnection, Identity
 from burn_remote.server.testing import Daemon
 
 from . import spec
-from .wire import ERR, MAX_FRAME, VERSION, Raw, frame, msg, named, upload
+from .wire import ERR, MAX_FRAME, VERSION, Raw, frame, msg, unwrap, upload, wrap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,47 +59,34 @@ def test_anything_before_hello_is_malformed(server: Daemon, tmp_path: Path) -> N
 
 
 # --- resume --------------------------------------------------------------------------------
-_SEQ = struct.Struct(">BQQ")
-
-
-def _wrap(seq: int, ack: int, inner: bytes) -> bytes:
-    return _SEQ.pack(0xC1, seq, ack) + inner
-
-
-def _unwrap(data: bytes) -> tuple[int, int, list[dict[str, Any]]]:
-    magic, seq, ack = _SEQ.unpack_from(data)
-    assert magic == 0xC1
-    return seq, ack, [named(m) for m in msgpack.unpackb(data[_SEQ.size :], raw=False)]
-
-
 def test_a_session_resumes_with_a_full_welcome_and_an_unknown_token_expires(
     server: Daemon, tmp_path: Path
 ) -> None:
     key = tmp_path / "key"
     first = Raw(server, key)
-    first.send(raw=_wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
-    _, _, (welcome,) = _unwrap(next(first.frames()))
-    first.send(raw=_wrap(2, 1, frame(upload(1, np.full(2, 7, np.float32)))))
-    first.send(raw=_wrap(3, 1, frame(msg("Sync", 1))))
-    assert _unwrap(next(first.frames()))[2][0]["name"] == "Ack"
+    first.send(raw=wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
+    _, _, (welcome,) = unwrap(next(first.frames()))
+    first.send(raw=wrap(2, 1, frame(upload(1, np.full(2, 7, np.float32)))))
+    first.send(raw=wrap(3, 1, frame(msg("Sync", 1))))
+    assert unwrap(next(first.frames()))[2][0]["name"] == "Ack"
     first.conn.close("cut", flush_timeout=0)  # no goodbye: the server parks the session
 
     again = Raw(server, key)
     hello = msg("Hello", VERSION, welcome["resume_token"], {})
-    again.send(raw=_wrap(0, 2, frame(hello)))
-    seq, ack, (resumed,) = _unwrap(next(again.frames()))
+    again.send(raw=wrap(0, 2, frame(hello)))
+    seq, ack, (resumed,) = unwrap(next(again.frames()))
     assert (seq, ack, resumed["name"]) == (0, 3, "Welcome")
     assert resumed["session_id"] == welcome["session_id"]
     assert resumed["resume_token"] == welcome["resume_token"]  # section 10: the same token
     assert resumed["extensions"] == welcome["extensions"] and resumed["limits"] == welcome["limits"]
-    again.send(raw=_wrap(4, 2, frame(msg("Read", 2, 1))))
-    (data,) = _unwrap(next(again.frames()))[2]
+    again.send(raw=wrap(4, 2, frame(msg("Read", 2, 1))))
+    (data,) = unwrap(next(again.frames()))[2]
     assert np.frombuffer(data["data"], np.float32).tolist() == [7.0, 7.0]
     again.close()
 
     stranger = Raw(server, tmp_path / "other-key")
-    stranger.send(raw=_wrap(0, 0, frame(msg("Hello", VERSION, os.urandom(16), {}))))
-    (err,) = _unwrap(next(stranger.frames()))[2]
+    stranger.send(raw=wrap(0, 0, frame(msg("Hello", VERSION, os.urandom(16), {}))))
+    (err,) = unwrap(next(stranger.frames()))[2]
     assert err["code"] == ERR["SESSION_EXPIRED"]
 
 
@@ -118,8 +102,8 @@ def test_a_first_frame_with_seq_0_that_is_no_resume_is_answered_malformed(
     seq 0 Hello with a resume token. Anything else first gets Error(MALFORMED) (section 2),
     in a seq 0 frame, and the connection ends."""
     client = Raw(server, tmp_path / "key")
-    client.send(raw=_wrap(0, 0, inner))
-    seq, _ack, (err,) = _unwrap(next(client.frames()))
+    client.send(raw=wrap(0, 0, inner))
+    seq, _ack, (err,) = unwrap(next(client.frames()))
     assert (seq, err["name"], err["code"], err["request_id"]) == (0, "Error", ERR["MALFORMED"], 0)
     assert "seq 1" in err["message"]
     assert isinstance(client.closed.get(timeout=10), Exception)
@@ -130,8 +114,8 @@ def test_a_counted_hello_with_a_token_opens_a_new_session(server: Daemon, tmp_pa
     """Section 10: a token is read only from a seq 0 Hello; in a counted frame (seq 1) it is
     ignored and the Hello opens a new session."""
     client = Raw(server, tmp_path / "key")
-    client.send(raw=_wrap(1, 0, frame(msg("Hello", VERSION, os.urandom(16), {}))))
-    seq, ack, (welcome,) = _unwrap(next(client.frames()))
+    client.send(raw=wrap(1, 0, frame(msg("Hello", VERSION, os.urandom(16), {}))))
+    seq, ack, (welcome,) = unwrap(next(client.frames()))
     assert (seq, ack, welcome["name"]) == (1, 1, "Welcome")
     assert len(welcome["resume_token"]) == 16
     client.close()
@@ -143,11 +127,11 @@ def test_a_seq_0_frame_with_an_empty_array_only_acknowledges(
     """Section 10: a seq 0 frame whose inner frame is an empty array (0x90) carries only its
     ack; the session goes on (an empty inner frame would be the goodbye)."""
     client = Raw(server, tmp_path / "key")
-    client.send(raw=_wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
+    client.send(raw=wrap(1, 0, frame(msg("Hello", VERSION, b"", {}))))
     next(client.frames())
-    client.send(raw=_wrap(0, 1, b"\x90"))
-    client.send(raw=_wrap(2, 1, frame(msg("Sync", 1))))
-    seq, ack, (reply,) = _unwrap(next(client.frames()))
+    client.send(raw=wrap(0, 1, b"\x90"))
+    client.send(raw=wrap(2, 1, frame(msg("Sync", 1))))
+    seq, ack, (reply,) = unwrap(next(client.frames()))
     assert (seq, ack, reply["name"], reply["request_id"]) == (2, 2, "Ack", 1)
     client.close()
 

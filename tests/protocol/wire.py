@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import queue
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,3 +108,29 @@ def graph(inputs: list, nodes: list, outputs: list) -> tuple[bytes, bytes]:
     """A graph encoded per section 5, and its digest."""
     data = msgpack.packb([1, inputs, nodes, outputs], use_bin_type=True)
     return data, hashlib.sha256(data).digest()
+
+
+SEQUENCED = struct.Struct(">BQQ")
+"""Section 10: a sequenced control frame's prefix (marker, seq u64 BE, ack u64 BE)."""
+SEQ_MARKER = 0xC1
+
+
+def wrap(seq: int, ack: int, inner: bytes, marker: int = SEQ_MARKER) -> bytes:
+    """``inner`` (a control frame's payload) as a sequenced frame."""
+    return SEQUENCED.pack(marker, seq, ack) + inner
+
+
+def unwrap(data: bytes | None, marker: int = SEQ_MARKER) -> tuple[int, int, list[dict[str, Any]]]:
+    """A sequenced frame's seq, ack and named messages."""
+    assert data is not None, "the control stream ended"
+    got, seq, ack = SEQUENCED.unpack_from(data)
+    assert got == marker
+    return seq, ack, [named(m) for m in msgpack.unpackb(data[SEQUENCED.size :], raw=False)]
+
+
+def stream_frames(raw: Raw, sid: int, until: int, timeout: float = 60) -> list[bytes | None]:
+    """Frames of stream ``sid`` as they come, until ``until`` of them (control frames kept)."""
+    while len(raw.other.get(sid, [])) < until:
+        got, data = raw.inbox.get(timeout=timeout)
+        raw.other.setdefault(got, []).append(data)
+    return raw.other[sid]
