@@ -182,11 +182,12 @@ def test_a_job_yields_to_an_interactive_session(tmp_path: Path) -> None:
 
         session, job_s = used(me), used(job_flow)
         assert after[job_flow]["kind"] == "job" and after[job_flow]["weight"] == JOB_WEIGHT
-        # one slot, both asking: the job got well under half the session's engine time and
-        # was not starved. (This tiny job's own work between its turns holds it near a
-        # quarter even at weight 1, 0.35 measured either way: the weight itself is shown by
-        # test_fair_share.py's test_a_job_that_asks_turn_by_turn_still_gets_only_its_weight.)
-        assert job_s < 0.5 * session, (job_s, session)
+        # One slot, both asking: both made progress and the job is scheduled as a job at its
+        # weight. How the time splits is not asserted here: this tiny job's own work between
+        # its turns decides it (0.35 of the session's at weight 1/4 and at 1, and 0.76 once
+        # on a loaded CI run); the weight itself is shown by test_fair_share.py's
+        # test_a_job_that_asks_turn_by_turn_still_gets_only_its_weight.
+        assert session > 0 and job_s > 0, (job_s, session)
         assert after[job_flow]["turns"] > before[job_flow]["turns"], "the job was starved"
         dev.close()
     finally:
