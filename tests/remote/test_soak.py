@@ -28,9 +28,10 @@ per upload would be many)."""
 @pytest.mark.slow
 @pytest.mark.skipif(
     os.environ.get("BURN_REMOTE_SOAK_TEST") != "1",
-    reason="the short soak runs with BURN_REMOTE_SOAK_TEST=1: it failed once in a full run "
-    "on this 2-core machine and passed alone 3 times (cause not found; bench/soak.py saw a "
-    "captured client's 'recorded a different step' error twice: issue 35)",
+    reason="the short soak runs with BURN_REMOTE_SOAK_TEST=1: in a full run on this 2-core "
+    "machine a captured client's step was still recording after the harness's CAPTURE_CALLS "
+    "and met generate's capture ('another thread is capturing a step right now'); passed "
+    "alone 3 times (issue 35: br.compile captures in one thread per process)",
 )
 @pytest.mark.timeout(240)
 def test_soak_every_kind_progresses_without_errors_or_leaks(spawn, tmp_path: Path) -> None:
