@@ -320,3 +320,65 @@ def test_set_threads_limits_blas_and_the_pool() -> None:
             cpu_threads.set_threads(0)
     finally:
         cpu_threads.set_threads(before)
+
+
+def _mlp_logits_minus_numpy(out: list) -> None:
+    """One forward and backward of a 1024-32-10 MLP on Device.cpu(); appends how far its
+    logits are from NumPy's product run on the same thread (0.0: the same bits)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2048, 1024), np.float32)
+    y = rng.integers(0, 10, 2048)
+    dev = Device.cpu()
+    nn.seed(0)
+    model = nn.Sequential(nn.Linear(1024, 32), nn.ReLU(), nn.Linear(32, 10)).to(dev)
+    logits = model(dev.tensor(x))
+    F.cross_entropy(logits, dev.tensor(y)).backward()
+    w1, b1, w2, b2 = (p.numpy() for p in model.parameters())
+    want = np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+    out.append(float(np.abs(logits.numpy() - want).max()))
+
+
+def test_a_step_gives_the_same_bits_on_any_thread() -> None:
+    """A server runs steps on worker threads, a user's script on its main thread: the same
+    graph must give the same bits on both. It did not while small products switched BLAS to
+    one thread around the call (threadpoolctl honours that only from the first thread that
+    set BLAS's count), and 32 x 10 products differ in their last bit between 1 and 2 threads
+    on OpenBLAS."""
+    import threading
+
+    before = cpu_threads.threads()
+    cpu_threads.set_threads(2)
+    try:
+        gaps: list = []
+        _mlp_logits_minus_numpy(gaps)
+        worker = threading.Thread(target=_mlp_logits_minus_numpy, args=(gaps,))
+        worker.start()
+        worker.join()
+        assert gaps == [0.0, 0.0]
+    finally:
+        cpu_threads.set_threads(before)
+
+
+def test_set_threads_takes_effect_from_any_thread() -> None:
+    """threadpoolctl ignores a BLAS limit set from a thread other than the first one that set
+    it, silently; the engine's setting is the process's and must hold from any thread."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    before = cpu_threads.threads()
+    other = 1 if before > 1 else 2
+    seen: list = []
+
+    def set_and_read() -> None:
+        cpu_threads.set_threads(other)
+        seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    try:
+        cpu_threads.set_threads(before + 1)  # this thread sets BLAS's count first
+        worker = threading.Thread(target=set_and_read)
+        worker.start()
+        worker.join()
+        assert seen and all(n == other for n in seen)
+    finally:
+        cpu_threads.set_threads(before)

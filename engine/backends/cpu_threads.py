@@ -5,30 +5,30 @@ OpenBLAS (through threadpoolctl, when installed) and the pool that the chunked k
 two never oversubscribe the cores: they run one after the other within a step, never at once.
 The number comes from ``BURN_REMOTE_THREADS`` (``burn-remote serve --threads`` sets it), else
 from the cores this process may run on.
+
+The BLAS count is never changed around single calls. OpenBLAS keeps one count for the whole
+process, and some products' last bits depend on it (measured: a 2048x32 @ 32x10 product
+differs by 2e-6 between one and two threads). Switched per call, a step's result would
+depend on which thread ran it (threadpoolctl lets only the first thread that set the count
+change it: a server's engine threads could not, the test's main thread could) and on what
+other sessions' steps were doing at that moment. Set once, a graph gives the same bits on
+any thread, locally and on a server with the same count.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 THREADS_ENV = "BURN_REMOTE_THREADS"
 """Threads of the CPU engine (BLAS and fused kernels); unset: every core this process may use."""
 
-SMALL_GEMM_MACS = 1 << 24
-"""A matrix product with fewer multiply-adds than this (per matrix of a batch: ~0.1-0.2 ms on
-one core) runs BLAS on one thread: split over threads its work is smaller than the threads'
-hand-offs, and on a loaded machine a BLAS thread spinning for a descheduled partner measured
-5-30x slower (a LoRA step of 3 s took 43 s on two threads). A batch of such products is
-spread over the engine's threads instead, one BLAS thread each."""
-
 PARALLEL_MIN_ELEMENTS = 1 << 18
 """Work below this many elements runs on the calling thread: handing it to the pool costs
 more (~20-50 us a hand-off) than a second core gains on it."""
 
-_state: dict[str, Any] = {"threads": None, "pool": None, "blas": None, "controllers": []}
+_state: dict[str, Any] = {"threads": None, "pool": None, "blas": None}
 
 
 def default_threads() -> int:
@@ -69,34 +69,35 @@ def set_threads(n: int) -> int:
     if pool is not None:
         pool.shutdown(wait=False)
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import ThreadpoolController, threadpool_limits
     except ImportError:  # BLAS keeps its own setting (OPENBLAS_NUM_THREADS and the like)
         return n
     # not a context manager: the limit stays for the life of the process
     _state["blas"] = threadpool_limits(limits=n, user_api="blas")
-    from threadpoolctl import ThreadpoolController
-
-    _state["controllers"] = ThreadpoolController().select(user_api="blas").lib_controllers
+    if _blas_threads() not in (None, n):
+        # threadpoolctl lets only the first thread that set OpenBLAS's count change it
+        # (documented on its OpenBLASController); this setting is the process's, so it
+        # takes that role over: without this a call from another thread is silently ignored
+        for controller in ThreadpoolController().select(user_api="blas").lib_controllers:
+            clear = getattr(controller, "clear_controlling_thread", None)  # threadpoolctl 3.7+
+            if clear is not None:
+                clear(force=True)
+        _state["blas"] = threadpool_limits(limits=n, user_api="blas")
+        if _blas_threads() != n:
+            raise RuntimeError(
+                f"threads: BLAS kept {_blas_threads()} threads when set to {n}"
+                " (threadpoolctl could not change it from this thread)"
+            )
     return n
 
 
-@contextmanager
-def one_blas_thread() -> Iterator[None]:
-    """BLAS on one thread inside the block (``SMALL_GEMM_MACS``), the engine's count after.
-    A call each way into the BLAS library (~1 us); nothing when the engine has one thread or
-    threadpoolctl cannot reach BLAS."""
-    n = threads()
-    controllers = _state["controllers"]
-    if n == 1 or not controllers:
-        yield
-        return
-    for c in controllers:
-        c.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for c in controllers:
-            c.set_num_threads(n)
+def _blas_threads() -> int | None:
+    """BLAS's thread count now (the first library's), None when threadpoolctl sees none."""
+    from threadpoolctl import ThreadpoolController
+
+    for info in ThreadpoolController().select(user_api="blas").info():
+        return int(info["num_threads"])
+    return None
 
 
 def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int) -> None:

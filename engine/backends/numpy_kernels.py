@@ -18,13 +18,7 @@ from ...protocol.ops_nn import NF4_CODEBOOK
 from ..collective import all_reduce_kernel
 from .array_module import Array
 from .array_module import array_module as _mod
-from .cpu_threads import (
-    PARALLEL_MIN_ELEMENTS,
-    SMALL_GEMM_MACS,
-    one_blas_thread,
-    run_parallel,
-    threads,
-)
+from .cpu_threads import PARALLEL_MIN_ELEMENTS, run_parallel, threads
 from .numpy_conv_kernels import CONV_KERNELS
 from .numpy_helpers import add_at, open_grid
 from .numpy_optim_kernels import OPTIM_KERNELS
@@ -309,38 +303,8 @@ def _matmul(a: Array, b: Array) -> Array:
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         # a batch of rows times one matrix (a linear layer): one GEMM over all the rows, not
         # one per batch entry (NumPy loops over the batch)
-        return gemm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
-    return gemm(a, b)
-
-
-def gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``np.matmul`` with the engine's threads used well: a small product on one BLAS thread;
-    a batch of small products (attention's heads) split along its first axis over the
-    engine's threads, one BLAS thread each (cpu_threads.SMALL_GEMM_MACS)."""
-    macs = a.shape[-2] * a.shape[-1] * b.shape[-1]
-    if macs >= SMALL_GEMM_MACS:
-        return np.matmul(a, b)
-    n = threads()
-    batch = a.shape[:-2]
-    if (
-        n == 1
-        or a.ndim < 3
-        or batch != b.shape[:-2]
-        or batch[0] < 2
-        or macs * math.prod(batch) < SMALL_GEMM_MACS
-    ):
-        with one_blas_thread():
-            return np.matmul(a, b)
-    out = np.empty((*batch, a.shape[-2], b.shape[-1]), np.result_type(a, b))
-    step = -(-batch[0] // n)
-    spans = [(i, min(i + step, batch[0])) for i in range(0, batch[0], step)]
-
-    def part(span: tuple[int, int]) -> None:
-        np.matmul(a[span[0] : span[1]], b[span[0] : span[1]], out=out[span[0] : span[1]])
-
-    with one_blas_thread():
-        run_parallel(part, spans, out.size + a.size + b.size)
-    return out
+        return np.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+    return np.matmul(a, b)
 
 
 # --- movement ---------------------------------------------------------------------------

@@ -22,7 +22,6 @@ import numpy as np
 
 from ..executor import Plan, Step
 from ..fusion import plan_liveness, release_after_last_use
-from .numpy_kernels import gemm
 
 
 def optimize_plan(plan: Plan) -> Plan:
@@ -168,11 +167,11 @@ def matmul_batch_sum(a: Any, b: Any, out_shape: tuple[int, ...], transposed: boo
     b2 = b.reshape(-1, n)  # (B*T, N)
     dt = np.result_type(a, b)
     if transposed:
-        return gemm(b2.T, a2.T).astype(dt, copy=False).reshape(out_shape)
-    return gemm(a2, b2).astype(dt, copy=False).reshape(out_shape)
+        return np.matmul(b2.T, a2.T).astype(dt, copy=False).reshape(out_shape)
+    return np.matmul(a2, b2).astype(dt, copy=False).reshape(out_shape)
 
 
 def matmul_transposed(a: Any, b: Any) -> Any:
     """``swapaxes(a @ b, -1, -2)`` computed as ``b^T @ a^T``: the same products, the result
     C-ordered instead of a transposed view."""
-    return gemm(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2))
+    return np.matmul(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2))
