@@ -9,10 +9,9 @@ beside the recorder it writes to, so the layers that bind values need not import
 from __future__ import annotations
 
 from collections.abc import Callable
-from threading import get_ident
 from typing import Any
 
-from ._recorder import CAPTURING
+from ._recorder import capture_here
 
 
 def binding(dev: Any, source: Callable[[], Any], dtype: str) -> Any:
@@ -28,13 +27,14 @@ def binding(dev: Any, source: Callable[[], Any], dtype: str) -> Any:
 def on_replay(effect: Callable[[], Any]) -> None:
     """Run `effect()` on every replay of the step being captured now (no-op otherwise), in
     recording order with the binding sources: how an optimizer advances its step counter."""
-    if CAPTURING and CAPTURING[0].log.thread == get_ident():
-        CAPTURING[0].log.actions.append((-1, effect))
+    rec = capture_here()
+    if rec is not None:
+        rec.log.actions.append((-1, effect))
 
 
 def capturing() -> bool:
     """Whether a compiled function is recording its step right now, in this thread."""
-    return bool(CAPTURING) and CAPTURING[0].log.thread == get_ident()
+    return capture_here() is not None
 
 
 __all__ = ["binding", "capturing", "on_replay"]

@@ -31,7 +31,7 @@ import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from threading import get_ident
+from threading import Lock, get_ident
 from types import FrameType
 from typing import Any
 
@@ -51,7 +51,7 @@ from ._capture_analysis import (  # noqa: F401 (CaptureError is public here)
     _live_tensors,
     _Seen,
 )
-from ._recorder import CAPTURING, epoch, fmt_location, user_location
+from ._recorder import CAPTURING, capture_here, epoch, fmt_location, user_location
 from ._replay import _LEAF, _Miss, _Replay, _unflatten
 from ._tensor import Tensor
 
@@ -114,6 +114,10 @@ def _describe_leaf(leaf: Any, dev: Any, first: dict[int, int], pos: int) -> Any:
     return type(leaf)
 
 
+_CAPTURE_LOCK = Lock()
+"""Makes checking that a device is free to capture and claiming it one step."""
+
+
 # --- the log a recording keeps ------------------------------------------------------------------
 class _Log:
     """What the body did besides recording ops: binding sources, host effects, uploads."""
@@ -139,6 +143,13 @@ class _Log:
             f"{what} at {fmt_location(user_location())} inside compiled function "
             f"{self.compiled.name}: a captured step cannot depend on tensor values (the "
             "body does not run on replays). Return the tensor and read it outside."
+        )
+
+    def other_thread(self) -> CaptureError:
+        return CaptureError(
+            f"an op at {fmt_location(user_location())} on a device that another thread is "
+            f"capturing a step on (compiled function {self.compiled.name}): it would become "
+            "part of that step; wait for the capture to end or use a device of its own"
         )
 
     def foreign_device(self, rec: Any) -> CaptureError:
@@ -327,12 +338,17 @@ class Compiled:
         last = entry.recordings[-1] if entry.recordings else None
         if last is not None and last.signature == replay.signature:
             entry.clear()
-            entry.replay = replay
+            entry.replay, entry.attempts = replay, 0
             return result
         entry.clear()
         entry.recordings = [replay]
+        if last is None:
+            # the first recording since the capture was dropped (a new signature, a mode or
+            # requires_grad change, a guard miss): nothing to disagree with yet. Counting it
+            # made a loop that evaluates between epochs (eval(), then train()) fail after 4.
+            return result
         entry.attempts += 1
-        if entry.attempts > MAX_RECORDINGS:
+        if entry.attempts >= MAX_RECORDINGS:
             entry.clear()
             raise CaptureError(
                 f"compiled function {self.name} recorded a different step on each of "
@@ -340,12 +356,9 @@ class Compiled:
                 "its graph depends on Python state that changes between calls; pass such "
                 "values as arguments"
             )
-        if last is not None:
-            log.debug(
-                "%s: recording differs from the previous one (%s)",
-                self.name,
-                _difference(last, replay),
-            )
+        log.debug(
+            "%s: recording differs from the previous one (%s)", self.name, _difference(last, replay)
+        )
         return result
 
 
@@ -441,15 +454,10 @@ def _record(
     compiled: Compiled, rec: Any, dev: Any, flat: list, spec: Any, has_kw: bool, bound: Any
 ) -> tuple[_Replay | None, Any]:
     """Run the body once while recording; return its analysed capture and its result."""
-    if CAPTURING:
-        if CAPTURING[0].log.thread == get_ident():
-            raise CaptureError(
-                f"compiled function {compiled.name} called inside another compiled function: "
-                "compile the outer one only"
-            )
+    if capture_here() is not None:
         raise CaptureError(
-            f"compiled function {compiled.name}: another thread is capturing a step right now; "
-            "capture in one thread at a time"
+            f"compiled function {compiled.name} called inside another compiled function: "
+            "compile the outer one only"
         )
     live0 = _live_tensors(dev)
     start: dict[int, list[Any]] = {}
@@ -467,8 +475,15 @@ def _record(
             arg_ids.setdefault(leaf._id, pos)
     scalar_ids: dict[int, int] = {}
     journal = _Log(compiled, rec)
-    rec.log, rec._held = journal, True
-    CAPTURING.append(rec)
+    with _CAPTURE_LOCK:
+        if rec in CAPTURING:
+            raise CaptureError(
+                f"compiled function {compiled.name}: another thread is capturing a step on "
+                f"this device right now ({rec.log.compiled.name}); capture on one device "
+                "from one thread at a time"
+            )
+        rec.log, rec._held = journal, True
+        CAPTURING.append(rec)
     try:
         for pos, leaf in enumerate(flat):
             if type(leaf) is not Tensor:

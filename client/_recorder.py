@@ -27,9 +27,21 @@ MAX_PENDING_OPS = 10_000
 """Past this many recorded ops the device flushes on its own, bounding client memory."""
 
 CAPTURING: list[Recorder] = []
-"""Recorders capturing a compiled function's step right now (see `_compile`): an op the
+"""Recorders capturing a compiled function's step right now (see `_compile`), at most one per
+thread and one per device: threads capture at once on devices of their own. An op the
 capturing thread records on any other device meanwhile would run once, not on every replay,
-so it is refused (other threads record as usual)."""
+and an op another thread records on the capturing device would join the step: both are
+refused (other threads record on other devices as usual)."""
+
+
+def capture_here() -> Recorder | None:
+    """The recorder this thread is capturing a compiled step on, if any."""
+    me = get_ident()
+    for rec in CAPTURING:
+        if rec.log.thread == me:
+            return rec
+    return None
+
 
 _epoch = [0]
 
@@ -226,10 +238,17 @@ class Recorder:
         device waits, since our graphs may wait at a collective for theirs."""
 
     def _refuse_if_foreign(self) -> None:
-        """While the capturing thread records a compiled step, work it puts on any other
-        device would run once instead of on every replay: refuse it."""
-        if self.log is None and CAPTURING[0].log.thread == get_ident():
-            raise CAPTURING[0].log.foreign_device(self)
+        """While a thread records a compiled step, work it puts on any other device would run
+        once instead of on every replay, and work another thread puts on the capturing
+        device would become part of the step: refuse both."""
+        log = self.log
+        if log is not None:
+            if log.thread != get_ident():
+                raise log.other_thread()
+            return
+        here = capture_here()
+        if here is not None:
+            raise here.log.foreign_device(self)
 
     def new_id(self) -> int:
         """A fresh tensor id for this device (1, 2, ...: never reused in a process, so a late drop
@@ -380,6 +399,8 @@ class Recorder:
         """Run everything pending; raise OpFailed naming the op and line if a kernel fails."""
         if self._held:
             if self.log is not None:
+                if self.log.thread != get_ident():
+                    raise self.log.other_thread()
                 raise self.log.sync_error()
             if self.pending:
                 raise OpFailed(

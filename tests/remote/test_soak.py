@@ -7,7 +7,6 @@ figures are bench/soak.py's to print."""
 
 from __future__ import annotations
 
-import os
 import sys
 import urllib.request
 from pathlib import Path
@@ -26,13 +25,6 @@ per upload would be many)."""
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("BURN_REMOTE_SOAK_TEST") != "1",
-    reason="the short soak runs with BURN_REMOTE_SOAK_TEST=1: in a full run on this 2-core "
-    "machine a captured client's step was still recording after the harness's CAPTURE_CALLS "
-    "and met generate's capture ('another thread is capturing a step right now'); passed "
-    "alone 3 times (issue 35: br.compile captures in one thread per process)",
-)
 @pytest.mark.timeout(240)
 def test_soak_every_kind_progresses_without_errors_or_leaks(spawn, tmp_path: Path) -> None:
     server = spawn("--http", "0")
