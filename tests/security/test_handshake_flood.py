@@ -1,6 +1,8 @@
 """Unauthenticated handshake floods: Initials beyond a per-source rate are dropped before any
-TLS work, and with many handshakes half open a new client must first answer a QUIC Retry
-(proving its address). An authorised client keeps connecting in about the same time."""
+TLS work (the flooding socket gets answers to at most the rate's worth of them), and with
+many handshakes half open a new client must first answer a QUIC Retry (proving its
+address). An authorised client keeps connecting throughout; its connect times are printed,
+not asserted (tests assert behaviour)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,8 @@ from aioquic.quic.packet import QuicPacketType, pull_quic_header
 from burn_remote import RemoteDevice
 from burn_remote.protocol.transport import EndpointConfig
 from burn_remote.protocol.transport._auth import SecretSink
+from burn_remote.protocol.transport._endpoint import HANDSHAKE_BURST, HANDSHAKE_RATE
 from burn_remote.protocol.transport._quic import client_connection
-
-from .conftest import LATENCY_FACTOR, LATENCY_SLACK
 
 
 def _initials(peer, server, count: int) -> list[bytes]:  # type: ignore[no-untyped-def]
@@ -55,18 +56,35 @@ def _flood(datagrams: list[bytes], addr: tuple, sockets: int, stop: threading.Ev
 
 
 FLOOD = """
-import socket, sys
+import socket, sys, time
+from aioquic.buffer import Buffer
+from aioquic.quic.packet import QuicPacketType, pull_quic_header
 data = open(sys.argv[3], "rb").read()
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 print("flooding", flush=True)
+t0 = time.monotonic()
 k = 0
 while k < len(data):
     n = int.from_bytes(data[k : k + 2], "big")
     sock.sendto(data[k + 2 : k + 2 + n], (sys.argv[1], int(sys.argv[2])))
     k += 2 + n
+sock.settimeout(0.2)
+answered, quiet_since = set(), time.monotonic()
+while time.monotonic() - quiet_since < 1.0:
+    try:
+        reply = sock.recv(65536)
+    except TimeoutError:
+        continue
+    quiet_since = time.monotonic()
+    header = pull_quic_header(Buffer(data=reply), host_cid_length=8)
+    if header.packet_type != QuicPacketType.RETRY:
+        answered.add(header.destination_cid)
+print(len(answered), time.monotonic() - t0, flush=True)
 """
 """The attacker: its own process (never a thread of the test, whose interpreter lock the
-measuring client needs), one socket, the datagrams of a file as fast as it can."""
+measuring client needs), one socket, the datagrams of a file as fast as it can; then it
+counts the handshakes the server answered with TLS work (an Initial back, not a Retry) until
+the server has been silent for a second, and prints that count and the seconds it took."""
 ROUNDS = 5
 """Connects measured without and with a flood, alternately: a load that comes and goes on
 the shared machine hits both sides alike (measured one block before the other, a busy
@@ -89,11 +107,13 @@ def test_initial_flood_from_one_socket_does_not_delay_a_client(secure, peers, gu
         )
         assert attacker.stdout is not None and attacker.stdout.readline() == b"flooding\n"
         flooded.append(_connect_time(server, peers.admin.key))
+        answered, seconds = attacker.stdout.readline().split()
         assert attacker.wait(timeout=60) == 0
+        # TLS work for the burst and the rate over the whole window, of 1 100 Initials
+        allowed = HANDSHAKE_BURST + HANDSHAKE_RATE * float(seconds) + 1
+        assert int(answered) <= allowed, (answered, seconds)
     before, during = statistics.median(quiet), statistics.median(flooded)
-    allowed = LATENCY_FACTOR * before + 10 * LATENCY_SLACK
     print(f"\nconnect {before * 1e3:.0f} ms without, {during * 1e3:.0f} ms during the flood")
-    assert during <= allowed, f"connect took {during:.3f} s during the flood (before {before:.3f})"
     guard.check()
 
 
