@@ -23,12 +23,15 @@ from __future__ import annotations
 import math
 import operator
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.executor import input_check
+from ..engine.executor import Plan, input_check
 from ..protocol import messages as m
 from ._handlers import donation, engine_failure, plan_matches
 from ._state import LimitExceeded, pop_all
+
+if TYPE_CHECKING:
+    from ._session import Session
 
 MIN_RUN_STEPS = 2
 """Steps a run must hold to be taken here (one step gains nothing from the batch)."""
@@ -43,7 +46,7 @@ _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 
 
-def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, float] | None:
+def find_run(s: Session, budget: float | None) -> tuple[int, int, Any, int, Any, float] | None:
     """The run at the head of ``s.queue``: (messages, steps, plan, upload bytes, its first
     ExecuteGraph, loop seconds it spends), or None when there is none worth taking.
 
@@ -58,12 +61,11 @@ def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, flo
     cost = 0.0
     n = up_bytes = 0
     for msg in s.queue:
-        t = type(msg)
-        if t is m.Upload:
+        if type(msg) is m.Upload:
             if msg.bulk_id:
                 break
             up_bytes += len(msg.data)
-        elif t is m.ExecuteGraph:
+        elif type(msg) is m.ExecuteGraph:
             if digest is None:
                 digest = msg.digest
             elif msg.digest != digest:
@@ -72,9 +74,9 @@ def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, flo
                 plan, looked = _plan_for(s, execs[0][1]), True
                 if plan is None:
                     break
-                cost = plan.seconds
-                if cost is None:
+                if plan.seconds is None:
                     return None  # not timed yet: the message path sends it to a worker
+                cost = plan.seconds
                 if cost > 0:  # one step more than fits: where the run ends
                     budget_limit = int(budget / cost) + 1
                     limit = min(limit, budget_limit)
@@ -115,7 +117,7 @@ def find_run(s: Any, budget: float | None) -> tuple[int, int, Any, int, Any, flo
     return end + 1, valid, plan, up_bytes, execs[0][1], valid * cost
 
 
-def _plan_for(s: Any, msg: m.ExecuteGraph) -> Any:
+def _plan_for(s: Session, msg: m.ExecuteGraph) -> Plan | None:
     """The plan of a run's ExecuteGraph when a run may use it (None: the message path's)."""
     if s.refused and msg.digest.hex() in s.refused:
         return None
@@ -128,7 +130,7 @@ def _plan_for(s: Any, msg: m.ExecuteGraph) -> Any:
     return plan
 
 
-def replay_run(s: Any, budget: float | None) -> tuple[int, float, Any, Exception | None]:
+def replay_run(s: Session, budget: float | None) -> tuple[int, float, Any, Exception | None]:
     """Run the run at the head of the queue: (messages handled, loop seconds spent, the
     message that failed, its exception); (0, 0.0, None, None) when there is none or it does
     not fit the quotas (the message path then takes the queue as it is). The seconds are
@@ -152,7 +154,7 @@ def replay_run(s: Any, budget: float | None) -> tuple[int, float, Any, Exception
     return done, spent, failed, exc
 
 
-def growth(plan: Any, msg: Any) -> int:
+def growth(plan: Plan, msg: Any) -> int:
     """What one step like ``msg`` adds to the store, from the declared shapes: its outputs,
     less the inputs it writes in place (a captured step's state). An estimate for the
     reservation only: every step's actual growth is checked against it as it is stored."""
@@ -166,13 +168,14 @@ def growth(plan: Any, msg: Any) -> int:
         ]
     written = set(msg.output_ids)
     replaced = {tid: n for tid, n in zip(msg.input_ids, sizes) if tid in written}
+    assert plan.output_bytes is not None  # _plan_for gives a run no other plan
     return max(0, plan.output_bytes - sum(replaced.values()))
 
 
 class _Run:
     """One run's bookkeeping: what it stored and dropped, settled in one ledger update."""
 
-    def __init__(self, s: Any, reserve: int, arena: int) -> None:
+    def __init__(self, s: Session, reserve: int, arena: int) -> None:
         self.s, self.reserve = s, reserve
         self.settled = False
         self.room = reserve - arena
@@ -183,7 +186,7 @@ class _Run:
         bytes it held at once (the server's peak)."""
         self.limit = s.state.limits.max_tensors
 
-    def go(self, plan: Any, count: int) -> tuple[int, Any, Exception | None]:
+    def go(self, plan: Plan, count: int) -> tuple[int, Any, Exception | None]:
         """Handle the run's ``count`` messages in order: (how many were handled, the one
         that failed and why; None)."""
         s = self.s
@@ -191,12 +194,11 @@ class _Run:
         get, popleft, make = store.get, queue.popleft, s.array
         run_plan = s.state.executor.run
         shapes, np_dtypes = input_check(plan)
-        upload = m.Upload
         done = 0
         try:
             while done < count:
                 msg = queue[0]
-                if type(msg) is upload:
+                if type(msg) is m.Upload:
                     popleft()
                     done += 1
                     tid = msg.tensor_id
@@ -218,6 +220,7 @@ class _Run:
                     self.grew(old is None, grow)
                     continue
                 # ExecuteGraph: anything odd before it runs is the message path's to answer
+                msg = cast(m.ExecuteGraph, msg)
                 ids = msg.input_ids
                 try:
                     inputs = list(map(store.__getitem__, ids))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engine.collective import GroupFailure, scope
-from ..engine.executor import ExecutionError, input_check
+from ..engine.executor import ExecutionError, Plan, input_check
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import byte_view
@@ -23,6 +23,9 @@ from ._replies import Failure, Handler, Place, Reply, SendBulk, StartFetch, Wait
 from ._state import LimitExceeded, host_array
 from .jobs._wire import JOB_HANDLERS
 
+if TYPE_CHECKING:
+    from ._session import Session
+
 MAX_REFUSED_GRAPHS = 64
 """Refused digests a session remembers (a client retrying more is refused again)."""
 
@@ -30,7 +33,7 @@ _shape = operator.attrgetter("shape")
 _dtype = operator.attrgetter("dtype")
 
 
-def upload(s: Any, msg: m.Upload, now: float) -> Reply:
+def upload(s: Session, msg: m.Upload, now: float) -> Reply:
     data = msg.data
     if msg.bulk_id:
         if msg.bulk_id not in s.bulk_in:
@@ -41,7 +44,7 @@ def upload(s: Any, msg: m.Upload, now: float) -> Reply:
     return None
 
 
-def register(s: Any, msg: m.RegisterGraph, now: float) -> Reply:
+def register(s: Session, msg: m.RegisterGraph, now: float) -> Reply:
     digest = msg.digest.hex()
     limit = s.state.limits.max_graphs
     if digest not in s.graphs and len(s.graphs) >= limit:
@@ -59,7 +62,7 @@ def register(s: Any, msg: m.RegisterGraph, now: float) -> Reply:
     return None
 
 
-def _refuse(s: Any, digest: str, code: int, message: str, node: int | None = None) -> None:
+def _refuse(s: Session, digest: str, code: int, message: str, node: int | None = None) -> None:
     """Fail this registration and every execution of ``digest`` until it registers: the
     client would otherwise take the missing plan for an eviction and re-register forever."""
     if len(s.refused) >= MAX_REFUSED_GRAPHS:
@@ -68,7 +71,7 @@ def _refuse(s: Any, digest: str, code: int, message: str, node: int | None = Non
     raise Failure(*s.refused[digest])
 
 
-def execute(s: Any, msg: m.ExecuteGraph, now: float) -> Reply:
+def execute(s: Session, msg: m.ExecuteGraph, now: float) -> Reply:
     refused = s.refused.get(msg.digest.hex()) if s.refused else None
     if refused is not None:  # not evicted but refused: re-registering would not help
         s.drop(msg.drops)
@@ -87,12 +90,12 @@ def execute(s: Any, msg: m.ExecuteGraph, now: float) -> Reply:
     return None
 
 
-def _plan_of(s: Any, msg: m.ExecuteGraph) -> Any:
+def _plan_of(s: Session, msg: m.ExecuteGraph) -> Plan | None:
     """The cached plan an ExecuteGraph names (None: unknown or evicted)."""
     return s.state.plan(msg.digest.hex())
 
 
-def plan_matches(plan: Any, msg: m.ExecuteGraph) -> bool:
+def plan_matches(plan: Plan, msg: m.ExecuteGraph) -> bool:
     """Whether an ExecuteGraph binds as many inputs, values and outputs as its plan takes."""
     return (
         len(msg.input_ids) == plan.n_inputs
@@ -101,7 +104,7 @@ def plan_matches(plan: Any, msg: m.ExecuteGraph) -> bool:
     )
 
 
-def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
+def _run(s: Session, plan: Plan, msg: m.ExecuteGraph) -> None:
     graph = plan.graph
     if not plan_matches(plan, msg):
         raise Failure(
@@ -146,7 +149,7 @@ def _run(s: Any, plan: Any, msg: m.ExecuteGraph) -> None:
 
 
 def donation(
-    s: Any, msg: m.ExecuteGraph, inputs: list[Any]
+    s: Session, msg: m.ExecuteGraph, inputs: list[Any]
 ) -> tuple[list[int], list[int], list[int]]:
     """(input positions donated to the run, ids among them written in place, ids among them
     the message drops without writing them: they leave the store before the run).
@@ -172,7 +175,7 @@ def donation(
 
 
 def _execute(
-    s: Any, plan: Any, msg: m.ExecuteGraph, inputs: list, donated: list[int], owner_bytes: int
+    s: Session, plan: Plan, msg: m.ExecuteGraph, inputs: list, donated: list[int], owner_bytes: int
 ) -> list[Any]:
     """Run the plan; an engine failure becomes the Failure that names the node."""
     try:
@@ -198,7 +201,7 @@ def engine_failure(exc: Exception) -> Exception:
     return exc
 
 
-def read(s: Any, msg: m.Read, now: float) -> Reply:
+def read(s: Session, msg: m.Read, now: float) -> Reply:
     """Small values inline; larger ones as a transfer that reads the tensor's memory (no
     copy on the CPU backend; the tensor is not donated to a graph while it is sent)."""
     host = host_array(s.state.backend, s.get(msg.tensor_id))
@@ -211,7 +214,7 @@ def read(s: Any, msg: m.Read, now: float) -> Reply:
     return [m.Data(msg.request_id, name, host.shape, host.tobytes(), 0)]
 
 
-def read_alone(s: Any, request_id: int, tensor_id: int) -> bytes | None:
+def read_alone(s: Session, request_id: int, tensor_id: int) -> bytes | None:
     """``read`` for a control frame that is one Read (``Session.answer_alone``): the reply
     frame, encoded without message objects; None for a missing or large tensor (the frame
     then takes ``read``'s way, which answers the Error or starts the transfer)."""
@@ -224,16 +227,16 @@ def read_alone(s: Any, request_id: int, tensor_id: int) -> bytes | None:
     return m.encode_data_frame(s.packer, request_id, name, host.shape, host.data)
 
 
-def drop(s: Any, msg: m.Drop, now: float) -> Reply:
+def drop(s: Session, msg: m.Drop, now: float) -> Reply:
     s.drop(msg.tensor_ids)
     return None
 
 
-def sync(s: Any, msg: m.Sync, now: float) -> Reply:
+def sync(s: Session, msg: m.Sync, now: float) -> Reply:
     return [m.Ack(msg.request_id)]
 
 
-def memory(s: Any, msg: m.MemoryStats, now: float) -> Reply:
+def memory(s: Session, msg: m.MemoryStats, now: float) -> Reply:
     st = s.state
     return [
         m.MemoryStats(
@@ -249,12 +252,12 @@ def memory(s: Any, msg: m.MemoryStats, now: float) -> Reply:
     ]
 
 
-def resync(s: Any, msg: m.Resync, now: float) -> Reply:
+def resync(s: Session, msg: m.Resync, now: float) -> Reply:
     s.stalled = False
     return None
 
 
-def expose(s: Any, msg: m.Expose, now: float) -> Reply:
+def expose(s: Session, msg: m.Expose, now: float) -> Reply:
     try:
         peer = str(PeerId.parse(msg.peer_id))
     except ValueError as exc:
@@ -263,7 +266,7 @@ def expose(s: Any, msg: m.Expose, now: float) -> Reply:
     return [m.Token(msg.request_id, token)]
 
 
-def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
+def fetch(s: Session, msg: m.Fetch, now: float) -> Reply:
     """Store a tensor another server exposed. The server finds the source itself
     (``_peers.dial_peer``): an address in the message is refused before anything is dialled,
     so no peer can point the server's handshakes at a host of its choosing."""
@@ -292,7 +295,7 @@ def fetch(s: Any, msg: m.Fetch, now: float) -> Reply:
     return None
 
 
-def group_setup(s: Any, msg: m.GroupSetup, now: float) -> Reply:
+def group_setup(s: Session, msg: m.GroupSetup, now: float) -> Reply:
     """Become rank ``msg.rank`` of a group (the links come with GroupStart)."""
     svc = _groups_of(s)
     try:
@@ -302,7 +305,7 @@ def group_setup(s: Any, msg: m.GroupSetup, now: float) -> Reply:
     return [m.GroupReady(msg.request_id, s.state.device)]
 
 
-def group_start(s: Any, msg: m.GroupStart, now: float) -> Reply:
+def group_start(s: Session, msg: m.GroupStart, now: float) -> Reply:
     """Link to the ring neighbours; waits (on a job worker) until both links are up."""
     import trio
 
@@ -319,25 +322,25 @@ def group_start(s: Any, msg: m.GroupStart, now: float) -> Reply:
     return [m.Ack(msg.request_id)]
 
 
-def group_close(s: Any, msg: m.GroupClose, now: float) -> Reply:
+def group_close(s: Session, msg: m.GroupClose, now: float) -> Reply:
     if s.state.collectives is not None:
         s.state.collectives.close(s, msg.group_id)
     return None
 
 
-def _groups_of(s: Any) -> Any:
+def _groups_of(s: Session) -> Any:
     svc = s.state.collectives
     if svc is None:
         raise Failure(m.GROUP, "this server runs no device groups (it serves no network loop)")
     return svc
 
 
-def _inline_upload(s: Any, msg: m.Upload) -> float | None:
+def _inline_upload(s: Session, msg: m.Upload) -> float | None:
     """A small inline upload is a copy of at most BULK_THRESHOLD bytes."""
     return 0.0 if not msg.bulk_id else None
 
 
-def _inline_execute(s: Any, msg: m.ExecuteGraph) -> float | None:
+def _inline_execute(s: Session, msg: m.ExecuteGraph) -> float | None:
     """The plan's last run time (plans are shared, so any session's run counts); the plan
     is kept for ``execute`` (``Session.planned``): one cache lookup per message."""
     plan = _plan_of(s, msg)
@@ -345,14 +348,14 @@ def _inline_execute(s: Any, msg: m.ExecuteGraph) -> float | None:
     return None if plan is None or plan.collective else plan.seconds
 
 
-def _inline_read(s: Any, msg: m.Read) -> float | None:
+def _inline_read(s: Session, msg: m.Read) -> float | None:
     """Reading a small tensor is a copy of at most BULK_THRESHOLD bytes."""
     a = s.store.get(msg.tensor_id)
     small = int(getattr(a, "nbytes", 0)) <= s.state.limits.bulk_threshold
     return 0.0 if a is None or small else None
 
 
-def status(s: Any, msg: m.ServerStatus, now: float) -> Reply:
+def status(s: Session, msg: m.ServerStatus, now: float) -> Reply:
     """The operator's view (``burn-remote status``): admins and the server's own key only."""
     if s.peer_id != s.state.peer_id and not s.state.is_admin(s.peer_id):
         raise Failure(

@@ -21,14 +21,18 @@ from __future__ import annotations
 import hmac
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..protocol import messages as m
 from ..protocol.sequencing import SESSION_EXPIRED, unwrap, wrap
-from ..protocol.transport import TransportError
+from ..protocol.transport import Connection, Endpoint, FrameStream, TransportError
 from ._session import Session
+from ._state import ServerState
+
+if TYPE_CHECKING:
+    from ._session_pump import SessionPump
 
 log = logging.getLogger("burn_remote.server")
 
@@ -237,7 +241,13 @@ def _resume_token(msgs: list[Any]) -> bytes | None:
 
 
 async def run_session(
-    state: Any, ep: Any, conn: Any, control: Any, first: bytes, pump: Any, parking: Parking
+    state: ServerState,
+    ep: Endpoint,
+    conn: Connection,
+    control: FrameStream,
+    first: bytes,
+    pump: type[SessionPump],
+    parking: Parking,
 ) -> None:
     """Run a client session on ``conn``: a new one, a resumed one, or (plain frames) a
     session without resume."""
