@@ -464,6 +464,15 @@ class Device:
         stats = self.memory_stats()
         return None if stats.limit is None else (int(stats.in_use), int(stats.limit))
 
+    def memory_room(self) -> tuple[int, str] | None:
+        """(bytes this device may still allocate, the limit that leaves that much), or None
+        when it has no limit (`memory_quota`)."""
+        quota = self.memory_quota()
+        if quota is None:
+            return None
+        held, limit = quota
+        return max(limit - held, 0), "the device's memory limit"
+
 
 class DeviceKind(NamedTuple):
     """One row of the device table: how a kind is spelt and how it opens."""

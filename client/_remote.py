@@ -444,6 +444,18 @@ class RemoteDevice(Device):
             raise RemoteError(f"{self!r}: the server's Welcome gave no session_memory limit")
         return held, int(welcome.limits["session_memory"])
 
+    def memory_room(self) -> tuple[int, str]:
+        """(bytes this session may still store, the limit that leaves that much: the
+        server's ``--session-memory``, ``--peer-memory`` (its share for this peer) or
+        ``--memory-limit``), one round trip: what to ask before making something large."""
+        stats = self.session_stats()
+        names = {
+            m.ROOM_SESSION: "--session-memory",
+            m.ROOM_PEER: "--peer-memory",
+            m.ROOM_SERVER: "--memory-limit",
+        }
+        return int(stats["room"]), names.get(stats["room_limit"], "the server's memory limits")
+
     def server_status(self) -> dict[str, Any]:
         """The server's sessions, memory, plan cache, jobs and error counts (what
         ``burn-remote status`` prints). Only for admins and the server's own key.

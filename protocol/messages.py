@@ -82,6 +82,9 @@ from .messages_jobs import (  # noqa: F401  (their names are this module's too)
     JobWatch,
 )
 from .messages_session import (  # noqa: F401  (their names are this module's too)
+    ROOM_PEER,
+    ROOM_SERVER,
+    ROOM_SESSION,
     SESSION_WIRE,
     Ack,
     Data,

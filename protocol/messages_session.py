@@ -190,6 +190,16 @@ class MemoryStats(WireMessage):
     """Highest `session_bytes` this session has reached."""
     server_peak: int = 0
     """Highest `server_bytes` since the server started."""
+    room: int = 0
+    """Bytes this session may still add before a limit refuses them: the least of what its
+    session quota, its peer's share and the server's memory limit leave (0 in a request)."""
+    room_limit: int = 0
+    """Which limit leaves `room`: ROOM_SESSION, ROOM_PEER or ROOM_SERVER (0 in a request)."""
+
+
+ROOM_SESSION, ROOM_PEER, ROOM_SERVER = 1, 2, 3
+"""`MemoryStats.room_limit`: the session's quota (``--session-memory``), its peer's share of
+the server (``--peer-memory``) or the server's memory limit (``--memory-limit``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,6 +238,7 @@ def sync(s: Session, msg: m.Sync, now: float) -> Reply:
 
 def memory(s: Session, msg: m.MemoryStats, now: float) -> Reply:
     st = s.state
+    room, room_limit = st.room(s)
     return [
         m.MemoryStats(
             msg.request_id,
@@ -248,6 +249,8 @@ def memory(s: Session, msg: m.MemoryStats, now: float) -> Reply:
             len(st.sessions),
             s.peak,
             st.peak_bytes,
+            room,
+            room_limit,
         )
     ]
 

@@ -246,10 +246,9 @@ class ServerState:
         with self.lock:
             self._admit_peer(peer, nbytes, cap)
 
-    def _admit_peer(self, peer: str, nbytes: int, cap: int) -> None:
-        """The per-peer quota check (held lock): LimitExceeded when ``peer``'s sessions would
-        hold more than ``cap``."""
-        held = sum(
+    def _peer_held(self, peer: str) -> int:
+        """Bytes ``peer``'s sessions hold or have reserved (held lock)."""
+        return sum(
             s.nbytes
             + getattr(s, "bulk_reserved", 0)
             + getattr(s, "group_bytes", 0)
@@ -257,6 +256,27 @@ class ServerState:
             for s in self.sessions.values()
             if s.peer_id == peer
         )
+
+    def room(self, session: Any) -> tuple[int, int]:
+        """(bytes ``session`` may still add before a limit refuses them, which limit that is:
+        ``m.ROOM_SESSION``, ``m.ROOM_PEER`` or ``m.ROOM_SERVER``): what a client asks before
+        making something large (a KV cache), so that it is refused by name before any work."""
+        cap = self.peer_memory_cap() if session.peer_id else 0
+        owner = session.nbytes + session.bulk_reserved + session.group_bytes
+        with self.lock:
+            rooms = [
+                (self.limits.session_memory - owner, m.ROOM_SESSION),
+                (self.limits.memory_limit - self.bytes - self.held, m.ROOM_SERVER),
+            ]
+            if cap:
+                rooms.append((cap - self._peer_held(session.peer_id), m.ROOM_PEER))
+        room, which = min(rooms)
+        return max(room, 0), which
+
+    def _admit_peer(self, peer: str, nbytes: int, cap: int) -> None:
+        """The per-peer quota check (held lock): LimitExceeded when ``peer``'s sessions would
+        hold more than ``cap``."""
+        held = self._peer_held(peer)
         if held + nbytes > cap:
             raise LimitExceeded(
                 f"peer {peer[:12]}... memory quota exceeded: {held} + {nbytes} bytes > {cap} "

@@ -22,7 +22,8 @@ def test_a_cache_over_a_local_quota_is_refused_by_name_and_a_small_one_runs():
     needed = 2 * CFG.n_layer * 8 * 1000 * CFG.d_model * 4
     with pytest.raises(nn.KVCacheDoesNotFit, match=f"needs {needed} bytes") as err:
         model.generate(ids, 992, eos_token_id=None)
-    assert (err.value.needed, err.value.quota) == (needed, LIMIT)
+    assert (err.value.needed, err.value.free) == (needed, LIMIT - held)
+    assert dev.memory_room() == (LIMIT - held, "the device's memory limit")
     assert dev.memory_quota() == (held, LIMIT)  # nothing was allocated
     # a cache that fits runs, with the tokens of the same model without a quota
     unlimited = nn.GPT(CFG, device=Device.cpu())

@@ -50,32 +50,33 @@ class CacheSpec:
 
 
 class KVCacheDoesNotFit(MemoryError):
-    """A KV cache larger than what the device's memory quota has left (a server session's
-    ``--session-memory``): raised before the cache is made, so no prefill runs."""
+    """A KV cache larger than the memory its device has left: on a server, the least of
+    what the session's quota (``--session-memory``), its peer's share (``--peer-memory``)
+    and the server's memory limit (``--memory-limit``) leave. Raised before the cache is
+    made, so no prefill runs."""
 
-    def __init__(self, needed: int, held: int, quota: int, what: str) -> None:
-        self.needed, self.held, self.quota = needed, held, quota
+    def __init__(self, needed: int, free: int, limit: str, what: str) -> None:
+        self.needed, self.free, self.limit = needed, free, limit
         super().__init__(
-            f"KVCacheDoesNotFit: the KV cache needs {needed} bytes ({what}) but the device's "
-            f"memory quota is {quota} bytes, of which {held} are held ({max(quota - held, 0)} "
-            "free; on a server, its --session-memory): use fewer rows or max_new_tokens"
+            f"KVCacheDoesNotFit: the KV cache needs {needed} bytes ({what}) but {free} bytes "
+            f"are free under {limit}: use fewer rows or max_new_tokens"
         )
 
 
 def check_cache_fits(spec: CacheSpec, batch: int, max_len: int, device: Any) -> None:
-    """Raise KVCacheDoesNotFit when a (batch, max_len) cache would not fit under `device`'s
-    memory quota (`Device.memory_quota`); nothing to check on a device without one."""
-    quota = device.memory_quota()
-    if quota is None:
+    """Raise KVCacheDoesNotFit when a (batch, max_len) cache would not fit in the memory
+    `device` has left (`memory_room`); nothing to check on a device without a limit."""
+    room = device.memory_room()
+    if room is None:
         return
-    held, limit = quota
+    free, limit = room
     needed = spec.nbytes(batch, max_len)
-    if held + needed > limit:
+    if needed > free:
         what = (
             f"{spec.n_layer} layers x keys and values x {batch} rows x {spec.n_kv_head} kv "
             f"heads x {max_len} slots x {spec.head_dim} x {spec.dtype}"
         )
-        raise KVCacheDoesNotFit(needed, held, limit, what)
+        raise KVCacheDoesNotFit(needed, free, limit, what)
 
 
 class KVCache:
@@ -86,7 +87,7 @@ class KVCache:
 
     Raises:
         ValueError: more slots than the model's context.
-        KVCacheDoesNotFit: the cache is larger than the device's memory quota leaves free
+        KVCacheDoesNotFit: the cache is larger than the device's memory limits leave free
             (asked before anything is allocated).
     """
 

@@ -98,7 +98,7 @@ def test_an_upload_before_its_bytes_holds_the_messages_after_it(
         raw.conn.send_frame(sid, payload[start : start + limits["bulk_chunk"]])
     (reply,) = raw.replies("Ack")
     assert reply["request_id"] == 4
-    raw.send(msg("MemoryStats", 5, 0, 0, 0, 0, 0, 0, 0))
+    raw.send(msg("MemoryStats", 5, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     (stats,) = raw.replies("MemoryStats")
     assert (stats["session_tensors"], stats["session_bytes"]) == (1, len(payload))
     raw.close()

@@ -38,7 +38,7 @@ def test_upload_read_sync_drop_and_memory_stats(raw: Raw) -> None:
     )
     assert data["data"] == x.tobytes() and data["bulk_id"] == 0
     assert (ack["name"], ack["request_id"]) == ("Ack", 2)
-    raw.send(msg("MemoryStats", 3, 0, 0, 0, 0, 0, 0, 0))
+    raw.send(msg("MemoryStats", 3, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     (stats,) = raw.replies("MemoryStats")
     assert stats["request_id"] == 3 and stats["session_tensors"] == 1
     assert stats["session_bytes"] == x.nbytes and stats["sessions"] >= 1
@@ -142,11 +142,13 @@ def test_a_transfer_over_the_memory_quota_is_limit_and_nothing_is_kept(raw: Raw)
     raw.send(msg("Upload", 0, 1, F32, [size // 4], b"", 1))
     sid = raw.conn.open_stream()
     raw.conn.send_frame(sid, frame(msg("Bulk", 1, size, 0)))
-    raw.send(msg("MemoryStats", 2, 0, 0, 0, 0, 0, 0, 0))
+    raw.send(msg("MemoryStats", 2, 0, 0, 0, 0, 0, 0, 0, 0, 0))
     replies = raw.replies("MemoryStats")
     (err,) = errors(replies)
     assert err["code"] == ERR["LIMIT"] and "quota" in err["message"]
     assert replies[-1]["session_bytes"] == 0
+    # MemoryStats.room: the session has its whole quota again, and the session quota binds
+    assert (replies[-1]["room"], replies[-1]["room_limit"]) == (QUOTA, 1)
 
 
 def test_an_oversized_control_frame_is_limit_then_the_connection_ends(raw: Raw) -> None:

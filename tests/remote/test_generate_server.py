@@ -31,6 +31,42 @@ def _prompt(rows: int, tokens: int, seed: int = 6) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, CFG.vocab, (rows, tokens))
 
 
+def test_a_cache_over_the_peers_share_is_refused_by_name_before_the_prefill(spawn, tmp_path):
+    """The peer's share (--peer-memory) binds before the session's quota: another session of
+    the same peer holds part of it, and a cache that fits the session's quota but not what
+    the peer has left is refused naming --peer-memory, before any graph runs."""
+    share = 12 * 2**20
+    server = spawn("--session-memory", str(4 * QUOTA), "--peer-memory", str(share))
+    from burn_remote.protocol.transport._paths import default_key_path
+
+    # the same key named by its path: a second session of the same peer
+    other = RemoteDevice(server.target, key=default_key_path())
+    held_elsewhere = other.tensor(np.zeros(8 * 2**20 // 4, np.float32))
+    other.sync()
+    dev = RemoteDevice(server.target)
+    model = nn.GPT.from_pretrained(_model_dir(tmp_path), device=dev)
+    dev.sync()
+    stats = dev.session_stats()  # one reply: the room and what this session holds
+    held, free = stats["session_bytes"], stats["room"]
+    assert free == share - 8 * 2**20 - held and dev.memory_room()[1] == "--peer-memory"
+    needed = 2 * CFG.n_layer * 8 * (8 + 400) * CFG.d_model * 4  # 6.7 MB: over what is left
+    assert held + needed < 4 * QUOTA and needed > free
+    before = dev.stats()
+    with pytest.raises(nn.KVCacheDoesNotFit, match="bytes are free under --peer-memory"):
+        model.generate(_prompt(8, 8), 400, eos_token_id=None)
+    after = dev.stats()
+    for counter in ("graphs_registered", "replays", "data_bytes_sent", "errors"):
+        assert after[counter] == before[counter], counter
+    del held_elsewhere
+    other.sync()  # the other session's tensor is dropped: the peer's share has room again
+    dev.sync()
+    stats = dev.session_stats()
+    assert stats["room"] == share - stats["session_bytes"]
+    assert model.generate(_prompt(8, 8), 400, eos_token_id=None).shape == (8, 408)
+    other.close()
+    dev.close()
+
+
 def test_a_cache_over_the_session_quota_is_refused_by_name_before_the_prefill(spawn, tmp_path):
     server = spawn("--session-memory", str(QUOTA))
     directory = _model_dir(tmp_path)
@@ -41,11 +77,14 @@ def test_a_cache_over_the_session_quota_is_refused_by_name_before_the_prefill(sp
     big = _prompt(8, 8)
     needed = 2 * CFG.n_layer * 8 * (8 + 992) * CFG.d_model * 4
     assert held + needed > QUOTA
-    before, held_before = dev.stats(), dev.session_stats()["session_bytes"]
+    dev.sync()
+    before, stats = dev.stats(), dev.session_stats()
+    held_before = stats["session_bytes"]
+    assert stats["room"] == QUOTA - held_before  # the session quota binds here
     with pytest.raises(nn.KVCacheDoesNotFit, match=f"KVCacheDoesNotFit.*{needed} bytes") as err:
         model.generate(big, 992, eos_token_id=None)
-    assert (err.value.needed, err.value.quota) == (needed, QUOTA)
-    assert str(QUOTA) in str(err.value) and "--session-memory" in str(err.value)
+    assert (err.value.needed, err.value.free) == (needed, QUOTA - held_before)
+    assert f"{QUOTA - held_before} bytes are free under --session-memory" in str(err.value)
     after = dev.stats()
     # refused before the prefill: no graph ran or was registered, no prompt was sent, and
     # the session holds what it held (no cache was made)
