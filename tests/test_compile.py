@@ -670,19 +670,19 @@ def test_gpt2_small_sized_lora_step_captures_and_matches():
     _same(*results)
 
 
-def test_other_threads_record_on_other_devices_while_a_step_is_captured():
+def _while_capturing(work) -> None:
+    """Run ``work()`` on another thread while this one records a compiled step on DEV (the
+    step's body waits until ``work`` returns); the step must still give its result."""
     import threading
 
-    from burn_remote._device import LocalRuntime
-
-    other = br.Device("cpu-worker", LocalRuntime("cpu"))
     started, release = threading.Event(), threading.Event()
-    seen = []
 
     def worker():
         started.wait(10)
-        seen.append((other.ones((3,)) * 2).numpy().tolist())
-        release.set()
+        try:
+            work()
+        finally:
+            release.set()
 
     th = threading.Thread(target=worker)
     th.start()
@@ -690,12 +690,20 @@ def test_other_threads_record_on_other_devices_while_a_step_is_captured():
     @br.compile
     def f(a):
         started.set()
-        release.wait(10)  # the worker records and reads on its device meanwhile
+        release.wait(10)  # the worker runs meanwhile
         return a + 1
 
     x = DEV.tensor(np.ones(3, np.float32))
     assert f(x).numpy().tolist() == [2, 2, 2]
     th.join(10)
+
+
+def test_other_threads_record_on_other_devices_while_a_step_is_captured():
+    from burn_remote._device import LocalRuntime
+
+    other = br.Device("cpu-worker", LocalRuntime("cpu"))
+    seen = []
+    _while_capturing(lambda: seen.append((other.ones((3,)) * 2).numpy().tolist()))
     assert seen == [[2.0, 2.0, 2.0]]
 
 
@@ -744,36 +752,17 @@ def test_another_threads_work_on_a_capturing_device_is_refused():
     """While a thread records a step on a device, an op another thread puts on that device
     would silently join the step (and run on every replay): it is refused by name, and so is
     a second capture on the same device; the capture itself completes."""
-    import threading
-
-    started, release = threading.Event(), threading.Event()
     errors: list = []
     y = DEV.ones((3,))
 
-    def worker():
-        started.wait(10)
-        try:
-            y * 2
-        except br.CaptureError as e:
-            errors.append(str(e))
-        try:
-            br.compile(lambda a: a * 3)(y)
-        except br.CaptureError as e:
-            errors.append(str(e))
-        release.set()
+    def work():
+        for attempt in (lambda: y * 2, lambda: br.compile(lambda a: a * 3)(y)):
+            try:
+                attempt()
+            except br.CaptureError as e:
+                errors.append(str(e))
 
-    th = threading.Thread(target=worker)
-    th.start()
-
-    @br.compile
-    def f(a):
-        started.set()
-        release.wait(10)
-        return a + 1
-
-    x = DEV.tensor(np.ones(3, np.float32))
-    assert f(x).numpy().tolist() == [2, 2, 2]
-    th.join(10)
+    _while_capturing(work)
     assert len(errors) == 2, errors
     assert re.search(r"another thread is capturing a step on \(compiled function \S*f ", errors[0])
     assert re.search(r"another thread is capturing a step on \(compiled function \S*f ", errors[1])
