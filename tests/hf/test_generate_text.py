@@ -53,18 +53,28 @@ def text_dir(tmp_path_factory):
             p.add_(torch.randn_like(p) * 0.1) if "norm" in name else p.normal_(0, 0.1)
         head = model.lm_head.weight
         im_start = tok.convert_tokens_to_ids("<|im_start|>")
-        head[im_start] = head[greedy()[2]] * 1.05
-        path = greedy()
-        # EOS copies the row of a token that first turns up after <|im_start|> and past the
-        # middle, so EOS takes that token's first place (which token that is depends on
-        # the host's float rounding: choosing by position alone once picked <|im_start|>)
-        stop = next(
-            i for i in range(NEW // 2, NEW)
-            if path[i] != im_start and path[i] not in path[:i] and im_start in path[:i]
-        )  # fmt: skip
-        head[tok.eos_token_id] = head[path[stop]] * 1.05
-        path = greedy()
-    assert im_start in path and tok.eos_token_id in path[path.index(im_start) :], path
+        eos, original = tok.eos_token_id, head.clone()
+        # Copying a chosen token's row (x1.05) makes the special token win where that token
+        # did. Which tokens greedy decoding picks depends on the host's float rounding, so
+        # the choice is searched for: the first (where, which) that puts <|im_start|> on the
+        # path and ends the reply with EOS after it, before NEW tokens.
+        path = None
+        for at in range(2, NEW // 2):
+            head.copy_(original)
+            head[im_start] = original[greedy()[at]] * 1.05
+            first = greedy()
+            if im_start not in first:
+                continue
+            for stop in range(first.index(im_start) + 1, NEW - 1):
+                head[eos] = head[first[stop]] * 1.05
+                path = greedy()
+                if im_start in path and eos in path and path.index(im_start) < path.index(eos):
+                    break
+                head[eos] = original[eos]
+                path = None
+            if path is not None:
+                break
+    assert path is not None, "no lm_head rows found that exercise both special tokens"
     model.save_pretrained(directory)
     return directory
 
