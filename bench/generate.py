@@ -5,8 +5,8 @@ The model is SmolLM2-135M-shaped (bench/llm.py's config: hidden 576, 30 layers, 
 kv heads, vocab 49152, tied embeddings; random init by transformers, float32, saved with
 save_pretrained). Batch 1, a PROMPT-token prompt, NEW new tokens, greedy, no EOS. Each
 contender runs in a process of its own with the same thread count (BLAS, OpenMP, torch),
-the server too; each generates once to warm up (graphs recorded, the server's plans
-compiled), then `--repeats` times. Printed, medians over the repeats:
+the server too; each generates WARMUP (2) times untimed (graphs recorded and confirmed, the
+server's plans compiled), then `--repeats` times. Printed, medians over the repeats:
 
 - time to first token (the prefill and the first choice, until the client holds it);
 - tokens/s after the first (the decode rate);
@@ -39,6 +39,11 @@ from typing import Any
 
 from llm import SMOLLM2_135M, make_checkpoint
 
+WARMUP = 2
+"""Untimed calls before the timed ones, on every side: a prompt's prefill is replayed from
+the third call of its length on (`br.compile` replays once two recordings agree; the first
+two calls record it), as a chat server's turns after the first two see it."""
+
 BANDWIDTH_BYTES = 256 * 2**20
 """The array a memory-bandwidth probe copies: far larger than any cache."""
 
@@ -58,7 +63,7 @@ def worker_ours(directory: str, target: str, prompt: int, new: int, repeats: int
     model = nn.AutoModelForCausalLM.from_pretrained(directory, device=dev).eval()
     ids = _prompt(prompt)
     runs = []
-    for _ in range(repeats + 1):  # the first is the warm-up
+    for _ in range(repeats + WARMUP):
         cpu0, t0 = time.process_time(), time.perf_counter()
         first = cpu_first = None
         count = 0
@@ -78,7 +83,7 @@ def worker_ours(directory: str, target: str, prompt: int, new: int, repeats: int
     weights = sum(math.prod(t.shape) * dtypes.itemsize(t.dtype) for t in unique.values())
     if target != "cpu":
         dev.close()
-    return {"runs": runs[1:], "weight_bytes": weights}
+    return {"runs": runs[WARMUP:], "weight_bytes": weights}
 
 
 def worker_hf(directory: str, threads: int, prompt: int, new: int, repeats: int) -> dict:
@@ -105,7 +110,7 @@ def worker_hf(directory: str, threads: int, prompt: int, new: int, repeats: int)
             pass
 
     runs = []
-    for _ in range(repeats + 1):
+    for _ in range(repeats + WARMUP):
         streamer = FirstToken()
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -117,7 +122,7 @@ def worker_hf(directory: str, threads: int, prompt: int, new: int, repeats: int)
         assert out.shape[1] == prompt + new
         runs.append({"ttft": streamer.first - t0, "decode": end - streamer.first, "tokens": new})
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"runs": runs[1:], "weight_bytes": weights}
+    return {"runs": runs[WARMUP:], "weight_bytes": weights}
 
 
 def memory_bandwidth(repeats: int = 5) -> float:
@@ -168,7 +173,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompt", type=int, default=64, help="prompt tokens (default 64)")
     parser.add_argument("--new", type=int, default=128, help="new tokens (default 128)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs after WARMUP untimed")
     parser.add_argument("--threads", type=int, default=2, help="BLAS / torch threads")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -190,7 +195,7 @@ def main() -> None:
         root = Path(home)
         print(f"load: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores; threads "
               f"{args.threads}; batch 1, {args.prompt}-token prompt, {args.new} new tokens, "
-              f"greedy, {args.repeats} repeats after a warm-up", flush=True)  # fmt: skip
+              f"greedy, {args.repeats} repeats after {WARMUP} untimed", flush=True)  # fmt: skip
         smol = make_checkpoint(root / "smollm2", SMOLLM2_135M, "float32")
         server = start_server(root / "server", env={**os.environ, **_thread_env(args.threads)})
         remote = f"{server.peer_id}@{server.address}"
