@@ -204,6 +204,15 @@ def loss_rules(percent: int) -> str:
     return f"table inet {LOSS_TABLE} {{\n" + "\n".join(chains) + "\n}\n"
 
 
+def _answer(path: Path, report: dict[str, Any]) -> None:
+    """Write a fault's answer whole under a private name, then rename it in place: the test
+    side polls for the file and must never read it empty or half written (it once read an
+    empty .done while the host was still writing it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report))
+    tmp.replace(path)
+
+
 class FaultInjector:
     """Answers the runner's fault requests (files in FAULT_DIR) until stopped."""
 
@@ -242,14 +251,14 @@ class FaultInjector:
             report = action(base, **spec)
         except Exception as exc:  # the runner raises it
             report = {"error": f"{type(exc).__name__}: {exc}"}
-            base.with_suffix(".started").write_text(json.dumps(report))
-        base.with_suffix(".done").write_text(json.dumps(report))
+            _answer(base.with_suffix(".started"), report)
+        _answer(base.with_suffix(".done"), report)
         self.done.append(f"{req.stem}: {json.dumps(report)}")
         say(f"fault {req.stem}: {json.dumps(report)}")
 
     @staticmethod
     def _started(base: Path) -> None:
-        base.with_suffix(".started").write_text("{}")
+        _answer(base.with_suffix(".started"), {})
 
     def _pause(self, base: Path, service: str, seconds: float) -> dict[str, Any]:
         cid = container(service)

@@ -49,7 +49,7 @@ class Fault:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the host did not answer fault {self.name} ({suffix})")
             time.sleep(0.05)
-        answer = json.loads(path.read_text() or "{}")
+        answer = json.loads(path.read_text())  # written whole (deploy/compose/run.py _answer)
         if answer.get("error"):
             raise RuntimeError(f"fault {self.name} failed on the host: {answer['error']}")
         return answer
