@@ -40,9 +40,10 @@ def _job(raw: Raw, name: str, *fields: Any) -> Any:
 
 def test_job_info_pages_and_events_are_the_documented_json(server: Daemon, tmp_path: Path) -> None:
     """Keys, pages and events as section 8 lists them. Watches are sent only once a job is
-    terminal (its events all there): a watch that waits (~2 s, this server's idle timeout)
-    on a job still running went unanswered in some loaded runs, not explained yet. The
-    client sends keepalives, as section 8 asks of a watching client."""
+    terminal (its events all there): a watch that waits on a job still running went
+    unanswered in some loaded runs, when this server's idle timeout was 2 s (a JobStatus
+    did too, in a 4-worker run: the connection had timed out under the load). The client
+    sends keepalives, as section 8 asks of a watching client."""
     raw = Raw(server, tmp_path / "key", keepalive=0.5)
     raw.hello()
     assert {"id", "owner", "state", "outputs"} <= JOB_KEYS and {"seq", "state"} <= EVENT_KEYS
