@@ -16,15 +16,9 @@ from burn_remote import nn, optim
 from conftest import _UNAVAILABLE
 from support import replay_memory
 from support.capture_models import MODELS, gpt_lora, train
+from support.capture_models import same_state as _same
 
 DEV = br.Device.cpu()
-
-
-def _same(a: dict, b: dict) -> None:
-    assert a.keys() - {"__stats__"} == b.keys() - {"__stats__"}
-    for name in a:
-        if name != "__stats__":
-            assert np.array_equal(a[name], b[name]), name
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -454,35 +448,6 @@ def test_train_eval_switch_recaptures():
     assert not np.array_equal(draws[-1], draws[-2])  # a fresh key per replayed call
 
 
-def test_evaluating_between_epochs_keeps_the_step_compiled():
-    """A training loop that switches to eval() and back after every epoch: each switch drops
-    the capture (the mode shapes the graph), and the step captures again. That used to count
-    as the step being unstable, and the fifth epoch raised CaptureError."""
-    nn.seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(DEV)
-    opt = optim.SGD(model.parameters(), lr=0.1)
-
-    @br.compile
-    def step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    x = DEV.tensor(np.random.default_rng(0).standard_normal((3, 4), np.float32))
-    y = DEV.tensor(np.array([0, 1, 0]))
-    for _ in range(8):
-        for _ in range(4):
-            step(x, y)
-        model.eval()
-        model(x).numpy()
-        model.train()
-    # each epoch records twice (the second recording confirms the first) and replays the
-    # rest; the very first step records once more (it creates the gradients it then reuses)
-    assert step.stats()["replays"] >= 8 * 2 - 1, step.stats()
-
-
 def _raises(fn, *args, pattern):
     with pytest.raises(br.CaptureError, match=pattern) as info:
         fn(*args)
@@ -668,102 +633,3 @@ def test_gpt2_small_sized_lora_step_captures_and_matches():
         del model, step, run
         gc.collect()
     _same(*results)
-
-
-def _while_capturing(work) -> None:
-    """Run ``work()`` on another thread while this one records a compiled step on DEV (the
-    step's body waits until ``work`` returns); the step must still give its result."""
-    import threading
-
-    started, release = threading.Event(), threading.Event()
-
-    def worker():
-        started.wait(10)
-        try:
-            work()
-        finally:
-            release.set()
-
-    th = threading.Thread(target=worker)
-    th.start()
-
-    @br.compile
-    def f(a):
-        started.set()
-        release.wait(10)  # the worker runs meanwhile
-        return a + 1
-
-    x = DEV.tensor(np.ones(3, np.float32))
-    assert f(x).numpy().tolist() == [2, 2, 2]
-    th.join(10)
-
-
-def test_other_threads_record_on_other_devices_while_a_step_is_captured():
-    from burn_remote._device import LocalRuntime
-
-    other = br.Device("cpu-worker", LocalRuntime("cpu"))
-    seen = []
-    _while_capturing(lambda: seen.append((other.ones((3,)) * 2).numpy().tolist()))
-    assert seen == [[2.0, 2.0, 2.0]]
-
-
-def test_threads_capture_at_once_on_devices_of_their_own():
-    """Two threads, each with its own device, capture and replay compiled training steps at
-    the same time (their first recordings overlap, held open until both are inside): each
-    ends bitwise where the same training ends alone."""
-    import threading
-
-    from burn_remote._device import LocalRuntime
-
-    kinds = sorted(MODELS)[:2]
-    alone = [
-        train(br.Device(f"cpu-alone-{k}", LocalRuntime("cpu")), MODELS[k], 6, True) for k in kinds
-    ]
-    inside = threading.Barrier(2, timeout=20)
-    results: dict = {}
-
-    def run(k: str) -> None:
-        dev = br.Device(f"cpu-thread-{k}", LocalRuntime("cpu"))
-        model, step, batch = MODELS[k](dev)
-
-        def body(*args):
-            if not results.get(("met", k)):
-                results[("met", k)] = True
-                inside.wait()  # both threads are recording now
-            return step(*args)
-
-        run = br.compile(body)
-        for i in range(6):
-            run(*batch(i))
-        results[k] = {name: t.numpy() for name, t in model.named_tensors()}
-        results[k]["__stats__"] = run.stats()
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in kinds]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    for k, want in zip(kinds, alone):
-        assert results[k]["__stats__"]["replays"] >= 3, results[k]["__stats__"]
-        _same(want, results[k])
-
-
-def test_another_threads_work_on_a_capturing_device_is_refused():
-    """While a thread records a step on a device, an op another thread puts on that device
-    would silently join the step (and run on every replay): it is refused by name, and so is
-    a second capture on the same device; the capture itself completes."""
-    errors: list = []
-    y = DEV.ones((3,))
-
-    def work():
-        for attempt in (lambda: y * 2, lambda: br.compile(lambda a: a * 3)(y)):
-            try:
-                attempt()
-            except br.CaptureError as e:
-                errors.append(str(e))
-
-    _while_capturing(work)
-    assert len(errors) == 2, errors
-    assert re.search(r"another thread is capturing a step on \(compiled function \S*f ", errors[0])
-    assert re.search(r"another thread is capturing a step on \(compiled function \S*f ", errors[1])
-    assert (DEV.ones((3,)) * 2).numpy().tolist() == [2, 2, 2]  # the device is free again

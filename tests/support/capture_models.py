@@ -116,3 +116,11 @@ def train(dev: Device, build: Callable, steps: int, compiled: bool) -> dict[str,
     if compiled:
         out["__stats__"] = run.stats()
     return out
+
+
+def same_state(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    """Assert two `train` results hold the same tensors, bit for bit (stats aside)."""
+    assert a.keys() - {"__stats__"} == b.keys() - {"__stats__"}
+    for name in a:
+        if name != "__stats__":
+            assert np.array_equal(a[name], b[name]), name
