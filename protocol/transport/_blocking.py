@@ -61,6 +61,11 @@ wakes for them), and a sender that waits for room or a second waiting thread cal
 reader back at once; only datagrams nobody waits for may wait this long to be read. Each
 time the reader checks costs a thread wake-up: at 2 ms it cost more CPU than the hand-offs
 it saves."""
+CALLER_POLL_CHECK = 1.0
+"""Seconds between the reader's checks while a caller drives the socket. A caller that stops
+driving wakes the reader itself, so this is only a safety net: at STAND_ASIDE's 20 ms, a
+remote `generate` waiting half a second per block of tokens paid ~50 reader wake-ups a
+second, each ~0.1 ms of this process's CPU on a loaded 2-core host (`bench/generate.py`)."""
 
 
 class _FrameReader:
@@ -396,6 +401,8 @@ class BlockingConnection:
                         self._aside.wait(min(left, 0.05))
                 finally:
                     self._takers -= 1
+                    if self._owner is None:  # we never took it: the reader waits for that
+                        self._aside.notify_all()
                 if self._error is not None or self._stopping:  # the reader ended meanwhile
                     return None
             self._owner = threading.get_ident()
@@ -427,6 +434,8 @@ class BlockingConnection:
                 self._aside_until = time.monotonic() + STAND_ASIDE
                 if not linger or self._recall or self._error is not None or self._stopping:
                     self._call_reader()  # for another waiter, or to report the loss
+                else:  # the reader, standing aside, waits for the socket to be free
+                    self._aside.notify_all()
 
     def ping(self) -> None:
         """Send a PING now (keep-alive is automatic; this is for tests and tools)."""
@@ -623,9 +632,10 @@ class BlockingConnection:
                     return True
                 self._reader_wakes = due
                 self._aside.wait(due - now)
-            else:  # a caller polls (or is about to), and runs the timers meanwhile
-                self._reader_wakes = now + STAND_ASIDE
-                self._aside.wait(STAND_ASIDE)
+            else:  # a caller polls (or is about to), and runs the timers meanwhile; it
+                # wakes this thread when it lets go of the socket
+                self._reader_wakes = now + CALLER_POLL_CHECK
+                self._aside.wait(CALLER_POLL_CHECK)
         return False
 
     def _poll(self, poller: select.poll, wait: float) -> bool:
