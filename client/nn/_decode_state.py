@@ -10,7 +10,8 @@ model keeps after a call: the next call whose `signature` is the same (batch, ca
 length, sampling settings, EOS ids, device, the model's own modules and tensors, the
 train/eval and requires_grad epoch) resets the state's values in place (`_assign`, new
 values into the same Tensor objects the captures read) and replays its steps from the
-first: the prompt's (captured per prompt length) and the decode step. A call with another
+first: the prompt's (captured per prompt length), the decode step and the block of
+DECODE_BLOCK decode steps. A call with another
 signature drops the kept state first (its cache memory is freed before the new cache is
 asked for), and a call made while the kept state is in use (a second thread, or a stream
 not yet finished) gets a private state of its own.
@@ -31,6 +32,11 @@ from .._recorder import epoch
 from .._tensor import Tensor
 from . import _sampling
 from ._kv_cache import CacheSpec, KVCache
+
+DECODE_BLOCK = 8
+"""Decode steps captured as one graph (`DecodeState.decode_block`): one replay and one
+message per block. Recording a block costs this many steps' recording (twice, as every
+capture), and up to this many - 1 steps at the end of a call run one by one."""
 
 
 class DecodeState:
@@ -66,15 +72,18 @@ class DecodeState:
         self.base_key = dev.tensor(np.int64(0)) if do_sample else None
         self.prefill = capture(self._prefill)
         self.decode = capture(self._decode)
+        self.decode_block = capture(self._decode_block)
 
     def release(self) -> None:
         """Let go of the device state now (the captured step refers back to this object, so
         waiting for the garbage collector would hold the cache's memory meanwhile)."""
         self.prefill.reset()
         self.decode.reset()
+        self.decode_block.reset()
         for name in ("cache", "readable", "offset", "seen", "vocab_ids", "done", "base_key"):
             self.__dict__.pop(name, None)
         self.__dict__.pop("decode", None)
+        self.__dict__.pop("decode_block", None)
         self.__dict__.pop("prefill", None)
 
     def reset(self, ids: np.ndarray, mask: np.ndarray, key: int | None) -> None:
@@ -133,6 +142,15 @@ class DecodeState:
         """One decode step (the captured function): `token` (B, 1) at cache slot `slot`."""
         step = self.cache.decode(slot, slot + self.offset, self.readable)
         return self.choose(self.model.forward_cached(token, step), index)
+
+    def _decode_block(self, token: Tensor, slot: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+        """DECODE_BLOCK decode steps in one captured graph: the tokens (B, DECODE_BLOCK) and
+        the last one (B, 1), the next block's argument."""
+        columns = []
+        for i in range(DECODE_BLOCK):
+            token = self._decode(token, slot + i, index + i)
+            columns.append(token)
+        return F.cat(columns, axis=1), token
 
 
 def signature(model: Any, dev: Any, batch: int, length: int, settings: tuple) -> tuple:

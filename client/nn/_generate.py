@@ -13,15 +13,18 @@ The loop, and why it is shaped so:
    same shapes and records the same graph. The step (model forward, logits processors, the
    choice of token, the EOS and repetition bookkeeping) is one `br.compile`d function whose
    arguments are the previous token (a device tensor) and two Python ints (the slot and the
-   token's index) that become bindings: after two recordings it replays, and on a remote
-   device each step is one small ExecuteGraph. The model keeps the state and its captured
+   token's index) that become bindings: after two recordings it replays. DECODE_BLOCK
+   steps are captured together as a second function (the steps in a row, one graph), which
+   the loop calls while a whole block fits: on a remote device a block is one small
+   ExecuteGraph, and the client's work per token is a replay's share, not a replay. The model keeps the state and its captured
    step after the call (`_decode_state`), so a later call of the same shape and settings
    records nothing: it resets the state's values and replays from its first step.
 2. The chosen token stays on the device and is the next step's argument, so nothing waits
-   for it. The client reads tokens in blocks of TOKEN_BLOCK (the prefill's token alone, for a
-   fast first token), one block behind the steps it has queued, so the device always has
-   work; a block that shows every row done ends the loop, and the tokens past the last EOS
-   are cut off (at most two blocks of steps are wasted).
+   for it. The client reads tokens in blocks of TOKEN_BLOCK (the prefill's token alone,
+   queued behind one single step, for a fast first token), one read behind the steps it has
+   queued, so the device always has work; a block that shows every row done ends the loop,
+   and the tokens past the last EOS are cut off (at most two reads' worth of steps are
+   wasted).
 3. Batches are left-padded: position ids count only real tokens (the attention mask's
    cumulative sum, as transformers), and a slot is readable when the mask says it holds a
    real token. A finished row keeps emitting `pad_token_id`, as transformers does.
@@ -42,8 +45,11 @@ from ._kv_cache import prefill_mask
 
 FROM_CONFIG: Any = object()
 """`eos_token_id`'s default: take it from the model's config.json (None means none)."""
-TOKEN_BLOCK = 8
-"""Tokens read from the device in one read (after the first, which is read alone)."""
+TOKEN_BLOCK = 32
+"""Tokens read from the device in one read (after the first, which is read alone). Each
+read of a remote device costs the client a round trip of packets (~2 ms of its CPU on a
+loaded 2-core host), so this sets the client's CPU per token (`bench/generate.py`) against
+how often a stream delivers text."""
 
 
 class GenerationMixin:
@@ -51,7 +57,8 @@ class GenerationMixin:
 
     generation_stats: dict[str, int] | None = None
     """The last `generate` call's counts: new tokens (per row, before trimming), decode
-    steps queued, of them recorded and replayed, token reads, and the cache's bytes."""
+    steps queued, the captured calls they took (blocks of DECODE_BLOCK steps and single
+    steps), of those calls recorded and replayed, token reads, and the cache's bytes."""
 
     def generate(
         self,
@@ -268,7 +275,7 @@ class _Generation:
             do_sample, temperature, self.top_k, top_p, repetition_penalty, tuple(self.eos),
             self.pad,
         )  # fmt: skip
-        self.reads = 0
+        self.reads = self.new = self.steps = 0  # token reads, tokens read, decode steps queued
         self.stats: dict[str, int] = {}
 
     def _vocab(self) -> int:
@@ -294,16 +301,20 @@ class _Generation:
         read; ends after the step where the last row met EOS, or at max_new_tokens."""
         dev, b = self.dev, self.ids.shape[0]
         state = _decode_state.acquire(self.model, dev, self.spec, b, self.length, self.settings)
-        decode = state.decode
-        recordings, replays = decode.recordings, decode.replays
+        captures = (state.decode, state.decode_block)
+        before = [(c.recordings, c.replays) for c in captures]
+        self.steps = 0
         try:
             state.reset(self.ids, self.mask, self.key)
             yield from self._steps(state)
         finally:
-            self.stats["decode_steps"] = decode.recordings + decode.replays - recordings - replays
-            self.stats["decode_recordings"] = decode.recordings - recordings
-            self.stats["decode_replays"] = decode.replays - replays
-            self.stats["cache_bytes"] = state.cache.nbytes
+            recorded = sum(c.recordings - r for c, (r, _) in zip(captures, before))
+            replayed = sum(c.replays - p for c, (_, p) in zip(captures, before))
+            self.stats.update(
+                decode_steps=self.steps, decode_calls=recorded + replayed,
+                decode_recordings=recorded, decode_replays=replayed,
+                cache_bytes=state.cache.nbytes,
+            )  # fmt: skip
             _decode_state.done_with(self.model, state)
 
     def _steps(self, state: _decode_state.DecodeState) -> Generator[np.ndarray, None, None]:
@@ -311,47 +322,60 @@ class _Generation:
         positions = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int64)
         mask = prefill_mask(self.mask, self.length)
         token = state.prefill(dev.tensor(self.ids), dev.tensor(positions), dev.tensor(mask))
-        decode = state.decode
-        pending: list[Tensor] = [token]
+        pending: list[Tensor] = [token]  # (B, n) tokens, read together
         queued: list[Tensor] = []
+        count = 0  # tokens in `queued`
+        read_at = 1  # the prefill's token is read as soon as one step is queued behind it
         finished = np.zeros(b, bool)
-        new = 0
-        block = 1  # the prefill's token is read as soon as the next step is queued
+        self.new = 0
+        index = 1  # the next token's index (the prefill's is 0)
         try:
-            for index in range(1, self.max_new + 1):
-                if index < self.max_new:
-                    token = decode(token, t + index - 1, index)
-                    queued.append(token)
-                if len(queued) >= block or index == self.max_new:
-                    # read what was queued one block ago: the device has the new block meanwhile
-                    if pending:
-                        for column in self._take(pending, finished):
-                            new += 1
-                            yield column
-                        if self.eos and finished.all():
-                            return
-                    pending, queued, block = queued, [], TOKEN_BLOCK
-            if pending:
-                for column in self._take(pending, finished):
-                    new += 1
-                    yield column
+            while index < self.max_new:
+                tokens, token, n = self._queue(state, token, t + index - 1, index)
+                queued.append(tokens)
+                count += n
+                index += n
+                if count >= read_at:
+                    # read what was queued one read ago: the device has the new steps meanwhile
+                    yield from self._take(pending, finished)
+                    if self.eos and finished.all():
+                        return
+                    pending, queued, count, read_at = queued, [], 0, TOKEN_BLOCK
+            yield from self._take(pending + queued, finished)
         finally:
-            self.stats.update(new_tokens=new, reads=self.reads)
+            self.stats.update(new_tokens=self.new, reads=self.reads)
 
-    def _take(self, block: list[Tensor], finished: np.ndarray) -> list[np.ndarray]:
-        """Read a block of tokens: its columns (B,), cut after the step where the last row
-        ended (`finished` is updated)."""
+    def _queue(
+        self, state: _decode_state.DecodeState, token: Tensor, slot: int, index: int
+    ) -> tuple[Tensor, Tensor, int]:
+        """Queue the next decode call after `token`, for token `index` at cache `slot`: a
+        block of DECODE_BLOCK steps, or one step (the first, so that the prefill's token is
+        read behind one step only, and those after the last whole block). Its tokens
+        (B, n), the last of them (B, 1), and n."""
+        block = _decode_state.DECODE_BLOCK
+        if index > 1 and self.max_new - index >= block:
+            tokens, last = state.decode_block(token, slot, index)
+            self.steps += block
+            return tokens, last, block
+        last = state.decode(token, slot, index)
+        self.steps += 1
+        return last, last, 1
+
+    def _take(self, block: list[Tensor], finished: np.ndarray) -> Iterator[np.ndarray]:
+        """Read tokens (B, n) in one read and yield their columns (B,), up to the step where
+        the last row ended (`finished` is updated)."""
+        if not block:
+            return
         tokens = (F.cat(block, axis=1) if len(block) > 1 else block[0]).numpy()
         self.reads += 1
-        columns = []
         for col in range(tokens.shape[1]):
             column = tokens[:, col]
-            columns.append(column)
+            self.new += 1
+            yield column
             if self.eos:
                 finished |= np.isin(column, self.eos)
                 if finished.all():
-                    break
-        return columns
+                    return
 
 
 def _eos_ids(model: Any, eos_token_id: Any) -> list[int]:

@@ -8,11 +8,31 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from burn_remote import Device, nn
-from burn_remote.nn import _sampling
-from burn_remote.nn._generate import TOKEN_BLOCK
+from burn_remote.nn import _generate, _sampling
+from burn_remote.nn._decode_state import DECODE_BLOCK
 from conftest import BACKENDS
 
 VOCAB, PROMPT, NEW = 300, 12, 32
+
+
+def _decode_calls(new: int) -> tuple[int, int]:
+    """(blocks, single steps) a call of `new` tokens without EOS queues: the first decode
+    step alone, then whole blocks of DECODE_BLOCK, then single steps to the end."""
+    blocks, rest = divmod(new - 2, DECODE_BLOCK)
+    return blocks, 1 + rest
+
+
+def _first_recordings(new: int) -> int:
+    """Each of the two captures records twice before it replays."""
+    return sum(min(2, n) for n in _decode_calls(new))
+
+
+@pytest.fixture
+def short_reads(monkeypatch):
+    """Reads of DECODE_BLOCK tokens, so that a stop before NEW tokens shows in the counts of
+    these short generations (with the default, NEW tokens are queued before the second read)."""
+    monkeypatch.setattr(_generate, "TOKEN_BLOCK", DECODE_BLOCK)
+    return DECODE_BLOCK
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +89,18 @@ def test_greedy_32_tokens_equal_transformers(gpt2_dir, hf_model, batch) -> None:
     assert got.shape == (batch, PROMPT + NEW)
     np.testing.assert_array_equal(got, want)
     stats = model.generation_stats
-    # one captured decode graph: recorded twice (until two recordings agree), then replayed
+    # two captured decode graphs (a block of steps, a single step): each recorded twice
+    # (until two recordings agree), then replayed
     assert stats["decode_steps"] == NEW - 1
-    assert stats["decode_recordings"] == 2 and stats["decode_replays"] == NEW - 3
-    assert stats["reads"] <= 2 + NEW // 8
+    assert stats["decode_calls"] == sum(_decode_calls(NEW))
+    assert stats["decode_recordings"] == _first_recordings(NEW) == 4
+    assert stats["decode_replays"] == stats["decode_calls"] - 4
+    assert stats["reads"] <= 2 + NEW // _generate.TOKEN_BLOCK
 
 
-def test_eos_stops_and_repetition_penalty_equal_transformers(gpt2_dir, hf_model) -> None:
+def test_eos_stops_and_repetition_penalty_equal_transformers(
+    gpt2_dir, hf_model, short_reads
+) -> None:
     ids, mask = _prompts(3)
     model = nn.GPT.from_pretrained(gpt2_dir)
     kw = dict(repetition_penalty=1.3, eos_token_id=29, pad_token_id=5)
@@ -145,7 +170,9 @@ def test_streamer_gets_the_prompt_then_each_token_in_order_then_end(gpt2_dir) ->
     np.testing.assert_array_equal(np.stack(events[1:-1], axis=1), out[:, PROMPT:])
 
 
-def test_stream_yields_generates_tokens_in_order_and_stops_at_eos(gpt2_dir, hf_model) -> None:
+def test_stream_yields_generates_tokens_in_order_and_stops_at_eos(
+    gpt2_dir, hf_model, short_reads
+) -> None:
     ids, mask = _prompts(3)
     model = nn.GPT.from_pretrained(gpt2_dir)
     kw = dict(repetition_penalty=1.3, eos_token_id=29, pad_token_id=5)
@@ -176,13 +203,13 @@ def test_a_later_call_replays_the_decode_step_the_model_kept(gpt2_dir, hf_model)
     other[mask == 0] = 0
     got = model.generate(other, NEW, **kw)
     stats = model.generation_stats
-    assert stats["decode_recordings"] == 0 and stats["decode_replays"] == NEW - 1
+    assert stats["decode_recordings"] == 0 and stats["decode_replays"] == sum(_decode_calls(NEW))
     np.testing.assert_array_equal(got, nn.GPT.from_pretrained(gpt2_dir).generate(other, NEW, **kw))
     np.testing.assert_array_equal(model.generate(ids, NEW, **kw), want)
     # another length records anew (the kept state is dropped), and is still right
     short = _hf_generate(hf_model, ids, mask, max_new_tokens=NEW - 4, **hf)
     np.testing.assert_array_equal(model.generate(ids, NEW - 4, **kw), short)
-    assert model.generation_stats["decode_recordings"] == 2
+    assert model.generation_stats["decode_recordings"] == _first_recordings(NEW - 4)
     # sampling: the kept step draws from the key of each call
     sample = dict(do_sample=True, top_k=20, attention_mask=mask, eos_token_id=None)
     a = model.generate(ids, NEW, key=3, **sample)
@@ -198,7 +225,7 @@ def test_a_later_call_replays_the_decode_step_the_model_kept(gpt2_dir, hf_model)
     np.testing.assert_array_equal(np.stack([first, *rest], axis=1), a[:, PROMPT:])
 
 
-def test_stream_stopped_early_queues_no_more_steps(gpt2_dir) -> None:
+def test_stream_stopped_early_queues_no_more_steps(gpt2_dir, short_reads) -> None:
     model = nn.GPT.from_pretrained(gpt2_dir)
     ids = _prompts(1)[0]
     full = model.generate(ids, NEW, eos_token_id=None)
@@ -206,8 +233,8 @@ def test_stream_stopped_early_queues_no_more_steps(gpt2_dir) -> None:
     first = [next(it) for _ in range(3)]
     it.close()
     np.testing.assert_array_equal(np.stack(first, axis=1), full[:, PROMPT : PROMPT + 3])
-    # the first token read alone, then one block read while the next was queued
-    assert model.generation_stats["decode_steps"] <= 1 + 2 * TOKEN_BLOCK
+    # the first token read alone, then one read's tokens while the next were queued
+    assert model.generation_stats["decode_steps"] <= 1 + 2 * short_reads < NEW - 1
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.stream(ids, 0)  # refused at the call, not at the first token
 
@@ -258,4 +285,7 @@ def test_llama_family_greedy_32_tokens_equal_transformers(llm_dirs, family, batc
         eos_token_id=None, pad_token_id=0,
     )  # fmt: skip
     np.testing.assert_array_equal(got, want)
-    assert model.generation_stats["decode_replays"] == NEW - 3
+    stats = model.generation_stats
+    assert (
+        stats["decode_recordings"] == 4 and stats["decode_replays"] == sum(_decode_calls(NEW)) - 4
+    )
