@@ -70,7 +70,8 @@ def test_other_threads_record_on_other_devices_while_a_step_is_captured():
 def test_threads_capture_at_once_on_devices_of_their_own():
     """Two threads, each with its own device, capture and replay compiled training steps at
     the same time (their first recordings overlap, held open until both are inside): each
-    ends bitwise where the same training ends alone."""
+    ends bitwise where the same training ends alone. (Only the GPT draws dropout keys from
+    the process-wide counter, so the interleaving of steps does not change its keys.)"""
     import threading
 
     from burn_remote._device import LocalRuntime
@@ -82,9 +83,12 @@ def test_threads_capture_at_once_on_devices_of_their_own():
     inside = threading.Barrier(2, timeout=20)
     results: dict = {}
 
+    # built here, one after the other: nn.seed and the weight generator are process-wide, so
+    # two threads building at once would interleave their draws
+    built = {k: MODELS[k](br.Device(f"cpu-thread-{k}", LocalRuntime("cpu"))) for k in kinds}
+
     def run(k: str) -> None:
-        dev = br.Device(f"cpu-thread-{k}", LocalRuntime("cpu"))
-        model, step, batch = MODELS[k](dev)
+        model, step, batch = built[k]
 
         def body(*args):
             if not results.get(("met", k)):
