@@ -10,7 +10,7 @@ import contextlib
 import itertools
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from threading import get_ident
 from types import FrameType
 from typing import Any, Protocol
@@ -470,6 +470,22 @@ class Recorder:
         if tensor_id not in self.specs:
             raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
         return self.runtime.read(tensor_id)
+
+    def read_later(self, tensor_id: int) -> Callable[[], Any] | None:
+        """Ask for ``tensor_id``'s value now, take it with the returned call: the value as
+        it is now, whatever is recorded or replayed in between, which runs after the read
+        (a decode loop reads a block's tokens while the next block is queued behind them).
+        Only a runtime that queues work in order can (a remote one, ``request_read``);
+        elsewhere None, and the caller reads when it wants the value."""
+        request = getattr(self.runtime, "request_read", None)
+        if request is None:
+            return None
+        self.flush()
+        if self.partners:
+            self.flush_partners()
+        if tensor_id not in self.specs:
+            raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
+        return request(tensor_id)  # type: ignore[no-any-return]
 
     def read_item(self, tensor_id: int) -> Any:
         """A one-element tensor's value as a Python number (a runtime may read it so)."""

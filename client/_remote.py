@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,18 @@ class RemoteRuntime:
         on the server, RemoteError when the server is gone or did not answer in time."""
         return self._call(m.Read, tensor_id)
 
+    def request_read(self, tensor_id: int) -> Callable[[], np.ndarray]:
+        """A Read queued now, before what is queued after it, and the call that takes its
+        reply (sending what is pending first): the server runs messages in order, so the
+        reply does not wait for work queued after the request (``Recorder.read_later``)."""
+        rid = self._ask(m.Read, tensor_id, send=False)
+
+        def take() -> np.ndarray:
+            self.link.kick()
+            return self._wait(rid)
+
+        return take
+
     def read_item(self, tensor_id: int) -> float | int | bool:
         """A one-element tensor's value as a Python number (``Tensor.item``): the reply is
         unpacked straight into it, without an array on its way."""
@@ -217,9 +229,11 @@ class RemoteRuntime:
 
         # Reads the reply in this thread. A device running compiled steps has replies
         # coming while nobody waits (each packet's Sync): its reader keeps the socket,
-        # except while this thread waits for the last request it sent (a read after the
-        # steps): every reply before it comes first, and nothing is owed after it.
-        left = self.link.wait(answered, WAIT_TIMEOUT, linger=not self._steps or rid == proto._rid)
+        # except while this thread waits for the last request it sent that gets a reply (a
+        # read after the steps): every reply before it comes first, and nothing is owed
+        # after it (an ExecuteGraph is answered only when it fails).
+        linger = not self._steps or rid == proto.last_asked
+        left = self.link.wait(answered, WAIT_TIMEOUT, linger=linger)
         with self.lock:
             done = answered() or self.cond.wait_for(answered, left)
             result = proto.results.pop(rid, None)

@@ -154,6 +154,8 @@ class ClientProtocol:
         self.fatal: str | None = None
         self._drops: list[int] = []
         self._rid = 0
+        self.last_asked = 0
+        """The last request that gets a reply (not an ExecuteGraph, answered only on failure)."""
         self._bulk = 0
         self._data_waiting: dict[int, m.Data] = {}
         self._bulk_early: dict[int, bytes] = {}
@@ -265,7 +267,7 @@ class ClientProtocol:
 
     def request(self, kind: type, *fields: Any) -> int:
         """Queue a message that gets a reply (Read, Sync, MemoryStats, Expose); its id."""
-        rid = self._next_rid()
+        rid = self.last_asked = self._next_rid()
         self._queue(kind(rid, *fields))
         return rid
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -265,6 +266,23 @@ class Tensor(TensorMath):
         if getattr(self._dev._rec.runtime, "fresh_reads", False):
             return value  # already an array of its own (a remote read's buffer)
         return np.array(value, copy=True)
+
+    def _numpy_later(self) -> Callable[[], np.ndarray] | None:
+        """`numpy()` asked for now and taken with the returned call, on a device that
+        queues reads in order with its work (`Recorder.read_later`; None elsewhere): for a
+        loop that queues more work before it waits for this value. The call holds this
+        tensor, so its value lives until taken."""
+        rec = self._dev._rec
+        take = rec.read_later(self._id)
+        if take is None:
+            return None
+        fresh = getattr(rec.runtime, "fresh_reads", False)
+
+        def value(held: Tensor = self) -> np.ndarray:
+            out = take()
+            return out if fresh else np.array(out, copy=True)
+
+        return value
 
     def item(self) -> float | int | bool:
         """The value of a one-element tensor as a Python number (waits for pending work)."""

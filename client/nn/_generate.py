@@ -15,16 +15,20 @@ The loop, and why it is shaped so:
    arguments are the previous token (a device tensor) and two Python ints (the slot and the
    token's index) that become bindings: after two recordings it replays. DECODE_BLOCK
    steps are captured together as a second function (the steps in a row, one graph), which
-   the loop calls while a whole block fits: on a remote device a block is one small
-   ExecuteGraph, and the client's work per token is a replay's share, not a replay. The model keeps the state and its captured
+   the loop calls while a whole block fits (single steps finish the call): on a remote
+   device a block is one small ExecuteGraph, and the client's work per token is a replay's
+   share, not a replay. The model keeps the state and its captured
    step after the call (`_decode_state`), so a later call of the same shape and settings
    records nothing: it resets the state's values and replays from its first step.
 2. The chosen token stays on the device and is the next step's argument, so nothing waits
-   for it. The client reads tokens in blocks of TOKEN_BLOCK (the prefill's token alone,
-   queued behind one single step, for a fast first token), one read behind the steps it has
-   queued, so the device always has work; a block that shows every row done ends the loop,
-   and the tokens past the last EOS are cut off (at most two reads' worth of steps are
-   wasted).
+   for it. The client reads tokens in blocks of TOKEN_BLOCK (the prefill's token alone, for
+   a fast first token). On a remote device each read is asked for before the next block
+   of steps is queued and taken after: the server runs messages in order, so the reply
+   comes as soon as its tokens are computed, and the device has the next block meanwhile
+   (a local device computes as the steps are queued, so its tokens are read and given
+   first). A block that shows
+   every row done ends the loop, and the tokens past the last EOS are cut off (at most one
+   read's worth of steps is wasted).
 3. Batches are left-padded: position ids count only real tokens (the attention mask's
    cumulative sum, as transformers), and a slot is readable when the mask says it holds a
    real token. A finished row keeps emitting `pad_token_id`, as transformers does.
@@ -32,7 +36,7 @@ The loop, and why it is shaped so:
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -322,26 +326,30 @@ class _Generation:
         positions = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0).astype(np.int64)
         mask = prefill_mask(self.mask, self.length)
         token = state.prefill(dev.tensor(self.ids), dev.tensor(positions), dev.tensor(mask))
-        pending: list[Tensor] = [token]  # (B, n) tokens, read together
-        queued: list[Tensor] = []
-        count = 0  # tokens in `queued`
-        read_at = 1  # the prefill's token is read as soon as one step is queued behind it
+        reading: list[Tensor] = [token]  # (B, n) tokens, the next read's
         finished = np.zeros(b, bool)
-        self.new = 0
         index = 1  # the next token's index (the prefill's is 0)
         try:
-            while index < self.max_new:
-                tokens, token, n = self._queue(state, token, t + index - 1, index)
-                queued.append(tokens)
-                count += n
-                index += n
-                if count >= read_at:
-                    # read what was queued one read ago: the device has the new steps meanwhile
-                    yield from self._take(pending, finished)
+            while reading:
+                block = F.cat(reading, axis=1) if len(reading) > 1 else reading[0]
+                # a device that queues reads in order (remote) is asked for the tokens before
+                # the next steps are queued and answers while it runs them; one that reads at
+                # once (local) gives them before the next steps run
+                take = block._numpy_later()
+                if take is None:
+                    yield from self._take(block.numpy, finished)
                     if self.eos and finished.all():
                         return
-                    pending, queued, count, read_at = queued, [], 0, TOKEN_BLOCK
-            yield from self._take(pending + queued, finished)
+                reading, count = [], 0
+                while index < self.max_new and count < TOKEN_BLOCK:
+                    tokens, token, n = self._queue(state, token, t + index - 1, index)
+                    reading.append(tokens)
+                    count += n
+                    index += n
+                if take is not None:
+                    yield from self._take(take, finished)
+                    if self.eos and finished.all():
+                        return
         finally:
             self.stats.update(new_tokens=self.new, reads=self.reads)
 
@@ -349,11 +357,10 @@ class _Generation:
         self, state: _decode_state.DecodeState, token: Tensor, slot: int, index: int
     ) -> tuple[Tensor, Tensor, int]:
         """Queue the next decode call after `token`, for token `index` at cache `slot`: a
-        block of DECODE_BLOCK steps, or one step (the first, so that the prefill's token is
-        read behind one step only, and those after the last whole block). Its tokens
+        block of DECODE_BLOCK steps while a whole one fits, then single steps. Its tokens
         (B, n), the last of them (B, 1), and n."""
         block = _decode_state.DECODE_BLOCK
-        if index > 1 and self.max_new - index >= block:
+        if self.max_new - index >= block:
             tokens, last = state.decode_block(token, slot, index)
             self.steps += block
             return tokens, last, block
@@ -361,12 +368,10 @@ class _Generation:
         self.steps += 1
         return last, last, 1
 
-    def _take(self, block: list[Tensor], finished: np.ndarray) -> Iterator[np.ndarray]:
-        """Read tokens (B, n) in one read and yield their columns (B,), up to the step where
+    def _take(self, take: Callable[[], np.ndarray], finished: np.ndarray) -> Iterator[np.ndarray]:
+        """Take a read's tokens (B, n) and yield their columns (B,), up to the step where
         the last row ended (`finished` is updated)."""
-        if not block:
-            return
-        tokens = (F.cat(block, axis=1) if len(block) > 1 else block[0]).numpy()
+        tokens = take()
         self.reads += 1
         for col in range(tokens.shape[1]):
             column = tokens[:, col]

@@ -16,10 +16,9 @@ VOCAB, PROMPT, NEW = 300, 12, 32
 
 
 def _decode_calls(new: int) -> tuple[int, int]:
-    """(blocks, single steps) a call of `new` tokens without EOS queues: the first decode
-    step alone, then whole blocks of DECODE_BLOCK, then single steps to the end."""
-    blocks, rest = divmod(new - 2, DECODE_BLOCK)
-    return blocks, 1 + rest
+    """(blocks, single steps) a call of `new` tokens without EOS queues: whole blocks of
+    DECODE_BLOCK decode steps, then single steps to the end."""
+    return divmod(new - 1, DECODE_BLOCK)
 
 
 def _first_recordings(new: int) -> int:
