@@ -19,6 +19,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -103,6 +104,12 @@ def test_session_moves_to_the_direct_path_and_back_to_the_relay_when_it_is_cut(
     server = procs["server"]
     proc = _client(lab, server.peer_id, tmp_path / "home", steps=14, cut_at=7)
     assert proc.stdout.readline().strip() == "CUT", proc.stderr.read()
+    # The server's end moves on its own clock (its PING to NAT A's mapping answered): on a
+    # loaded host it can come after the client's, so the cut waits for it (else the server
+    # never saw a direct path to leave)
+    deadline = time.monotonic() + 30
+    while f": direct {ROUTER_A}:" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
     cut(lab.names["ra"], ROUTER_B)  # the relay (10.233.0.1) stays reachable
     stdout, stderr = proc.communicate("cut\n", timeout=180)
     result = _result(proc, stdout, stderr)
