@@ -12,6 +12,9 @@ server's plans compiled), then `--repeats` times. Printed, medians over the repe
 - tokens/s after the first (the decode rate);
 - for the remote run, the client's CPU time (all its threads) per new token after the first
   (recording nothing: each step is a replay) and for the prefill (recorded and sent anew);
+- time to first token once more, local and remote taking turns in one process
+  (ALTERNATE_REPEATS each): the same host load for both, where the runs above are minutes
+  apart on a shared machine;
 - the weight bytes read per second at that decode rate (batch-1 decoding reads every weight
   once per token, so this is bound by memory bandwidth) beside this machine's memory
   bandwidth, measured here as a NumPy copy of 256 MiB (bytes read + written per second).
@@ -43,6 +46,12 @@ WARMUP = 2
 """Untimed calls before the timed ones, on every side: a prompt's prefill is replayed from
 the third call of its length on (`br.compile` replays once two recordings agree; the first
 two calls record it), as a chat server's turns after the first two see it."""
+
+ALTERNATE_NEW = 2
+"""New tokens per call when local and remote take turns (only the first token is timed)."""
+
+ALTERNATE_REPEATS = 8
+"""Timed turns of each when local and remote take turns in one process (after WARMUP)."""
 
 BANDWIDTH_BYTES = 256 * 2**20
 """The array a memory-bandwidth probe copies: far larger than any cache."""
@@ -84,6 +93,32 @@ def worker_ours(directory: str, target: str, prompt: int, new: int, repeats: int
     if target != "cpu":
         dev.close()
     return {"runs": runs[WARMUP:], "weight_bytes": weights}
+
+
+def worker_alternate(directory: str, target: str, prompt: int, repeats: int) -> dict:
+    """Time to first token on `Device.cpu()` and on the RemoteDevice, taking turns in one
+    process: both see the same host load at the same moments, where the side-by-side runs
+    (a process each, minutes apart) see whatever load each minute brings."""
+    import burn_remote as br
+    from burn_remote import nn
+
+    remote = br.RemoteDevice(target)
+    models = {
+        where: nn.AutoModelForCausalLM.from_pretrained(directory, device=dev).eval()
+        for where, dev in (("cpu", br.Device.cpu()), ("remote", remote))
+    }
+    ids = _prompt(prompt)
+    ttft: dict[str, list[float]] = {where: [] for where in models}
+    for i in range(repeats + WARMUP):
+        for where, model in models.items():
+            t0 = time.perf_counter()
+            first = None
+            for _column in model.stream(ids, ALTERNATE_NEW, eos_token_id=None):
+                first = first or time.perf_counter()
+            if i >= WARMUP and first is not None:
+                ttft[where].append(first - t0)
+    remote.close()
+    return {where: statistics.median(times) for where, times in ttft.items()}
 
 
 def worker_hf(directory: str, threads: int, prompt: int, new: int, repeats: int) -> dict:
@@ -182,6 +217,8 @@ def main() -> None:
         prompt, new, repeats = (int(x) for x in rest)
         if kind == "ours":
             result = worker_ours(directory, where, prompt, new, repeats)
+        elif kind == "alternate":
+            result = worker_alternate(directory, where, prompt, repeats)
         else:
             result = worker_hf(directory, int(where), prompt, new, repeats)
         print(json.dumps(result))
@@ -205,6 +242,8 @@ def main() -> None:
                 "cpu": run_worker(["ours", str(smol), "cpu", *sizes], args.threads),
                 "remote": run_worker(["ours", str(smol), remote, *sizes], args.threads),
             }
+            turns = [str(args.prompt), "0", str(ALTERNATE_REPEATS)]
+            alternate = run_worker(["alternate", str(smol), remote, *turns], args.threads)
         finally:
             server.stop()
         bandwidth = memory_bandwidth()
@@ -231,6 +270,11 @@ def main() -> None:
         f"(>= 0.9); remote - local first token "
         f"{1e3 * (m['remote']['ttft'] - m['cpu']['ttft']):+.1f} ms (<= +5); client CPU per "
         f"remote token {1e6 * m['remote']['cpu_per_token']:.0f} us (<= 50)"
+    )
+    print(
+        f"first token with local and remote taking turns in one process ({ALTERNATE_REPEATS} "
+        f"each): local {1e3 * alternate['cpu']:.1f} ms, remote {1e3 * alternate['remote']:.1f} "
+        f"ms, remote - local {1e3 * (alternate['remote'] - alternate['cpu']):+.1f} ms"
     )
 
 
