@@ -460,15 +460,21 @@ class Recorder:
                 if not dev._rec._held:
                     dev.flush()
 
-    def read(self, tensor_id: int) -> Any:
-        """The NumPy value of ``tensor_id``: flushes pending ops (and those of collective partners,
-        which this one may wait on), then reads. Raises OpFailed with the op's error (and the line
-        that recorded it) when the tensor was never computed."""
+    def _sent_for_read(self, tensor_id: int) -> None:
+        """Flush pending ops (and those of collective partners, which this one may wait on)
+        before ``tensor_id`` is read; OpFailed with the op's error (and the line that
+        recorded it) when the tensor was never computed."""
         self.flush()
         if self.partners:
             self.flush_partners()
         if tensor_id not in self.specs:
             raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
+
+    def read(self, tensor_id: int) -> Any:
+        """The NumPy value of ``tensor_id``: flushes pending ops (and those of collective partners,
+        which this one may wait on), then reads. Raises OpFailed with the op's error (and the line
+        that recorded it) when the tensor was never computed."""
+        self._sent_for_read(tensor_id)
         return self.runtime.read(tensor_id)
 
     def read_later(self, tensor_id: int) -> Callable[[], Any] | None:
@@ -480,11 +486,7 @@ class Recorder:
         request = getattr(self.runtime, "request_read", None)
         if request is None:
             return None
-        self.flush()
-        if self.partners:
-            self.flush_partners()
-        if tensor_id not in self.specs:
-            raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
+        self._sent_for_read(tensor_id)
         return request(tensor_id)  # type: ignore[no-any-return]
 
     def read_item(self, tensor_id: int) -> Any:
@@ -492,11 +494,7 @@ class Recorder:
         read_item = getattr(self.runtime, "read_item", None)
         if read_item is None:
             return self.read(tensor_id).reshape(()).item()
-        self.flush()
-        if self.partners:
-            self.flush_partners()
-        if tensor_id not in self.specs:
-            raise OpFailed(self.failed.get(tensor_id, f"tensor {tensor_id} was never computed"))
+        self._sent_for_read(tensor_id)
         return read_item(tensor_id)
 
 

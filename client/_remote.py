@@ -164,7 +164,8 @@ class RemoteRuntime:
     def request_read(self, tensor_id: int) -> Callable[[], np.ndarray]:
         """A Read queued now, before what is queued after it, and the call that takes its
         reply (sending what is pending first): the server runs messages in order, so the
-        reply does not wait for work queued after the request (``Recorder.read_later``)."""
+        reply does not wait for work queued after the request (``Recorder.read_later``). The
+        reply is an array of the caller's own (``fresh_reads``)."""
         rid = self._ask(m.Read, tensor_id, send=False)
 
         def take() -> np.ndarray:

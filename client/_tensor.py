@@ -270,19 +270,10 @@ class Tensor(TensorMath):
     def _numpy_later(self) -> Callable[[], np.ndarray] | None:
         """`numpy()` asked for now and taken with the returned call, on a device that
         queues reads in order with its work (`Recorder.read_later`; None elsewhere): for a
-        loop that queues more work before it waits for this value. The call holds this
-        tensor, so its value lives until taken."""
-        rec = self._dev._rec
-        take = rec.read_later(self._id)
-        if take is None:
-            return None
-        fresh = getattr(rec.runtime, "fresh_reads", False)
-
-        def value(held: Tensor = self) -> np.ndarray:
-            out = take()
-            return out if fresh else np.array(out, copy=True)
-
-        return value
+        loop that queues more work before it waits for this value. The reply is an array
+        of the caller's own, and dropping this tensor meanwhile is safe: its Drop goes
+        after the Read."""
+        return self._dev._rec.read_later(self._id)
 
     def item(self) -> float | int | bool:
         """The value of a one-element tensor as a Python number (waits for pending work)."""

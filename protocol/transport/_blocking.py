@@ -21,7 +21,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from ._auth import AUTH_REFUSED, AuthFailure, PeerAuth
 from ._config import EndpointConfig, qh3_part
 from ._engine import ClientEngine, ReceiveLedger
 from ._errors import FrameTooLarge, PeerGone, PeerRejected, TransportError
+from ._framing import FRAME_PREFIX, FrameReader
 from ._identity import Identity, PeerId
 from ._quic import client_connection
 from ._termination import termination_error
@@ -44,7 +44,6 @@ log = logging.getLogger("burn_remote.transport")
 FrameHandler = Callable[[int, bytes | None], None]
 ClosedHandler = Callable[[TransportError], None]
 
-_PREFIX = struct.Struct(">I")
 _INLINE_FRAME = 65536
 """Frames up to this size are joined to their prefix (one copy); larger ones are not copied."""
 _RECV_SIZE = 65536
@@ -66,42 +65,6 @@ CALLER_POLL_CHECK = 1.0
 driving wakes the reader itself, so this is only a safety net: at STAND_ASIDE's 20 ms, a
 remote `generate` waiting half a second per block of tokens paid ~50 reader wake-ups a
 second, each ~0.1 ms of this process's CPU on a loaded 2-core host (`bench/generate.py`)."""
-
-
-class _FrameReader:
-    """Reassembles the frames of one stream from the pieces QUIC delivers."""
-
-    __slots__ = ("buf", "need", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.buf = bytearray()
-        self.need: int | None = None
-        self.limit = limit
-
-    def feed(self, data: bytes) -> list[bytes]:
-        """The frames ``data`` completes, in order."""
-        if not self.buf and self.need is None and len(data) >= 4:
-            (size,) = _PREFIX.unpack_from(data)
-            if len(data) == 4 + size and size <= self.limit:
-                return [data[4:]]  # the common case: one whole frame in one piece
-        self.buf += data
-        out: list[bytes] = []
-        while True:
-            if self.need is None:
-                if len(self.buf) < 4:
-                    return out
-                (size,) = _PREFIX.unpack_from(self.buf)
-                if size > self.limit:
-                    raise FrameTooLarge(
-                        f"peer sent a {size}-byte frame; max_frame_size is {self.limit}"
-                    )
-                self.need = size
-                del self.buf[:4]
-            if len(self.buf) < self.need:
-                return out
-            out.append(bytes(self.buf[: self.need]))
-            del self.buf[: self.need]
-            self.need = None
 
 
 def _client_quic(
@@ -146,7 +109,7 @@ class BlockingConnection:
         """Notified after each batch of received datagrams: ACKs free send space."""
         self._waiting = 0
         """Threads waiting on ``_changed`` (a sender for room, ``close`` for ACKs)."""
-        self._readers: dict[int, _FrameReader] = {}
+        self._readers: dict[int, FrameReader] = {}
         self._ready = threading.Event()
         self._error: TransportError | None = None
         self._stopping = False
@@ -263,7 +226,7 @@ class BlockingConnection:
         with self._lock:
             self._check_open()
             sid = self._quic.open_bidi_stream()
-            self._readers[sid] = _FrameReader(self._config.max_frame_size)
+            self._readers[sid] = FrameReader(self._config.max_frame_size)
             return sid
 
     def send_frame(
@@ -288,7 +251,7 @@ class BlockingConnection:
         """
         if prefixed:
             size = len(data) - 4
-            if size < 0 or _PREFIX.unpack_from(data)[0] != size:
+            if size < 0 or FRAME_PREFIX.unpack_from(data)[0] != size:
                 raise ValueError("a prefixed frame must start with its own length")
         else:
             size = len(data)
@@ -299,9 +262,9 @@ class BlockingConnection:
                 data if type(data) is bytes else memoryview(data),
             )
         elif size <= _INLINE_FRAME:
-            parts = (_PREFIX.pack(size) + data,)
+            parts = (FRAME_PREFIX.pack(size) + data,)
         else:
-            parts = (_PREFIX.pack(size), memoryview(data))
+            parts = (FRAME_PREFIX.pack(size), memoryview(data))
         quic = self._quic
         cap = self._config.send_buffer
         with self._lock:
@@ -511,7 +474,7 @@ class BlockingConnection:
                 if reader is None:
                     if (sid & 1) == 0:  # ours, already finished: a late frame
                         continue
-                    reader = self._readers[sid] = _FrameReader(self._config.max_frame_size)
+                    reader = self._readers[sid] = FrameReader(self._config.max_frame_size)
                 ledger.consumed[sid] = ledger.consumed.get(sid, 0) + len(event.data)
                 window_due = window_due or quic.window_update_due(sid)
                 try:
