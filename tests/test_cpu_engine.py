@@ -382,3 +382,93 @@ def test_set_threads_takes_effect_from_any_thread() -> None:
         assert seen and all(n == other for n in seen)
     finally:
         cpu_threads.set_threads(before)
+
+
+def _loss_graph(rows: int, classes: int, *, ndim: int = 2, **attrs):
+    """loss = cross_entropy(logits, target); its backward seeded by an input gradient, both
+    results graph outputs: the plan's two steps over the same logits."""
+    f32, i64 = "float32", "int64"
+    lead = (rows,) if ndim == 2 else (2, rows // 2)
+    attrs = tuple(sorted({"ignore_index": -100, "label_smoothing": 0.0, **attrs}.items()))
+    return Graph(
+        inputs=(((*lead, classes), f32), (lead, i64), ((), f32)),
+        nodes=(
+            GraphNode("cross_entropy", (0, 1), attrs, (((), f32),)),
+            GraphNode("cross_entropy_backward", (2, 0, 1), attrs, (((*lead, classes), f32),)),
+        ),
+        outputs=(3, 4),
+    )
+
+
+@pytest.mark.parametrize("rows,block_rows", [(1, 1), (37, 4), (64, 64), (256, 5)])
+@pytest.mark.parametrize("g", [1.0, 0.37])
+def test_the_fused_cross_entropy_keeps_the_bits_of_its_two_kernels(
+    rows, block_rows, g, monkeypatch
+) -> None:
+    from burn_remote.engine.backends import numpy_plan
+
+    classes = 1000
+    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_ELEMENTS", 0)  # blocks on the pool too
+    monkeypatch.setattr(numpy_plan, "CE_BLOCK_BYTES", block_rows * classes * 4)
+    graph = _loss_graph(rows, classes)
+    fused = compile_graph(graph, NumpyBackend())
+    plain = compile_graph(graph, _PlainCpu())
+    assert [s.op for s in fused.steps] == ["cross_entropy"]  # one step, both results
+    assert [s.op for s in plain.steps] == ["cross_entropy", "cross_entropy_backward"]
+    rng = np.random.default_rng(rows)
+    logits = (rng.standard_normal((rows, classes)) * 4).astype(np.float32)
+    inputs = [logits, rng.integers(0, classes, rows), np.asarray(g, np.float32)]
+    loss, grad = Executor(NumpyBackend()).run(fused, inputs, [])
+    want_loss, want_grad = Executor(_PlainCpu()).run(plain, inputs, [])
+    assert loss.dtype == want_loss.dtype and loss.shape == ()
+    assert np.array_equal(loss, want_loss) and np.array_equal(grad, want_grad)
+    # and the oracle: the mean negative log-likelihood, and g (softmax - onehot) / rows
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    nll = -np.log(p[np.arange(rows), inputs[1]])
+    np.testing.assert_allclose(loss, nll.mean(), rtol=1e-5)
+    p[np.arange(rows), inputs[1]] -= 1
+    np.testing.assert_allclose(grad, g * p / rows, rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["an ignored row", "label smoothing", "a batch axis"])
+def test_cross_entropy_outside_the_common_case_runs_both_kernels_as_written(case) -> None:
+    rows, classes = 12, 7
+    attrs = {"label_smoothing": 0.1} if case == "label smoothing" else {}
+    graph = _loss_graph(rows, classes, ndim=3 if case == "a batch axis" else 2, **attrs)
+    fused = compile_graph(graph, NumpyBackend())
+    assert [s.op for s in fused.steps] == ["cross_entropy"]
+    rng = np.random.default_rng(5)
+    shape = graph.inputs[0][0]
+    target = rng.integers(0, classes, shape[:-1])
+    if case == "an ignored row":
+        target.reshape(-1)[3] = -100
+    inputs = [rng.standard_normal(shape).astype(np.float32), target, np.asarray(1, np.float32)]
+    got = Executor(NumpyBackend()).run(fused, inputs, [])
+    want = Executor(_PlainCpu()).run(compile_graph(graph, _PlainCpu()), inputs, [])
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_backward_whose_gradient_comes_after_the_forward_is_not_fused() -> None:
+    # the incoming gradient is made by a step after the forward: the fused step could not
+    # run at the forward's place, so the two kernels stay apart
+    f32, i64 = "float32", "int64"
+    attrs = (("ignore_index", -100), ("label_smoothing", 0.0))
+    graph = Graph(
+        inputs=(((4, 5), f32), ((4,), i64)),
+        nodes=(
+            GraphNode("cross_entropy", (0, 1), attrs, (((), f32),)),
+            GraphNode("mul", (2, 2), (), (((), f32),)),
+            GraphNode("cross_entropy_backward", (3, 0, 1), attrs, (((4, 5), f32),)),
+        ),
+        outputs=(4,),
+    )
+    ops = [s.op for s in compile_graph(graph, NumpyBackend()).steps]
+    assert ops == ["cross_entropy", "mul", "cross_entropy_backward"]
+
+
+def test_a_gpt_step_runs_its_loss_as_one_fused_step() -> None:
+    capture, _ = _gpt_step_graph(batch=2)
+    ops = [s.op for s in compile_graph(capture.graph, NumpyBackend()).steps]
+    assert ops.count("cross_entropy") == 1 and "cross_entropy_backward" not in ops

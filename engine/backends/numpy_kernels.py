@@ -502,7 +502,7 @@ def _ce_parts(logits: Array, target: Array, ignore_index: int) -> tuple[Array, A
     return logp, valid, safe, count
 
 
-def _all_counted(xp: Any, target: Any, ignore_index: Any) -> bool:
+def all_counted(xp: Any, target: Any, ignore_index: Any) -> bool:
     """Whether no row is ignored. Asked on NumPy only: on a GPU the answer costs a sync, so
     the device path is the general one, with no branch on data."""
     return xp is np and bool((target != ignore_index).all())
@@ -513,7 +513,7 @@ def _cross_entropy(
     logits: Array, target: Array, ignore_index: int, label_smoothing: float
 ) -> Array:
     xp = _mod(logits)
-    if logits.ndim == 2 and not label_smoothing and _all_counted(xp, target, ignore_index):
+    if logits.ndim == 2 and not label_smoothing and all_counted(xp, target, ignore_index):
         # the common case (a batch of rows, nothing ignored): log-sum-exp minus the pick
         z = logits - logits.max(axis=-1, keepdims=True)
         lse = xp.log(xp.exp(z).sum(axis=-1))
@@ -533,7 +533,7 @@ def _cross_entropy_backward(
     xp = _mod(logits)
     grad = xp.exp(logits - logits.max(axis=-1, keepdims=True))
     grad /= grad.sum(axis=-1, keepdims=True)
-    if logits.ndim == 2 and not label_smoothing and _all_counted(xp, target, ignore_index):
+    if logits.ndim == 2 and not label_smoothing and all_counted(xp, target, ignore_index):
         grad[xp.arange(grad.shape[0]), target] -= 1  # the common case: softmax - onehot
         grad *= float(g) / grad.shape[0]
         return grad

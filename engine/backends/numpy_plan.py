@@ -10,6 +10,16 @@ result is transposed), on views of the operands as they lie, written in the layo
 chain ends in. Only the order of the additions changes (the batch's partial sums are added
 inside the GEMM): results agree with the chain to float32 rounding (tests/test_cpu_engine.py
 bounds the relative difference by 1e-6 of the result's norm).
+
+A training step's cross-entropy also runs twice over the logits as written: the forward's
+log-sum-exp, then the backward's softmax, each with its own max, exp and sum over a
+(tokens x vocab) array (51 MB for GPT-2 at 2 x 128 tokens). When a plan holds both for the
+same logits, and the backward's incoming gradient exists before the forward runs (a loss's
+backward seeds it with a constant), the two become one step at the forward's place:
+``cross_entropy_with_grad`` computes the exponentials once, a few rows at a time so each
+block's passes stay in cache, the rows spread over the engine's threads. Every element goes
+through the same operations in the same order as the two kernels apart, so the loss and the
+gradient keep their bits (tests/test_cpu_engine.py).
 """
 
 from __future__ import annotations
@@ -22,10 +32,17 @@ import numpy as np
 
 from ..executor import Plan, Step
 from ..fusion import plan_liveness, release_after_last_use
+from .cpu_threads import run_parallel, threads
+from .numpy_kernels import KERNELS, all_counted
+
+CE_BLOCK_BYTES = 1 << 19
+"""Logits per block of the fused cross-entropy: its max, subtract, exp, sum, divide and
+scale passes run over a block this size (a few vocabulary rows) while it sits in L2."""
 
 
 def optimize_plan(plan: Plan) -> Plan:
-    """The plan with every batched weight-gradient chain made one step; else unchanged."""
+    """The plan with every batched weight-gradient chain made one step, and each
+    cross-entropy's forward and backward made one; else unchanged."""
     shapes = _slot_shapes(plan)
     uses: dict[int, int] = {}
     for st in plan.steps:
@@ -63,6 +80,19 @@ def optimize_plan(plan: Plan) -> Plan:
             release=(),
         )
         absorbed.update(members[:-1])
+    for forward, backward in _cross_entropy_pairs(plan.steps):
+        f, b = plan.steps[forward], plan.steps[backward]
+        replaced[forward] = Step(
+            node=f.node,
+            op="cross_entropy",
+            kernel=cross_entropy_with_grad,
+            inputs=b.inputs,
+            outputs=(f.outputs[0], b.outputs[0]),
+            attrs=f.attrs,
+            dtypes=(f.dtypes[0], b.dtypes[0]),
+            release=(),
+        )
+        absorbed.add(backward)
     if not replaced:
         return plan
     steps = [replaced.get(n, st) for n, st in enumerate(plan.steps) if n not in absorbed]
@@ -143,6 +173,28 @@ def _transposed_matmul(
     return [n, nxt], True
 
 
+def _cross_entropy_pairs(steps: Sequence[Step]) -> list[tuple[int, int]]:
+    """(forward, backward) step indices of each cross-entropy whose backward reads the
+    forward's logits and targets with the same attributes, and whose incoming gradient is
+    made before the forward runs (a graph input, a constant, or an earlier step's result)."""
+    made_at = {o: n for n, st in enumerate(steps) for o in st.outputs}
+    backwards = {
+        (st.inputs[1], st.inputs[2]): n
+        for n, st in enumerate(steps)
+        if st.op == "cross_entropy_backward"
+    }
+    pairs = []
+    for n, st in enumerate(steps):
+        if st.op != "cross_entropy" or len(st.inputs) != 2:
+            continue
+        b = backwards.get((st.inputs[0], st.inputs[1]))
+        if b is None or b < n or steps[b].attrs != st.attrs:
+            continue
+        if made_at.get(steps[b].inputs[0], -1) < n:
+            pairs.append((n, b))
+    return pairs
+
+
 def _only_consumer(
     steps: Sequence[Step], st: Step, uses: dict[int, int], consumer: dict[int, int]
 ) -> int | None:
@@ -175,3 +227,44 @@ def matmul_transposed(a: Any, b: Any) -> Any:
     """``swapaxes(a @ b, -1, -2)`` computed as ``b^T @ a^T``: the same products, the result
     C-ordered instead of a transposed view."""
     return np.matmul(np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2))
+
+
+def cross_entropy_with_grad(
+    g: Any, logits: Any, target: Any, ignore_index: int, label_smoothing: float
+) -> tuple[Any, Any]:
+    """(``cross_entropy(logits, target)``, ``cross_entropy_backward(g, logits, target)``),
+    the exponentials computed once. The common case (a batch of rows, no smoothing, no row
+    ignored) runs block by block over the threads; any other runs the two kernels."""
+    if (
+        type(logits) is not np.ndarray
+        or logits.ndim != 2
+        or label_smoothing
+        or not all_counted(np, target, ignore_index)
+    ):
+        return (
+            KERNELS["cross_entropy"](logits, target, ignore_index, label_smoothing),
+            KERNELS["cross_entropy_backward"](g, logits, target, ignore_index, label_smoothing),
+        )
+    rows, classes = logits.shape
+    grad = np.empty_like(logits)
+    lse = np.empty(rows, logits.dtype)
+    scale = float(g) / rows
+    block = max(1, CE_BLOCK_BYTES // max(1, classes * logits.itemsize))
+
+    def rows_of(span: tuple[int, int]) -> None:
+        for i in range(span[0], span[1], block):
+            j = min(i + block, span[1])
+            z, picks = grad[i:j], (np.arange(j - i), target[i:j])
+            # the forward's z = logits - max and the backward's exp(logits - max), shared
+            np.subtract(logits[i:j], logits[i:j].max(axis=-1, keepdims=True), out=z)
+            picked = z[picks]
+            np.exp(z, out=z)
+            total = z.sum(axis=-1, keepdims=True)
+            np.subtract(np.log(total[:, 0]), picked, out=lse[i:j])
+            z /= total
+            z[picks] -= 1
+            z *= scale
+
+    share = -(-rows // min(threads(), -(-rows // block)))
+    run_parallel(rows_of, [(i, min(i + share, rows)) for i in range(0, rows, share)], logits.size)
+    return np.asarray(lse.mean(), dtype=logits.dtype), grad
