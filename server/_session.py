@@ -22,6 +22,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from ..engine.backends.cpu_memory import release_freed_memory
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkReceive, BulkSend
@@ -577,6 +578,7 @@ class Session:
             self.bulk_reserved = 0
         self.state.release_plans(self.id, self.graphs)
         self.state.close_session(self.id)
+        release_freed_memory()  # what the CPU engine's malloc kept for this session's steps
         if self.greeted:
             log.info(
                 "session %d closed after %d messages, %d bytes freed",

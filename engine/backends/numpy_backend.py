@@ -8,6 +8,7 @@ import numpy as np
 
 from ...protocol import dtypes
 from ..backend_base import Backend
+from .cpu_memory import keep_freed_memory
 from .cpu_threads import threads
 from .numpy_kernels import KERNELS, WRITES_INTO
 
@@ -21,6 +22,7 @@ class NumpyBackend(Backend):
 
     def __init__(self) -> None:
         threads()  # BLAS and the engine's own pool: one thread count, set once (cpu_threads)
+        keep_freed_memory()  # freed arrays are reused, not page-faulted in anew (cpu_memory)
 
     def optimize_plan(self, plan: Any) -> Any:
         """Batched weight-gradient chains become one GEMM each (numpy_plan)."""

@@ -1,0 +1,78 @@
+"""The CPU engine's malloc settings (engine/backends/cpu_memory.py): freed intermediate arrays
+are reused instead of being page-faulted in anew, the kept memory goes back to the kernel on
+``release_freed_memory``, and ``BURN_REMOTE_KEEP_FREED=0`` leaves malloc as it was.
+
+Each case runs in a fresh interpreter: the settings are the whole process's. The oracle is
+the kernel's own count of minor page faults and the resident set (/proc/self/status)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"), reason="the settings are glibc's"
+)
+
+
+SCRIPT = r"""
+import json, resource, numpy as np
+import burn_remote as br
+br.Device.cpu()  # makes the CPU backend, which applies the settings
+from burn_remote.engine.backends import cpu_memory
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+x = np.ones(3 * 2**20 // 4, np.float32)
+
+def step():  # a step's intermediates: 20 fresh 3 MiB results alive at once, then dropped
+    live = [x + i for i in range(20)]
+    del live
+
+step()  # warm: the first blocks of this size
+before = faults()
+for _ in range(10):
+    step()
+steady = faults() - before
+held = [x + i for i in range(100)]  # 300 MiB of intermediates, then all dropped
+base = rss()
+del held
+kept = rss()
+cpu_memory.release_freed_memory()
+print(json.dumps({"faults": steady, "base": base, "kept": kept, "released": rss(),
+                  "on": cpu_memory._state["kept"]}))
+"""
+
+
+def _run(keep: str) -> dict:
+    env = dict(os.environ, BURN_REMOTE_KEEP_FREED=keep)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_freed_arrays_are_reused_without_page_faults_and_released_on_request() -> None:
+    got = _run("1")
+    assert got["on"]
+    pages = 3 * 2**20 // 4096
+    assert got["faults"] < pages  # 200 new 3 MiB arrays: not one array's pages faulted in
+    assert got["kept"] > got["base"] - 100 * 2**20  # dropped, yet kept for the next arrays
+    assert got["released"] < got["kept"] - 200 * 2**20  # handed back on request
+
+
+def test_the_setting_can_be_turned_off() -> None:
+    got = _run("0")
+    assert not got["on"]
+    pages = 3 * 2**20 // 4096
+    assert got["faults"] > 100 * pages  # glibc's defaults: a new array faults its pages in
