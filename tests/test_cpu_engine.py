@@ -296,6 +296,37 @@ def test_large_elementwise_ops_split_over_threads_give_numpys_bits(a_shape, b_sh
         cpu_threads.set_threads(before)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # log(0), sin(inf): in pool threads too
+@pytest.mark.parametrize("shape", [(600, 1000), (3, 300, 400), (1, 600, 1000)])
+def test_transcendental_ops_split_by_rows_keep_the_bits_of_one_call(shape) -> None:
+    from burn_remote.engine.backends.numpy_kernels import KERNELS, THREADED_ROWS
+
+    x = (np.random.default_rng(7).standard_normal(shape) * 5).astype(np.float32)
+    x.reshape(-1)[:4] = (np.inf, -np.inf, np.nan, -0.0)
+    positive = np.abs(x)
+    before = cpu_threads.threads()
+    try:
+        got = {}
+        for n in (1, 2):  # one thread: every kernel runs whole, as one call
+            cpu_threads.set_threads(n)
+            for op in THREADED_ROWS:
+                args = positive if op == "log" else x
+                attrs = {"axis": -1} if "softmax" in op else {}
+                with np.errstate(all="ignore"):
+                    got[op, n] = KERNELS[op](args, **attrs)
+                    if "softmax" in op:
+                        got[op + "@0", n] = KERNELS[op](args, axis=0)  # across rows: whole
+        for key in {k for k, _ in got}:
+            a, b = got[key, 2], got[key, 1]
+            assert a.shape == b.shape == shape and a.dtype == b.dtype == np.float32, key
+            assert np.array_equal(a, b, equal_nan=True), key
+        with np.errstate(all="ignore"):
+            assert np.array_equal(got["exp", 2], np.exp(x), equal_nan=True)
+            assert np.array_equal(got["tanh", 2], np.tanh(x), equal_nan=True)
+    finally:
+        cpu_threads.set_threads(before)
+
+
 def test_the_thread_setting_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv(cpu_threads.THREADS_ENV, "3")
     assert cpu_threads.default_threads() == 3

@@ -136,6 +136,44 @@ for _name, _fn in _BINARY.items():
     KERNELS[_name] = _threaded_binary(_fn) if _name in ("add", "sub", "mul") else _fn
 
 
+def _threaded_rows(fn: Kernel) -> Kernel:
+    """``fn(x, **attrs)`` for a float kernel whose every element of the result depends only
+    on its own row (along the first axis): a large input is cut into rows over the engine's
+    threads, each part computed by ``fn`` itself, so each element gets the bits one call
+    would give. For the transcendental ops (exp, tanh, sigmoid, ...), which NumPy runs at a
+    few ns an element; an ``axis`` attribute of 0 (a reduction across rows) runs whole."""
+
+    def run(x: Any, **attrs: Any) -> Any:
+        if (
+            type(x) is not np.ndarray
+            or x.dtype.kind != "f"
+            or x.ndim == 0
+            or x.shape[0] < 2
+            or x.size < PARALLEL_MIN_ELEMENTS
+            or threads() < 2
+            or attrs.get("axis", -1) % x.ndim == 0
+        ):
+            return fn(x, **attrs)
+        out = np.empty(x.shape, x.dtype)
+        rows = x.shape[0]
+        per = -(-rows // threads())
+
+        def part(i: int) -> None:
+            out[i : i + per] = fn(x[i : i + per], **attrs)
+
+        run_parallel(part, range(0, rows, per), x.size)
+        return out
+
+    run.__name__ = getattr(fn, "__name__", "kernel")
+    return run
+
+
+THREADED_ROWS = ("exp", "log", "sin", "cos", "tanh", "sigmoid", "softplus", "erf", "softmax",
+                 "log_softmax")  # fmt: skip
+"""Kernels split by rows over the engine's threads when large (``_threaded_rows``): all are
+float in, same float out, row by row."""
+
+
 WRITES_INTO: dict[str, tuple[int, ...]] = {
     **{name: (0, 1) for name in ("add", "sub", "mul", "maximum", "minimum")},  # ufuncs: out=
     "adam_update": (0, 2, 3),  # p, m, v
@@ -557,3 +595,7 @@ def _cross_entropy_backward(
     scale = g.astype(grad.dtype) / xp.maximum(valid.sum(), 1).astype(grad.dtype)
     grad *= (valid.astype(grad.dtype) * scale)[..., None]
     return grad
+
+
+for _name in THREADED_ROWS:
+    KERNELS[_name] = _threaded_rows(KERNELS[_name])
