@@ -6,6 +6,8 @@ honest. Transport, server and GPU stacks load only when a device needs them.
 
 from typing import TYPE_CHECKING
 
+from . import _blas_env  # noqa: F401  (first: it must run before NumPy loads OpenBLAS)
+
 # What creating a CPU tensor needs loads now; the rest on first use (see __getattr__).
 from ._autograd import no_grad
 from ._device import DEVICE_KINDS, PEER_KIND, Device, DeviceKind
