@@ -499,6 +499,30 @@ def test_a_backward_whose_gradient_comes_after_the_forward_is_not_fused() -> Non
     assert ops == ["cross_entropy", "mul", "cross_entropy_backward"]
 
 
+def test_a_loss_computed_twice_fuses_its_backward_once() -> None:
+    # two forwards over the same logits (a loss printed and also backpropagated) and one
+    # backward: the backward's result must be made by one step only
+    f32, i64 = "float32", "int64"
+    attrs = (("ignore_index", -100), ("label_smoothing", 0.0))
+    graph = Graph(
+        inputs=(((6, 5), f32), ((6,), i64), ((), f32)),
+        nodes=(
+            GraphNode("cross_entropy", (0, 1), attrs, (((), f32),)),
+            GraphNode("cross_entropy", (0, 1), attrs, (((), f32),)),
+            GraphNode("cross_entropy_backward", (2, 0, 1), attrs, (((6, 5), f32),)),
+        ),
+        outputs=(3, 4, 5),
+    )
+    fused = compile_graph(graph, NumpyBackend())
+    assert [len(s.outputs) for s in fused.steps] == [2, 1]  # the first forward took it
+    rng = np.random.default_rng(8)
+    inputs = [rng.standard_normal((6, 5)).astype(np.float32), rng.integers(0, 5, 6)]
+    inputs.append(np.asarray(1, np.float32))
+    got = Executor(NumpyBackend()).run(fused, inputs, [])
+    want = Executor(_PlainCpu()).run(compile_graph(graph, _PlainCpu()), inputs, [])
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 def test_a_gpt_step_runs_its_loss_as_one_fused_step() -> None:
     capture, _ = _gpt_step_graph(batch=2)
     ops = [s.op for s in compile_graph(capture.graph, NumpyBackend()).steps]

@@ -176,7 +176,8 @@ def _transposed_matmul(
 def _cross_entropy_pairs(steps: Sequence[Step]) -> list[tuple[int, int]]:
     """(forward, backward) step indices of each cross-entropy whose backward reads the
     forward's logits and targets with the same attributes, and whose incoming gradient is
-    made before the forward runs (a graph input, a constant, or an earlier step's result)."""
+    made before the forward runs (a graph input, a constant, or an earlier step's result).
+    Each backward joins one forward at most: its result must be made once."""
     made_at = {o: n for n, st in enumerate(steps) for o in st.outputs}
     backwards = {
         (st.inputs[1], st.inputs[2]): n
@@ -187,7 +188,7 @@ def _cross_entropy_pairs(steps: Sequence[Step]) -> list[tuple[int, int]]:
     for n, st in enumerate(steps):
         if st.op != "cross_entropy" or len(st.inputs) != 2:
             continue
-        b = backwards.get((st.inputs[0], st.inputs[1]))
+        b = backwards.pop((st.inputs[0], st.inputs[1]), None)
         if b is None or b < n or steps[b].attrs != st.attrs:
             continue
         if made_at.get(steps[b].inputs[0], -1) < n:
