@@ -100,6 +100,14 @@ def _blas_threads() -> int | None:
     return None
 
 
+def shares(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """``[start, stop)`` spans cutting ``range(total)`` into at most ``parts`` equal shares,
+    each starting on a multiple of ``align``: how the chunked kernels hand rows or elements
+    to the engine's threads."""
+    per = -(-total // (max(1, parts) * align)) * align
+    return [(i, min(i + per, total)) for i in range(0, total, per)] if total else []
+
+
 def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int) -> None:
     """``fn(part)`` for every part, spread over the engine's threads when ``elements`` (the
     work's size) is worth it; NumPy releases the GIL inside its loops, so the parts run at

@@ -18,7 +18,7 @@ from ...protocol.ops_nn import NF4_CODEBOOK
 from ..collective import all_reduce_kernel
 from .array_module import Array
 from .array_module import array_module as _mod
-from .cpu_threads import PARALLEL_MIN_ELEMENTS, run_parallel, threads
+from .cpu_threads import PARALLEL_MIN_ELEMENTS, run_parallel, shares, threads
 from .numpy_conv_kernels import CONV_KERNELS
 from .numpy_helpers import add_at, open_grid
 from .numpy_optim_kernels import OPTIM_KERNELS
@@ -117,8 +117,7 @@ def _split_binary(fn: np.ufunc, a: np.ndarray, b: np.ndarray, out: Any) -> Any:
         np.empty(shape, fn.resolve_dtypes((a.dtype, b.dtype, None))[2]) if out is None else out[0]
     )
     rows = shape[0]
-    per = -(-rows // threads())
-    spans = [(i, min(i + per, rows)) for i in range(0, rows, per)]
+    spans = shares(rows, threads())
 
     def rows_of(x: np.ndarray, i: int, j: int) -> np.ndarray:
         # an operand along the result's first axis is cut; a broadcast one is passed whole
@@ -155,13 +154,11 @@ def _threaded_rows(fn: Kernel) -> Kernel:
         ):
             return fn(x, **attrs)
         out = np.empty(x.shape, x.dtype)
-        rows = x.shape[0]
-        per = -(-rows // threads())
 
-        def part(i: int) -> None:
-            out[i : i + per] = fn(x[i : i + per], **attrs)
+        def part(span: tuple[int, int]) -> None:
+            out[span[0] : span[1]] = fn(x[span[0] : span[1]], **attrs)
 
-        run_parallel(part, range(0, rows, per), x.size)
+        run_parallel(part, shares(x.shape[0], threads()), x.size)
         return out
 
     run.__name__ = getattr(fn, "__name__", "kernel")

@@ -13,7 +13,7 @@ import numpy as np
 
 from .array_module import Array
 from .array_module import array_module as _mod
-from .cpu_threads import run_parallel, threads
+from .cpu_threads import run_parallel, shares, threads
 
 ADAM_CHUNK = 1 << 17
 """Elements per chunk of the CPU Adam update: the chunk's slices of the four arrays and its
@@ -97,9 +97,7 @@ def _adam_chunked(
     decay = 1 - lr * weight_decay if weight_decay and decoupled else None
     hyper = (beta1, beta2, bc2, eps, lr / bc1, weight_decay if not decoupled else 0.0, decay)
     copy_p = out[0] is not p
-    workers = min(threads(), -(-size // ADAM_CHUNK))
-    per = -(-size // (workers * SPAN_ALIGN)) * SPAN_ALIGN  # equal shares, vector-aligned
-    spans = [(k * per, min(size, (k + 1) * per)) for k in range(workers)]
+    spans = shares(size, min(threads(), -(-size // ADAM_CHUNK)), SPAN_ALIGN)
 
     def run(span: tuple[int, int]) -> None:
         scratch = np.empty(ADAM_CHUNK, p.dtype)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..executor import Plan, Step
 from ..fusion import plan_liveness, release_after_last_use
-from .cpu_threads import run_parallel, threads
+from .cpu_threads import run_parallel, shares, threads
 from .numpy_kernels import KERNELS, all_counted
 
 CE_BLOCK_BYTES = 1 << 19
@@ -266,6 +266,5 @@ def cross_entropy_with_grad(
             z[picks] -= 1
             z *= scale
 
-    share = -(-rows // min(threads(), -(-rows // block)))
-    run_parallel(rows_of, [(i, min(i + share, rows)) for i in range(0, rows, share)], logits.size)
+    run_parallel(rows_of, shares(rows, min(threads(), -(-rows // block))), logits.size)
     return np.asarray(lse.mean(), dtype=logits.dtype), grad
