@@ -54,7 +54,7 @@ def _adam_before(p, g, m, v, lr, bc1, bc2, weight_decay, decoupled):
 def test_adam_update_is_bit_equal_to_the_unchunked_update(
     size, weight_decay, decoupled, in_place, dtype, monkeypatch
 ) -> None:
-    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_ELEMENTS", 0)  # chunks on the pool too
+    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_WORK", 0)  # chunks on the pool too
     rng = np.random.default_rng(0)
     p, g, m = (rng.standard_normal(size).astype(dtype) for _ in range(3))
     v = np.abs(rng.standard_normal(size)).astype(dtype)
@@ -327,6 +327,59 @@ def test_transcendental_ops_split_by_rows_keep_the_bits_of_one_call(shape) -> No
         cpu_threads.set_threads(before)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(6,), (600, 1000), (2, 3, 7)])
+def test_sigmoid_keeps_the_bits_of_its_two_branch_formula(dtype, shape) -> None:
+    """The in-place sigmoid (numerator max(e, x >= 0), no np.where) against the formula it
+    replaced, 1 / (1 + e) where x >= 0 else e / (1 + e) with e = exp(-|x|), bit for bit;
+    a 0-d input takes the formula itself."""
+    from burn_remote.engine.backends.numpy_kernels import KERNELS
+
+    x = (np.random.default_rng(3).standard_normal(shape) * 40).astype(dtype)
+    x.reshape(-1)[:5] = (np.inf, -np.inf, np.nan, -0.0, 0.0)
+    with np.errstate(all="ignore"):
+        e = np.exp(-np.abs(x))
+        want = np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(dtype)
+        for got, expected in ((KERNELS["sigmoid"](x), want),
+                              (KERNELS["sigmoid"](np.asarray(x.flat[-1])), want.flat[-1])):  # fmt: skip
+            assert got.dtype == dtype
+            assert np.array_equal(got, expected, equal_nan=True)
+
+
+def test_run_parallel_runs_the_first_part_on_the_caller_and_waits_for_every_part() -> None:
+    """The caller computes a share itself (one hand-off fewer); a part that fails still lets
+    every other part finish before the error reaches the caller (their arrays are then
+    freed); work under PARALLEL_MIN_WORK never leaves the calling thread."""
+    import threading
+    import time
+
+    before = cpu_threads.threads()
+    try:
+        cpu_threads.set_threads(2)
+        ran: dict[int, str] = {}
+
+        def part(k: int) -> None:
+            if k == 1:
+                time.sleep(0.05)
+            ran[k] = threading.current_thread().name
+            if k == 0:
+                raise ValueError("part 0 failed")
+
+        with pytest.raises(ValueError, match="part 0 failed"):
+            cpu_threads.run_parallel(part, [0, 1], work=cpu_threads.PARALLEL_MIN_WORK)
+        assert ran[0] == threading.current_thread().name
+        assert ran[1] != ran[0] and 1 in ran  # the pool's part finished before the raise
+        names: list[str] = []
+        cpu_threads.run_parallel(
+            lambda k: names.append(threading.current_thread().name),
+            [0, 1],
+            work=cpu_threads.PARALLEL_MIN_WORK - 1,
+        )
+        assert names == [threading.current_thread().name] * 2
+    finally:
+        cpu_threads.set_threads(before)
+
+
 def test_the_thread_setting_is_read_from_the_environment(monkeypatch) -> None:
     monkeypatch.setenv(cpu_threads.THREADS_ENV, "3")
     assert cpu_threads.default_threads() == 3
@@ -345,7 +398,7 @@ def test_set_threads_limits_blas_and_the_pool() -> None:
         blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
         assert blas and all(i["num_threads"] == 1 for i in blas)
         seen = []
-        cpu_threads.run_parallel(seen.append, [1, 2, 3], elements=1 << 30)
+        cpu_threads.run_parallel(seen.append, [1, 2, 3], work=1 << 30)
         assert sorted(seen) == [1, 2, 3]
         with pytest.raises(ValueError, match="at least 1"):
             cpu_threads.set_threads(0)
@@ -439,7 +492,7 @@ def test_the_fused_cross_entropy_keeps_the_bits_of_its_two_kernels(
     from burn_remote.engine.backends import numpy_plan
 
     classes = 1000
-    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_ELEMENTS", 0)  # blocks on the pool too
+    monkeypatch.setattr(cpu_threads, "PARALLEL_MIN_WORK", 0)  # blocks on the pool too
     monkeypatch.setattr(numpy_plan, "CE_BLOCK_BYTES", block_rows * classes * 4)
     graph = _loss_graph(rows, classes)
     fused = compile_graph(graph, NumpyBackend())

@@ -24,9 +24,16 @@ from typing import Any
 THREADS_ENV = "BURN_REMOTE_THREADS"
 """Threads of the CPU engine (BLAS and fused kernels); unset: every core this process may use."""
 
-PARALLEL_MIN_ELEMENTS = 1 << 18
-"""Work below this many elements runs on the calling thread: handing it to the pool costs
-more (~20-50 us a hand-off) than a second core gains on it."""
+PARALLEL_MIN_WORK = 1 << 20
+"""Work, in element passes, below which ``run_parallel`` stays on the calling thread. An
+element pass is one element read and written by a cheap ufunc (``np.add``). Handing a part
+to a pool thread and waiting for it costs 100-150 us on a 2-core VM (measured: a no-op part),
+about what ``np.add`` takes over a million float32 elements: below that a second core loses."""
+
+TRANSCENDENTAL_PASSES = 12
+"""Element passes that one element of exp, tanh, sigmoid or a softmax costs (NumPy float32 exp
+measured at 11-14x ``np.add`` an element), so that such kernels go to the pool from about 10^5
+elements."""
 
 _state: dict[str, Any] = {"threads": None, "pool": None, "blas": None}
 
@@ -108,12 +115,12 @@ def shares(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
     return [(i, min(i + per, total)) for i in range(0, total, per)] if total else []
 
 
-def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int) -> None:
-    """``fn(part)`` for every part, spread over the engine's threads when ``elements`` (the
-    work's size) is worth it; NumPy releases the GIL inside its loops, so the parts run at
-    once. Exceptions propagate."""
+def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], work: int) -> None:
+    """``fn(part)`` for every part: the calling thread runs the first and the pool the rest
+    when ``work`` (element passes, ``PARALLEL_MIN_WORK``) is worth the hand-off; NumPy releases
+    the GIL inside its loops, so the parts run at once. Exceptions propagate."""
     n = threads()
-    if n == 1 or len(parts) < 2 or elements < PARALLEL_MIN_ELEMENTS:
+    if n == 1 or len(parts) < 2 or work < PARALLEL_MIN_WORK:
         for part in parts:
             fn(part)
         return
@@ -121,6 +128,12 @@ def run_parallel(fn: Callable[[Any], None], parts: Sequence[Any], elements: int)
     if pool is None:
         from concurrent.futures import ThreadPoolExecutor  # here: a small step never needs it
 
-        pool = _state["pool"] = ThreadPoolExecutor(n, thread_name_prefix="burn-cpu")
-    for _ in pool.map(fn, parts):
-        pass
+        pool = _state["pool"] = ThreadPoolExecutor(n - 1, thread_name_prefix="burn-cpu")
+    pending = [pool.submit(fn, part) for part in parts[1:]]
+    try:
+        fn(parts[0])
+    finally:
+        for future in pending:  # every part has finished before its arrays are used or freed
+            future.exception()
+    for future in pending:
+        future.result()

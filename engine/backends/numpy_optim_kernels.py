@@ -24,6 +24,9 @@ on a 2-core EPYC (1 MiB L2), GPT-2's 38.6M-element embedding took 126 ms at 2**1
 2**16, 90 at 2**17 and 85 at 2**18 on two threads, against 26 ms for one plain copy of it
 (a 2**17 chunk cut the whole AdamW step of GPT-2-small from ~530 to ~350 ms)."""
 
+ADAM_PASSES = 11
+"""Element passes of one chunk's update (``_adam_span``): the work ``run_parallel`` weighs."""
+
 SPAN_ALIGN = 64
 """Each thread's share of a chunked update starts on a multiple of this many elements (whole
 64-byte cache lines in float32 and float64), so no two threads write into one line."""
@@ -104,7 +107,7 @@ def _adam_chunked(
         for a in range(span[0], span[1], ADAM_CHUNK):
             _adam_span(flats, a, min(a + ADAM_CHUNK, span[1]), scratch, hyper, copy_p)
 
-    run_parallel(run, spans, size)
+    run_parallel(run, spans, size * ADAM_PASSES)
 
 
 def _adam_small_in_place(

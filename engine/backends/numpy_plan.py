@@ -32,7 +32,7 @@ import numpy as np
 
 from ..executor import Plan, Step
 from ..fusion import plan_liveness, release_after_last_use
-from .cpu_threads import run_parallel, shares, threads
+from .cpu_threads import TRANSCENDENTAL_PASSES, run_parallel, shares, threads
 from .numpy_kernels import KERNELS, all_counted
 
 CE_BLOCK_BYTES = 1 << 19
@@ -266,5 +266,6 @@ def cross_entropy_with_grad(
             z[picks] -= 1
             z *= scale
 
-    run_parallel(rows_of, shares(rows, min(threads(), -(-rows // block))), logits.size)
+    spans = shares(rows, min(threads(), -(-rows // block)))
+    run_parallel(rows_of, spans, logits.size * TRANSCENDENTAL_PASSES)
     return np.asarray(lse.mean(), dtype=logits.dtype), grad
