@@ -38,8 +38,10 @@ from pathlib import Path
 
 GPT2 = dict(n_layer=12, n_head=12, d_model=768, vocab=50257, context=128)
 BATCH, TOKENS = 2, 128
-WARMUP = 2
-"""Untimed steps first: the engine records and compiles its graph on the first one."""
+WARMUP = 3
+"""Untimed steps first. ``br.compile`` records the step on its first two calls and replays
+from the third, which compiles the plan and first touches its memory; PyTorch's first steps
+allocate too. Each side is timed from its fourth step on."""
 
 
 def load() -> str:

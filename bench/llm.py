@@ -6,7 +6,8 @@
    captured with `br.compile` on `Device.cpu()`, captured on a `RemoteDevice` (a
    `burn-remote serve --device cpu` on loopback), and in PEFT + transformers eager, each in
    a process of its own with the same thread count (BLAS and torch), so each one's peak RSS
-   is its own (the server's too, for the remote run). Medians over the steps after the first.
+   is its own (the server's too, for the remote run). Medians over the steps after the first
+   WARMUP: `br.compile` records on two calls and replays from the third, which compiles.
 2. A Qwen2.5-0.5B-shaped bf16 checkpoint (its public config, random init): load time and
    peak RSS of `AutoModelForCausalLM.from_pretrained` onto `Device.cpu()`, next to the file
    size and transformers' own `from_pretrained`.
@@ -42,6 +43,9 @@ QWEN25_05B = dict(
     use_sliding_window=False, sliding_window=32768, max_window_layers=21,
 )  # fmt: skip
 BATCH, TOKENS, RANK = 4, 128, 8
+WARMUP = 3
+"""Steps of each run not counted: two recordings and the first replay (which compiles the plan)
+on our side; PyTorch's first steps allocate. Every side drops the same number."""
 
 
 def peak_rss() -> int:
@@ -167,11 +171,20 @@ def mib(n: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4, help="LoRA steps per run (first = warm-up)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=WARMUP + 3,
+        help=f"LoRA steps per run (the first {WARMUP} not counted)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="BLAS / torch threads")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the three step runs")
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps <= WARMUP:
+        parser.error(
+            f"--steps {args.steps}: the first {WARMUP} are warm-up, give at least {WARMUP + 1}"
+        )
     if args.worker:
         kind, *rest = args.worker
         if kind == "ours":
@@ -212,7 +225,9 @@ def main() -> None:
                 server_peak = max(server_peak, process_peak(server.proc.pid))
         finally:
             server.stop()
-        step = {k: statistics.median(t for r in v for t in r["times"][1:]) for k, v in runs.items()}
+        step = {
+            k: statistics.median(t for r in v for t in r["times"][WARMUP:]) for k, v in runs.items()
+        }
         rss = {k: max(r["peak_rss"] for r in v) for k, v in runs.items()}
         print(f"\nSmolLM2-135M-shaped LoRA step (r {RANK} q/v, batch {BATCH}x{TOKENS}, AdamW)")
         print(f"{'':24}{'step s':>9}{'peak RSS':>12}")

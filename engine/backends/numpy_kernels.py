@@ -106,6 +106,7 @@ def _threaded_binary(fn: np.ufunc) -> Callable[..., Any]:
         return fn(a, b) if out is None else fn(a, b, out=out)
 
     run.__name__ = fn.__name__
+    run.__wrapped__ = fn  # type: ignore[attr-defined]  # the plain ufunc (numpy_blocks)
     return run
 
 
@@ -162,6 +163,7 @@ def _threaded_rows(fn: Kernel) -> Kernel:
         return out
 
     run.__name__ = getattr(fn, "__name__", "kernel")
+    run.__wrapped__ = fn  # type: ignore[attr-defined]  # the kernel on one thread (numpy_blocks)
     return run
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from ..executor import Plan, Step
 from ..fusion import plan_liveness, release_after_last_use
 from .cpu_threads import TRANSCENDENTAL_PASSES, run_parallel, shares, threads
+from .numpy_blocks import block_elementwise_runs
 from .numpy_kernels import KERNELS, all_counted
 
 CE_BLOCK_BYTES = 1 << 19
@@ -41,8 +42,9 @@ scale passes run over a block this size (a few vocabulary rows) while it sits in
 
 
 def optimize_plan(plan: Plan) -> Plan:
-    """The plan with every batched weight-gradient chain made one step, and each
-    cross-entropy's forward and backward made one; else unchanged."""
+    """The plan with every batched weight-gradient chain made one step, each
+    cross-entropy's forward and backward made one, and each run of elementwise steps made one
+    (numpy_blocks); else unchanged."""
     shapes = _slot_shapes(plan)
     uses: dict[int, int] = {}
     for st in plan.steps:
@@ -94,7 +96,7 @@ def optimize_plan(plan: Plan) -> Plan:
         )
         absorbed.add(backward)
     if not replaced:
-        return plan
+        return block_elementwise_runs(plan)
     steps = [replaced.get(n, st) for n, st in enumerate(plan.steps) if n not in absorbed]
     release_after_last_use(steps, set(plan.outputs))
     new = Plan(
@@ -102,7 +104,7 @@ def optimize_plan(plan: Plan) -> Plan:
         plan.outputs,
     )  # fmt: skip
     new.liveness = plan_liveness(new)
-    return new
+    return block_elementwise_runs(new)
 
 
 def _slot_shapes(plan: Plan) -> list[tuple[int, ...]]:
