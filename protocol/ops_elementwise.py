@@ -252,7 +252,7 @@ def _where_grad(
     b: Builder, g: Handle, xs: Sequence[Handle], out: Handle, a: Mapping[str, Any]
 ) -> Sequence[Handle | None]:
     c, x, y = xs
-    zero = g * 0
+    zero = b.const(0, g.dtype)  # PyTorch's rule: 0 where not picked, even under a NaN gradient
     return (
         None,
         unbroadcast(b, b.op("where", c, g, zero), x.shape),

@@ -206,6 +206,20 @@ def test_where_grad(cpu, shapes, seed):
     )
 
 
+@pytest.mark.ops("where")
+def test_where_grad_is_zero_where_not_picked_even_under_a_nan_gradient(cpu):
+    # PyTorch: grad_a = where(c, g, 0), grad_b = where(c, 0, g) (derivatives.yaml). A
+    # masked attention score's incoming gradient may be NaN or inf; the branch not picked
+    # still gets exactly 0
+    c = np.array([[True, False, True], [False, False, True]])
+    g = np.array([[1.5, np.nan, -2.0], [np.inf, 3.0, 0.25]])
+    a = cpu.tensor(_x(0, (2, 3)), requires_grad=True)
+    b = cpu.tensor(_x(1, (2, 3)), requires_grad=True)
+    (F.where(cpu.tensor(c), a, b) * cpu.tensor(g)).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), np.where(c, g, 0.0))
+    np.testing.assert_array_equal(b.grad.numpy(), np.where(c, 0.0, g))
+
+
 @pytest.mark.ops("clamp")
 @FEW
 @given(shape=SHAPES, seed=SEEDS)
