@@ -8,6 +8,8 @@
    a process of its own with the same thread count (BLAS and torch), so each one's peak RSS
    is its own (the server's too, for the remote run). Medians over the steps after the first
    WARMUP: `br.compile` records on two calls and replays from the third, which compiles.
+   The same step with `model.gradient_checkpointing_enable()` on `Device.cpu()` gives both
+   sides of that trade: its step time, and the memory a step adds to the loaded model.
 2. A Qwen2.5-0.5B-shaped bf16 checkpoint (its public config, random init): load time and
    peak RSS of `AutoModelForCausalLM.from_pretrained` onto `Device.cpu()`, next to the file
    size and transformers' own `from_pretrained`.
@@ -84,13 +86,15 @@ def _batch():
 
 
 # --- workers (each in a process of its own) --------------------------------------------------
-def worker_ours(directory: str, steps: int, target: str) -> dict[str, Any]:
+def worker_ours(directory: str, steps: int, target: str, checkpointing: bool) -> dict[str, Any]:
     import burn_remote as br
     from burn_remote import lora, nn, optim
 
     dev = br.Device.cpu() if target == "cpu" else br.RemoteDevice(target)
     model = nn.AutoModelForCausalLM.from_pretrained(directory, device=dev)
     model.apply_lora(lora.LoraConfig(r=RANK, alpha=16, target_modules=["q_proj", "v_proj"]))
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     model.train()
     opt = optim.AdamW(model, lr=1e-4)
 
@@ -103,12 +107,13 @@ def worker_ours(directory: str, steps: int, target: str) -> dict[str, Any]:
         return loss
 
     batch = dev.tensor(_batch())
+    loaded = peak_rss()  # the model, its adapters and the batch, before any step
     times = []
     for _ in range(steps):
         t = time.perf_counter()
         step(batch).item()
         times.append(time.perf_counter() - t)
-    return {"times": times, "peak_rss": peak_rss()}
+    return {"times": times, "peak_rss": peak_rss(), "loaded_rss": loaded}
 
 
 def worker_peft(directory: str, steps: int, threads: int) -> dict[str, Any]:
@@ -188,7 +193,7 @@ def main() -> None:
     if args.worker:
         kind, *rest = args.worker
         if kind == "ours":
-            result = worker_ours(rest[0], int(rest[1]), rest[2])
+            result = worker_ours(rest[0], int(rest[1]), rest[2], rest[3:] == ["checkpointing"])
         elif kind == "peft":
             result = worker_peft(rest[0], int(rest[1]), int(rest[2]))
         else:
@@ -207,7 +212,7 @@ def main() -> None:
             **os.environ, **{v: str(args.threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
         })  # fmt: skip
         remote = f"{server.peer_id}@{server.address}"
-        runs: dict[str, list[dict[str, Any]]] = {"cpu": [], "remote": [], "peft": []}
+        runs: dict[str, list[dict[str, Any]]] = {"cpu": [], "remote": [], "peft": [], "ckpt": []}
         server_peak = 0
         try:
             for _ in range(args.rounds):
@@ -222,6 +227,9 @@ def main() -> None:
                 runs["remote"].append(
                     run_worker(["ours", str(smol), str(args.steps), remote], args.threads)
                 )
+                runs["ckpt"].append(run_worker(
+                    ["ours", str(smol), str(args.steps), "cpu", "checkpointing"], args.threads
+                ))  # fmt: skip
                 server_peak = max(server_peak, process_peak(server.proc.pid))
         finally:
             server.stop()
@@ -239,6 +247,13 @@ def main() -> None:
             f"ratios: local/PEFT {step['cpu'] / step['peft']:.2f} (target <= 1.0), "
             f"remote/local {step['remote'] / step['cpu']:.2f} (<= 1.1), "
             f"RSS local/PEFT {rss['cpu'] / rss['peft']:.2f} (<= 1.0)"
+        )
+        grown = {k: max(r["peak_rss"] - r["loaded_rss"] for r in runs[k]) for k in ("cpu", "ckpt")}
+        print(
+            f"gradient_checkpointing_enable() on Device.cpu(): step {step['ckpt']:.2f} s "
+            f"({step['ckpt'] / step['cpu']:.2f}x), peak RSS {mib(rss['ckpt'])} "
+            f"({rss['ckpt'] / rss['cpu']:.2f}x); a step's memory above the loaded model "
+            f"{mib(grown['ckpt'])} against {mib(grown['cpu'])} ({grown['ckpt'] / grown['cpu']:.2f}x)"
         )
 
         qwen = make_checkpoint(root / "qwen05", QWEN25_05B, "bfloat16")
