@@ -60,6 +60,14 @@ def _widen(dtype: str) -> str:
     return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
+def slot_shapes(plan: Plan) -> list[tuple[int, ...]]:
+    """The shape of every slot of a plan, from its graph."""
+    out = [tuple(shape) for shape, _ in plan.graph.inputs]
+    for node in plan.graph.nodes:
+        out.extend(tuple(shape) for shape, _ in node.outputs)
+    return out
+
+
 def slot_dtypes(plan: Plan) -> list[str]:
     """The dtype of every slot of a plan, from its graph."""
     out = [d for _, d in plan.graph.inputs]
@@ -106,6 +114,12 @@ def fuse_plan(plan: Plan, make_kernel: Callable[[FusedProgram], Any], min_ops: i
             steps.extend(plan.steps[m] for m in (group or [n]))
             continue
         steps.append(_fused_step(plan, group, slot_dt, make_kernel))
+    return with_steps(plan, steps)
+
+
+def with_steps(plan: Plan, steps: list[Step]) -> Plan:
+    """A new plan of the same graph running ``steps`` (a rewrite of ``plan.steps``), with each
+    slot's release and the liveness recomputed for the new order."""
     release_after_last_use(steps, set(plan.outputs))
     new = Plan(
         plan.graph, steps, plan.n_slots, plan.n_inputs, plan.value_slots, plan.constants,

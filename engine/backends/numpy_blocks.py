@@ -30,7 +30,7 @@ import numpy as np
 
 from ...protocol.ops import ELEMENTWISE
 from ..executor import Plan, Step
-from ..fusion import plan_liveness, release_after_last_use
+from ..fusion import slot_shapes, with_steps
 from .cpu_threads import run_parallel, shares, threads
 
 BLOCK_ELEMENTS = 1 << 16
@@ -129,9 +129,7 @@ def _results(arrays: list[Any]) -> Any:
 def block_elementwise_runs(plan: Plan) -> Plan:
     """The plan with each run of two or more elementwise steps in a row, over results of one
     shape of at least RUN_MIN_ELEMENTS, made one ``ElementwiseRun`` step; else unchanged."""
-    shapes = [tuple(s) for s, _ in plan.graph.inputs]
-    for node in plan.graph.nodes:
-        shapes.extend(tuple(s) for s, _ in node.outputs)
+    shapes = slot_shapes(plan)
     read_after: dict[int, int] = {}  # slot -> index of the last step that reads it
     for n, st in enumerate(plan.steps):
         for i in st.inputs:
@@ -147,15 +145,7 @@ def block_elementwise_runs(plan: Plan) -> Plan:
             continue
         steps.append(_run_step(plan.steps[n:end], shapes, read_after, kept_slots, end))
         n = end
-    if len(steps) == len(plan.steps):
-        return plan
-    release_after_last_use(steps, kept_slots)
-    new = Plan(
-        plan.graph, steps, plan.n_slots, plan.n_inputs, plan.value_slots, plan.constants,
-        plan.outputs,
-    )  # fmt: skip
-    new.liveness = plan_liveness(new)
-    return new
+    return plan if len(steps) == len(plan.steps) else with_steps(plan, steps)
 
 
 def _run_end(steps: Sequence[Step], n: int, shapes: list[tuple[int, ...]]) -> int:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..executor import Plan, Step
-from ..fusion import plan_liveness, release_after_last_use
+from ..fusion import slot_shapes, with_steps
 from .cpu_threads import TRANSCENDENTAL_PASSES, run_parallel, shares, threads
 from .numpy_blocks import block_elementwise_runs
 from .numpy_kernels import KERNELS, all_counted
@@ -45,7 +45,7 @@ def optimize_plan(plan: Plan) -> Plan:
     """The plan with every batched weight-gradient chain made one step, each
     cross-entropy's forward and backward made one, and each run of elementwise steps made one
     (numpy_blocks); else unchanged."""
-    shapes = _slot_shapes(plan)
+    shapes = slot_shapes(plan)
     uses: dict[int, int] = {}
     for st in plan.steps:
         for i in st.inputs:
@@ -98,20 +98,7 @@ def optimize_plan(plan: Plan) -> Plan:
     if not replaced:
         return block_elementwise_runs(plan)
     steps = [replaced.get(n, st) for n, st in enumerate(plan.steps) if n not in absorbed]
-    release_after_last_use(steps, set(plan.outputs))
-    new = Plan(
-        plan.graph, steps, plan.n_slots, plan.n_inputs, plan.value_slots, plan.constants,
-        plan.outputs,
-    )  # fmt: skip
-    new.liveness = plan_liveness(new)
-    return block_elementwise_runs(new)
-
-
-def _slot_shapes(plan: Plan) -> list[tuple[int, ...]]:
-    out = [tuple(s) for s, _ in plan.graph.inputs]
-    for node in plan.graph.nodes:
-        out.extend(tuple(s) for s, _ in node.outputs)
-    return out
+    return block_elementwise_runs(with_steps(plan, steps))
 
 
 def _weight_grad_chain(
