@@ -64,28 +64,32 @@ class ElementwiseRun:
     shape: tuple[int, ...]
     lead: int
     """Leading axes of ``shape`` cut into rows: every operand has all of them or none."""
-    operand_shapes: tuple[tuple[int, ...], ...]
-    """Each operand's declared shape, padded with leading 1s to the run's rank."""
+    operand_tails: tuple[tuple[int, ...], ...]
+    """Each operand's declared shape past the cut axes (padded with leading 1s to the run's
+    rank first): the shape of its rows, or of the whole operand when it lacks the cut axes."""
+    cut: tuple[bool, ...]
+    """Whether each operand has the cut axes (and is cut into rows) or lacks them (and is
+    passed whole to every block); a 0-d operand lacks them."""
     kept: tuple[int, ...]
 
     def __call__(self, *operands: Any) -> Any:
         """The kept results: one array, or a tuple of them (the executor's multi-output form)."""
         rows = math.prod(self.shape[: self.lead])
-        views = [self._view(x, s, rows) for x, s in zip(operands, self.operand_shapes)]
+        views = [
+            self._view(x, t, c, rows) for x, t, c in zip(operands, self.operand_tails, self.cut)
+        ]
         if any(v is None for v in views):  # an operand that only a copy could reshape
             return self._whole(operands)
         tail = self.shape[self.lead :]
         # each result is its own array (a later step may write into it), filled as rows
         results = [np.empty(self.shape, self.members[j].dtype) for j in self.kept]
         outs = [r.reshape((rows, *tail)) for r in results]
-        cut = [s[: self.lead] == self.shape[: self.lead] and x.ndim > 0
-               for x, s in zip(operands, self.operand_shapes)]  # fmt: skip
         block = max(1, BLOCK_ELEMENTS // max(1, math.prod(tail)))
 
         def span(part: tuple[int, int]) -> None:
             for i in range(part[0], part[1], block):
                 j = min(i + block, part[1])
-                ins = [v[i:j] if c else v for v, c in zip(views, cut)]
+                ins = [v[i:j] if c else v for v, c in zip(views, self.cut)]
                 made = self._members(ins, lambda m: m.kernel)
                 for out, k in zip(outs, self.kept):
                     out[i:j] = made[k]
@@ -94,19 +98,19 @@ class ElementwiseRun:
         run_parallel(span, parts, math.prod(self.shape) * len(self.members))
         return _results(results)
 
-    def _view(self, x: Any, padded: tuple[int, ...], rows: int) -> Any:
-        """``x`` as rows (when it has the leading axes) or as its trailing axes (when it
+    def _view(self, x: Any, tail: tuple[int, ...], cut: bool, rows: int) -> Any:
+        """``x`` as rows (an operand with the cut axes) or as its trailing axes (one that
         broadcasts over them), without a copy; None when only a copy would do (an operand
-        with the leading axes that is not C-contiguous, such as a permuted view)."""
+        with the cut axes that is not C-contiguous, such as a permuted view)."""
         if type(x) is not np.ndarray:
             return None
         if x.ndim == 0:
             return x
-        if padded[: self.lead] != self.shape[: self.lead]:
-            return x.reshape(padded[self.lead :])  # drops axes of 1 only: always a view
+        if not cut:
+            return x.reshape(tail)  # drops axes of 1 only: always a view
         if not x.flags.c_contiguous:
             return None
-        return x.reshape((rows, *padded[self.lead :]))
+        return x.reshape((rows, *tail))
 
     def _whole(self, operands: Sequence[Any]) -> Any:
         made = self._members(list(operands), lambda m: m.whole)
@@ -159,8 +163,6 @@ def _run_end(steps: Sequence[Step], n: int, shapes: list[tuple[int, ...]]) -> in
     end = n + 1
     while end < len(steps) and _member(steps[end]) and shapes[steps[end].outputs[0]] == shape:
         end += 1
-    while end - n >= 2 and _lead(steps[n:end], shapes, shape) == 0:
-        end -= 1  # an operand that fits no cut into rows: the run stops before its step
     return end
 
 
@@ -168,13 +170,10 @@ def _member(st: Step) -> bool:
     return st.op in ELEMENTWISE and len(st.outputs) == 1
 
 
-def _lead(run: Sequence[Step], shapes: list[tuple[int, ...]], shape: tuple[int, ...]) -> int:
-    return lead_axes([shapes[i] for st in run for i in st.inputs], shape)
-
-
 def lead_axes(operands: Sequence[tuple[int, ...]], shape: tuple[int, ...]) -> int:
     """The most leading axes of ``shape`` that every operand either has whole or lacks (has
-    as 1s): the axes a block may cut into rows; 0 when none."""
+    as 1s): the axes a block may cut into rows. At least 1 for operands that broadcast to
+    ``shape`` (a first axis is either whole or 1); 0 would make the whole shape one row."""
     for lead in range(len(shape), 0, -1):
         if all(_fits(operand, shape, lead) for operand in operands):
             return lead
@@ -224,12 +223,14 @@ def _run_step(
         if st.outputs[0] in kept_slots or read_after.get(st.outputs[0], -1) >= end
         or j == len(run) - 1
     )  # fmt: skip
-    lead = _lead(run, shapes, shape)
+    lead = lead_axes([shapes[i] for i in operands], shape)
+    padded = [(1,) * (len(shape) - len(shapes[i])) + shapes[i] for i in operands]
     kernel = ElementwiseRun(
         members=tuple(members),
         shape=shape,
         lead=lead,
-        operand_shapes=tuple((1,) * (len(shape) - len(shapes[i])) + shapes[i] for i in operands),
+        operand_tails=tuple(p[lead:] for p in padded),
+        cut=tuple(bool(shapes[i]) and p[:lead] == shape[:lead] for i, p in zip(operands, padded)),
         kept=kept,
     )
     return Step(

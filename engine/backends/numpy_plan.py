@@ -95,10 +95,10 @@ def optimize_plan(plan: Plan) -> Plan:
             release=(),
         )
         absorbed.add(backward)
-    if not replaced:
-        return block_elementwise_runs(plan)
-    steps = [replaced.get(n, st) for n, st in enumerate(plan.steps) if n not in absorbed]
-    return block_elementwise_runs(with_steps(plan, steps))
+    if replaced:
+        steps = [replaced.get(n, st) for n, st in enumerate(plan.steps) if n not in absorbed]
+        plan = with_steps(plan, steps)
+    return block_elementwise_runs(plan)
 
 
 def _weight_grad_chain(
