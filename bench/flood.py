@@ -2,15 +2,18 @@
 on one loopback server (issue 35's fair share).
 
 The flooding peer sends, round after round, 20 matmuls of 1024 x 1024 (one flush each, all
-queued at once) and reads a 64 MiB tensor. The benign peer (its own key) steps a captured
+queued at once) and reads a 64 MiB tensor. ``--flood graph`` sends the 20 as one graph
+instead (a chain in one flush: one message of ~0.5 s of engine work), which only the engine's
+checkpoints between plan steps can interrupt. The benign peer (its own key) steps a captured
 digits-sized MLP (64 -> 128 -> 10, batch 64, data on the device) and reads each loss, so a
 step is one round trip. Each repeat times STEPS benign steps unloaded, then STEPS with the
 flood running; the figures are medians over the repeats of each phase's median and p99, and
 their ratio (the issue's target: median <= 2x, p99 <= 3x).
 
 Run: .venv/bin/python bench/flood.py [--repeats 3] [--steps 100] [--slots N]
-[--flood both|matmuls|reads]
-(``--slots`` sets BURN_REMOTE_ENGINE_SLOTS for the server: engine turns at once.)
+[--flood both|matmuls|reads|graph]
+(``--slots`` sets BURN_REMOTE_ENGINE_SLOTS for the server: engine turns at once; by default
+one on the CPU engine, server/_fair.CPU_SLOTS.)
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import burn_remote as br
 import numpy as np
 from burn_remote import RemoteDevice, nn, optim
 from burn_remote import functional as F
+from burn_remote.server._fair import CPU_SLOTS, SLOTS_ENV
 from burn_remote.server.testing import start_server
 
 FLOOD_MATMULS = 20
@@ -81,13 +85,18 @@ def flood(dev: RemoteDevice, stop: threading.Event, rounds: list[int], kind: str
     big = dev.tensor(np.ones(READ_BYTES // 4, np.float32))
     dev.sync()
     while not stop.is_set():
-        if kind != "reads":
+        if kind == "graph":
+            c = a
+            for _ in range(FLOOD_MATMULS):
+                c = (c @ b) * (1 / 32)  # scaled: the chain stays finite
+            c.numpy()
+        elif kind != "reads":
             outs = []
             for _ in range(FLOOD_MATMULS):
                 outs.append(a @ b)
                 dev.flush()
             outs[-1].numpy()
-        if kind != "matmuls":
+        if kind in ("both", "reads"):
             big.numpy()
         rounds[0] += 1
 
@@ -99,13 +108,13 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=None, help="BURN_REMOTE_ENGINE_SLOTS")
     ap.add_argument(
         "--flood",
-        choices=("both", "matmuls", "reads"),
+        choices=("both", "matmuls", "reads", "graph"),
         default="both",
         help="what the flooding peer sends (the issue's flood: both)",
     )
     args = ap.parse_args()
     if args.slots is not None:
-        os.environ["BURN_REMOTE_ENGINE_SLOTS"] = str(args.slots)
+        os.environ[SLOTS_ENV] = str(args.slots)
     home = tempfile.mkdtemp(prefix="burn-remote-flood-")
     os.chmod(home, 0o700)
     os.environ["BURN_REMOTE_HOME"] = home
@@ -133,7 +142,7 @@ def main() -> None:
         benign.close()
     finally:
         server.stop()
-    slots = os.environ.get("BURN_REMOTE_ENGINE_SLOTS", "default (2)")
+    slots = os.environ.get(SLOTS_ENV, f"default ({CPU_SLOTS})")
     print(f"benign captured-MLP step, {args.steps} steps x {args.repeats} repeats, "
           f"engine slots {slots}, flood {args.flood}, flood rounds run {rounds[0]}")  # fmt: skip
     med = [statistics.median(r[0] for r in rows) for rows in (quiet, loud)]

@@ -20,6 +20,7 @@ from ..protocol import dtypes
 from ..protocol.graph import Graph, GraphError
 from ..protocol.ops import COLLECTIVE
 from ..protocol.registry import OPS
+from . import preempt
 from .backend_base import Backend
 
 CONSTANT_CACHE_BYTES = 1 << 20
@@ -316,6 +317,7 @@ class Executor:
         donated_set = frozenset(donated)
         n_inputs = plan.n_inputs
         result: Any = None
+        check = preempt.current()  # a server's engine turn may give way between steps
         for step in plan.steps:
             try:
                 if step.write_into and in_place:
@@ -344,6 +346,8 @@ class Executor:
                 _place(mem, step, slots)
             for s in step.release:
                 slots[s] = None
+            if check is not None:
+                check()
         if mem is not None:
             return mem.finish([slots[s] for s in plan.outputs])
         return [slots[s] for s in plan.outputs]

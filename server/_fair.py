@@ -19,8 +19,14 @@ is not a free turn for the others. Work that cannot wait for a turn (a group's c
 graphs, which wait on their other ranks) and the loop's inline work (under
 ``INLINE_BUDGET``) run outside.
 
+A turn also gives way *inside* a message, between two steps of a graph
+(``engine/preempt``'s checkpoints, ``HeldTurn``): once it has run ``YIELD_AFTER`` and a
+flow behind it in virtual time waits, it finishes there, asks again at once and waits in
+fair order, so a peer's seconds-long graph or a job's plan no longer holds the engine to
+its end. One step is never cut.
+
 The bound: while two flows both wait, the engine seconds each received divided by its
-weight differ by at most one turn's (``SLICE``, or one message that is longer).
+weight differ by at most one turn's (``SLICE``, or one plan step that is longer).
 """
 
 from __future__ import annotations
@@ -33,10 +39,32 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-ENGINE_SLOTS = max(1, int(os.environ.get("BURN_REMOTE_ENGINE_SLOTS", "2")))
-"""Engine turns that run at once. The engine parallelises inside a step (BLAS and the CPU
-engine's threads, the GPU's streams); more concurrent steps only share the same cores, and
-every step beyond the slots waits in fair order instead."""
+from ..engine.preempt import checkpoints
+
+SLOTS_ENV = "BURN_REMOTE_ENGINE_SLOTS"
+CPU_SLOTS = 1
+"""Engine turns at once on the CPU engine. It parallelises inside a step (OpenBLAS and the
+engine's pool use every core), and OpenBLAS runs one threaded product at a time: a second
+turn's product waits inside OpenBLAS until the first one's ends, with no order at all.
+Measured on 2 cores: a 64x64x128 product beside a loop of 1024² products took 20 us at the
+median but 4-50 ms at the tail, and a benign peer's captured-MLP step beside a flood of
+1024² matmuls took 88 ms at the median with two slots, 24 ms with one (bench/flood.py)."""
+DEVICE_SLOTS = 2
+"""Engine turns at once on a GPU: one turn's host work (launches, its Python) overlaps the
+other's kernels."""
+
+
+def engine_slots(device: str) -> int:
+    """Turns at once for a server on ``device``: ``BURN_REMOTE_ENGINE_SLOTS`` when set, else
+    CPU_SLOTS on the CPU and DEVICE_SLOTS on a GPU."""
+    told = os.environ.get(SLOTS_ENV)
+    if told:
+        return max(1, int(told))
+    return CPU_SLOTS if device.split(":")[0] == "cpu" else DEVICE_SLOTS
+
+
+ENGINE_SLOTS = engine_slots("cpu")
+"""The default of a ``FairShare`` made without a device (tests, tools)."""
 
 SLICE = 0.010
 """Engine seconds a session's turn may run before it goes back to the queue (at least one
@@ -47,6 +75,11 @@ SESSION_WEIGHT = 1.0
 
 JOB_WEIGHT = 0.25
 """Weight of a job: a job backlogged beside one busy peer gets a fifth of the engine."""
+
+YIELD_AFTER = 0.001
+"""Engine seconds a turn runs before it gives way at a step boundary to a flow behind it
+(``HeldTurn.checkpoint``): each hand-over costs a thread switch (100-150 us here), so two
+busy flows do not trade the engine step by step."""
 
 HALF_LIFE = 10.0
 """Seconds over which a flow's recent engine time halves (the ``share`` shown)."""
@@ -104,6 +137,8 @@ class FairShare:
         self._flows: dict[str, _Flow] = {}
         self._queued: set[_Flow] = set()
         """Flows with waiting turns."""
+        self._vnow = 0.0
+        """Virtual time where the last turn started (a new or idle flow starts near it)."""
         self._ticks = 0
 
     # --- asking and finishing ---------------------------------------------------------------
@@ -178,16 +213,27 @@ class FairShare:
 
     # --- blocking and trio front ends -------------------------------------------------------
     def run(self, key: str, kind: str, weight: float, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in the caller's thread once a turn is granted, charged its time."""
+        """``fn(*args)`` in the caller's thread once a turn is granted, charged its time;
+        its plan runs give way between steps (``HeldTurn``)."""
         event = threading.Event()
         ticket = self.ask(key, kind, weight, event.set)
         if not ticket.granted:
             event.wait()
-        start = time.perf_counter()
+        held = HeldTurn(self, ticket)
         try:
-            return fn(*args)
+            with checkpoints(held.checkpoint):
+                return fn(*args)
         finally:
-            self.finish(ticket, time.perf_counter() - start)
+            held.end()
+
+    def outranked(self, ticket: Ticket, used: float) -> bool:
+        """Whether another flow waits that is behind ``ticket``'s flow in virtual time, the
+        running turn charged the ``used`` seconds it has run so far (at least its estimate):
+        the turn should give way."""
+        flow = ticket.flow
+        with self._lock:
+            vtime = flow.vtime + max(0.0, used - flow.estimate) / flow.weight
+            return any(f is not flow and f.vtime < vtime for f in self._queued)
 
     async def wait(self, ticket: Ticket) -> None:
         """Wait (in trio) until ``ticket`` is granted; cancelled, the ticket is cancelled."""
@@ -243,9 +289,12 @@ class FairShare:
     def _wakes_up(self, flow: _Flow) -> None:
         """A flow with nothing waiting or running comes back no further than SLICE (per
         weight) behind the virtual time of the busy flows (where their running turns
-        started): idling banks at most one slice of credit. Ahead of it (a debt: its last
-        turns ran while the others waited) it stays, so a job that asks turn by turn, with
-        its own work between, still gets only its weight's share."""
+        started), or, when none is busy, behind the virtual time of the last turn started
+        (``_vnow``): idling banks at most one slice of credit, and a new flow starts level
+        with the others, not at 0 (it would otherwise hold the engine until it had caught up
+        with everything the old flows ever used). Ahead of it (a debt: its last turns ran
+        while the others waited) it stays, so a job that asks turn by turn, with its own
+        work between, still gets only its weight's share."""
         if flow.waiting or flow.running:
             return
         busy = [
@@ -253,13 +302,14 @@ class FairShare:
             for f in self._flows.values()
             if f.waiting or f.running
         ]
-        if busy:
-            flow.vtime = max(flow.vtime, min(busy) - SLICE / flow.weight)
+        now = min(busy) if busy else self._vnow
+        flow.vtime = max(flow.vtime, now - SLICE / flow.weight)
 
     def _start(self, ticket: Ticket) -> None:
         flow = ticket.flow
         ticket.granted = True
         flow.running += 1
+        self._vnow = max(self._vnow, flow.vtime)
         flow.vtime += flow.estimate / flow.weight
         self._ticks += 1
         flow.order = self._ticks
@@ -301,9 +351,46 @@ class FairShare:
         return wakes
 
 
+class HeldTurn:
+    """A granted turn on an engine thread, which gives way at the engine's checkpoints
+    (``engine/preempt``): after YIELD_AFTER, when a flow behind it waits, the turn is
+    finished there with its next one asked in the same breath (``finish(more=True)``) and
+    the thread waits for it. ``ticket`` is the turn held now; ``end`` finishes it."""
+
+    __slots__ = ("fair", "ticket", "start", "yields")
+
+    def __init__(self, fair: FairShare, ticket: Ticket) -> None:
+        self.fair, self.ticket = fair, ticket
+        self.start = time.perf_counter()
+        self.yields = 0
+        """Times this turn gave way."""
+
+    def checkpoint(self) -> None:
+        fair = self.fair
+        if not fair._queued:  # nobody waits (read without the lock: a hint, checked below)
+            return
+        used = time.perf_counter() - self.start
+        if used < YIELD_AFTER or not fair.outranked(self.ticket, used):
+            return
+        again = fair.finish(self.ticket, used, more=True)
+        if again is None:  # finished elsewhere (cancelled): nothing to hold
+            return
+        if not again.granted:
+            event = threading.Event()
+            if fair.set_wake(again, event.set):
+                event.wait()
+        self.ticket, self.start = again, time.perf_counter()
+        self.yields += 1
+
+    def end(self, more: bool = False) -> Ticket | None:
+        """Finish the turn held now, charged its time since it was granted (``more``: as
+        ``FairShare.finish``)."""
+        return self.fair.finish(self.ticket, time.perf_counter() - self.start, more)
+
+
 def _rank(flow: _Flow) -> tuple[float, int]:
     return flow.vtime, flow.order
 
 
-__all__ = ["ENGINE_SLOTS", "JOB_WEIGHT", "SESSION_WEIGHT", "SLICE", "FairShare",
-           "Ticket"]  # fmt: skip
+__all__ = ["CPU_SLOTS", "DEVICE_SLOTS", "ENGINE_SLOTS", "JOB_WEIGHT", "SESSION_WEIGHT", "SLICE",
+           "YIELD_AFTER", "FairShare", "HeldTurn", "Ticket", "engine_slots"]  # fmt: skip

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import deque
 from contextlib import suppress
 from typing import Any
 
 import trio
 
+from ..engine.preempt import checkpoints
 from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, parse_header
 from ..protocol.sequencing import unwrap
 from ..protocol.transport import Connection, Endpoint, FrameStream, FrameTooLarge, TransportError
-from ._fair import SESSION_WEIGHT, SLICE, Ticket
+from ._fair import SESSION_WEIGHT, SLICE, HeldTurn, Ticket
 from ._fetch import FETCH_TIMEOUT, DialRefused, fetch_from
 from ._replies import Failure, Place, SendBulk, StartFetch
 from ._resume import SequencedControl
@@ -229,14 +229,15 @@ class SessionPump:
         """One fair turn on an engine worker: at most a SLICE of the session's messages,
         charged its time; the next turn is asked for at once while work is left."""
         session = self.session
-        start = time.perf_counter()
+        held = HeldTurn(session.state.fair, turn)
         try:
-            outs = session.step(now, Place.ENGINE, SLICE)
+            with checkpoints(held.checkpoint):  # long graphs give way between steps
+                outs = session.step(now, Place.ENGINE, SLICE)
         except BaseException:
-            session.state.fair.finish(turn, time.perf_counter() - start)
+            held.end()
             raise
         more = bool(session.queue) and not session.closed and session.ready()
-        return outs, session.state.fair.finish(turn, time.perf_counter() - start, more)
+        return outs, held.end(more)
 
     async def _emit(self, outs: list[Any]) -> None:
         for out in outs:

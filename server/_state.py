@@ -22,7 +22,7 @@ from ..protocol import messages as m
 from ..protocol.bulk import BulkSend, byte_view
 from ..protocol.extensions import check_graph_extensions, installed_extensions
 from ..protocol.graph import MAX_GRAPH_NODES, Graph, GraphError, canonical, decode, validate
-from ._fair import FairShare
+from ._fair import FairShare, engine_slots
 from ._footprint import footprint, output_bytes, plan_bytes
 from ._peers import PeerDirectory
 
@@ -161,7 +161,7 @@ class ServerState:
         self.peers = PeerDirectory()
         """Where this server may dial other servers (``serve --peer``, its address book;
         ``_peers.dial_peer``): never an address a client sent."""
-        self.fair = FairShare()
+        self.fair = FairShare(engine_slots(device))
         """The engine's turns, shared fairly by peers and jobs (``_fair``)."""
         self._ids = itertools.count(1)
         self._dials: dict[str, list[float]] = {}

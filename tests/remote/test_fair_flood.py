@@ -131,10 +131,10 @@ def test_a_flooding_peer_gets_its_share_and_a_benign_peer_steps_between(tmp_path
 
         # While a flood's matmuls were queued, the benign peer kept stepping. One engine
         # queue served in arrival order with the flood's backlog as one unit would run the
-        # 20 matmuls before the next benign step (none between); here the flood's sessions
-        # hold both slots and the benign peer, with less engine time, gets the next free
-        # one, about once per flood matmul. (Each flush arrives as its own frame, so the
-        # slice is not what splits this flood: it splits several messages in one frame.)
+        # 20 matmuls before the next benign step (none between); here the benign peer, with
+        # less engine time, gets the next turn, about once per flood matmul. (Each flush
+        # arrives as its own frame, so the slice is not what splits this flood: it splits
+        # several messages in one frame.)
         inside = [sum(1 for t in done if a < t < b) for a, b in windows]
         assert sum(inside) >= 2 * len(windows), (inside, len(done))
 
@@ -148,6 +148,59 @@ def test_a_flooding_peer_gets_its_share_and_a_benign_peer_steps_between(tmp_path
         benign.close()
         for d in floods:
             d.close()
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+def test_a_long_graph_gives_way_between_its_steps(tmp_path: Path) -> None:
+    """The flood as one graph (FLOOD_MATMULS chained matmuls in one flush: one message of
+    about half a second of engine work here): a turn ended only at a message boundary, so
+    the benign peer waited for the whole graph; the engine's checkpoints between plan steps
+    let it step while the graph runs."""
+    server = start_server(tmp_path / "server", "--http", "127.0.0.1:0")
+    try:
+        flood_key, benign_key = tmp_path / "flood.key", tmp_path / "benign.key"
+        flood_peer = str(Identity.load_or_create(flood_key).peer_id)
+        benign = RemoteDevice(server.target, key=benign_key)
+        flood = RemoteDevice(server.target, key=flood_key)
+        rng = np.random.default_rng(1)
+        a_np = rng.standard_normal((1024, 1024)).astype(np.float32)
+        b_np = (rng.standard_normal((1024, 1024)) / 32).astype(np.float32)
+        a, b = flood.tensor(a_np), flood.tensor(b_np)
+        flood.sync()  # uploaded: a window below times the graph and its read alone
+        want = a_np
+        for _ in range(FLOOD_MATMULS):
+            want = want @ b_np
+        stop, done = threading.Event(), []
+        stepper = threading.Thread(target=benign_loop, args=(benign, stop, done), daemon=True)
+        stepper.start()
+        while len(done) < 3:
+            assert stepper.is_alive()
+            time.sleep(0.05)
+        windows = []
+        turns_before = engine_flows(server).get(flood_peer, {}).get("turns", 0.0)
+        for _ in range(2):
+            start = time.monotonic()
+            c = a
+            for _ in range(FLOOD_MATMULS):
+                c = c @ b  # recorded: the chain goes as one graph at the read
+            got = c.numpy()
+            windows.append((start, time.monotonic()))
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max())
+        stop.set()
+        stepper.join(120)
+        assert not stepper.is_alive()
+        inside = [sum(1 for t in done if a < t < b) for a, b in windows]
+        # as one unit, the graph let the step already running and the one after its read
+        # finish inside (measured: 4-5 in the two windows); giving way between its steps,
+        # about one a matmul (measured: 39-42)
+        assert sum(inside) >= 6 * len(windows), (inside, len(done))
+        flows = engine_flows(server)
+        # each graph ran as several turns: it gave way between its steps (measured: 4 turns
+        # for the two graphs and their reads as units, 41-42 giving way)
+        assert flows[flood_peer]["turns"] - turns_before >= 5 * len(windows), flows
+        benign.close()
+        flood.close()
     finally:
         assert server.stop() == 0, server.output()
 

@@ -196,3 +196,97 @@ def test_a_trio_waiter_is_woken_from_a_thread_and_cancelled_cleanly():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="slots >= 1"):
         FairShare(slots=0)
+
+
+def test_a_new_flow_starts_level_with_the_old_ones_not_at_zero():
+    fair = FairShare(slots=1)
+    old = fair.ask("old", "session", 1.0)
+    for _ in range(100):  # 1 s of engine time, then it idles
+        old = fair.finish(old, 0.010, more=True)
+    fair.finish(old, 0.010)
+    new = fair.ask("new", "session", 1.0)  # arrives while nobody is busy
+    old = fair.ask("old", "session", 1.0)
+    assert new.granted and not old.granted
+    order = []
+    for _ in range(40):  # both backlogged from here
+        running = new if new.granted else old
+        order.append(running.flow.key)
+        again = fair.finish(running, 0.010, more=True)
+        new, old = (again, old) if running is new else (new, again)
+    # level (within a slice): turn about from the start, not 100 turns of the newcomer
+    assert order[:4].count("old") >= 1, order
+    assert 15 <= order.count("old") <= 25, order
+
+
+def test_a_held_turn_gives_way_between_plan_steps_to_a_flow_behind_it():
+    """A long run (a graph of many steps, a job's plan) holds one slot; a peer with less
+    engine time asks: it gets the engine at the long run's next checkpoint, not at its end,
+    and the long run goes on after it."""
+    from burn_remote.engine import preempt
+    from burn_remote.server._fair import YIELD_AFTER
+
+    fair = FairShare(slots=1)
+    warm = fair.ask("long", "session", 1.0)  # the long flow has used the engine before
+    fair.finish(warm, 0.050)
+    events: list[str] = []
+    asked, release = threading.Event(), threading.Event()
+
+    def long_run() -> None:
+        check = preempt.current()
+        assert check is not None  # fair.run installs the turn's checkpoint
+        for step in range(40):
+            if step == 1:
+                asked.wait(10)
+            events.append(f"long{step}")
+            threading.Event().wait(YIELD_AFTER)  # a step's engine work
+            check()
+        release.set()
+
+    runner = threading.Thread(target=fair.run, args=("long", "session", 1.0, long_run))
+    runner.start()
+    granted = threading.Event()
+    small = fair.ask("small", "session", 1.0, granted.set)
+    assert not small.granted  # the one slot is held
+    asked.set()
+    assert granted.wait(10), "the long run never gave way"
+    events.append("small")
+    fair.finish(small, 0.001)
+    runner.join(10)
+    assert release.is_set() and not runner.is_alive()
+    at = events.index("small")
+    assert 1 <= at <= 4, events  # at one of the long run's next checkpoints
+    assert events[at + 1 :] == [f"long{i}" for i in range(at, 40)], events  # then it goes on
+    assert fair.busy == 0
+    flows = {f["flow"]: f for f in fair.shares()["flows"]}
+    assert flows["long"]["turns"] >= 3  # warm-up, the part before giving way, the rest
+
+
+def test_a_checkpoint_with_nobody_waiting_keeps_the_turn():
+    from burn_remote.engine import preempt
+
+    fair = FairShare(slots=1)
+    seen = []
+
+    def run() -> None:
+        check = preempt.current()
+        assert check is not None
+        for _ in range(5):
+            threading.Event().wait(0.002)
+            check()
+        seen.append(fair.busy)
+
+    fair.run("only", "session", 1.0, run)
+    assert seen == [1] and fair.busy == 0
+    assert {f["flow"]: f["turns"] for f in fair.shares()["flows"]} == {"only": 1}
+    assert preempt.current() is None  # the checkpoint ends with the turn
+
+
+def test_engine_slots_are_one_on_the_cpu_and_two_on_a_gpu(monkeypatch):
+    from burn_remote.server._fair import CPU_SLOTS, DEVICE_SLOTS, SLOTS_ENV, engine_slots
+
+    monkeypatch.delenv(SLOTS_ENV, raising=False)
+    assert (CPU_SLOTS, DEVICE_SLOTS) == (1, 2)
+    assert engine_slots("cpu") == 1
+    assert engine_slots("cuda:0") == engine_slots("opencl") == 2
+    monkeypatch.setenv(SLOTS_ENV, "3")
+    assert engine_slots("cpu") == engine_slots("cuda:1") == 3
