@@ -10,8 +10,12 @@ step is one round trip. Each repeat times STEPS benign steps unloaded, then STEP
 flood running; the figures are medians over the repeats of each phase's median and p99, and
 their ratio (the issue's target: median <= 2x, p99 <= 3x).
 
+The flooding peer runs in a process of its own, as another user's program would (``--in
+thread`` puts it in the benign client's process instead, where its client-side work, a 64
+MiB read's packets above all, also takes the benign client's interpreter lock).
+
 Run: .venv/bin/python bench/flood.py [--repeats 3] [--steps 100] [--slots N]
-[--flood both|matmuls|reads|graph]
+[--flood both|matmuls|reads|graph] [--in process|thread]
 (``--slots`` sets BURN_REMOTE_ENGINE_SLOTS for the server: engine turns at once; by default
 one on the CPU engine, server/_fair.CPU_SLOTS.)
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -101,7 +106,57 @@ def flood(dev: RemoteDevice, stop: threading.Event, rounds: list[int], kind: str
         rounds[0] += 1
 
 
+def flood_peer(target: str, key: str, kind: str) -> None:
+    """The flooding peer as a process of its own (``--in process``): floods until its stdin
+    closes, then prints the rounds it ran."""
+    dev = RemoteDevice(target, key=Path(key))
+    stop, rounds = threading.Event(), [0]
+    thread = threading.Thread(target=flood, args=(dev, stop, rounds, kind), daemon=True)
+    thread.start()
+    print("flooding", flush=True)
+    sys.stdin.read()
+    stop.set()
+    thread.join(300)
+    dev.close()
+    print(rounds[0], flush=True)
+
+
+class Flooder:
+    """The flooding peer, started beside the benign one: a thread of this process or a
+    process of its own."""
+
+    def __init__(self, target: str, key: Path, kind: str, where: str) -> None:
+        self.rounds = 0
+        if where == "thread":
+            self.dev = RemoteDevice(target, key=key)
+            self.stop, self.count = threading.Event(), [0]
+            self.thread = threading.Thread(
+                target=flood, args=(self.dev, self.stop, self.count, kind), daemon=True
+            )
+            self.thread.start()
+            self.proc = None
+        else:
+            cmd = [sys.executable, __file__, "--flood-peer", target, str(key), kind]
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            assert self.proc.stdout is not None and self.proc.stdout.readline() == "flooding\n"
+
+    def close(self) -> None:
+        if self.proc is None:
+            self.stop.set()
+            self.thread.join(300)
+            self.dev.close()
+            self.rounds = self.count[0]
+            return
+        out, _ = self.proc.communicate("", timeout=300)
+        self.rounds = int(out.split()[-1])
+
+
 def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--flood-peer":
+        flood_peer(*sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100)
@@ -111,6 +166,13 @@ def main() -> None:
         choices=("both", "matmuls", "reads", "graph"),
         default="both",
         help="what the flooding peer sends (the issue's flood: both)",
+    )
+    ap.add_argument(
+        "--in",
+        dest="where",
+        choices=("process", "thread"),
+        default="process",
+        help="where the flooding peer runs (default: a process of its own)",
     )
     args = ap.parse_args()
     if args.slots is not None:
@@ -128,23 +190,18 @@ def main() -> None:
         quiet, loud, rounds = [], [], [0]
         for _ in range(args.repeats):
             quiet.append(timed(one, args.steps))
-            flooder = RemoteDevice(target, key=Path(home) / "flood.key")
-            stop = threading.Event()
-            thread = threading.Thread(
-                target=flood, args=(flooder, stop, rounds, args.flood), daemon=True
-            )
-            thread.start()
+            flooder = Flooder(target, Path(home) / "flood.key", args.flood, args.where)
             time.sleep(1.0)  # the flood's tensors are up and its first round queued
             loud.append(timed(one, args.steps))
-            stop.set()
-            thread.join(300)
             flooder.close()
+            rounds[0] += flooder.rounds
         benign.close()
     finally:
         server.stop()
     slots = os.environ.get(SLOTS_ENV, f"default ({CPU_SLOTS})")
     print(f"benign captured-MLP step, {args.steps} steps x {args.repeats} repeats, "
-          f"engine slots {slots}, flood {args.flood}, flood rounds run {rounds[0]}")  # fmt: skip
+          f"engine slots {slots}, flood {args.flood} (in a {args.where}), "
+          f"flood rounds run {rounds[0]}")  # fmt: skip
     med = [statistics.median(r[0] for r in rows) for rows in (quiet, loud)]
     p99 = [statistics.median(r[1] for r in rows) for rows in (quiet, loud)]
     print(f"{'':>8} {'unloaded':>10} {'flooded':>10} {'ratio':>7}")

@@ -15,9 +15,12 @@ A session's turn ends after ``SLICE`` seconds of engine work (``Session.step``'s
 a message boundary, so a peer that queued seconds of work waits its turn again between
 slices instead of holding the engine. A flow that still has work when its turn ends asks
 for the next in the same breath (``finish(more=True)``), so the gap before its next request
-is not a free turn for the others. Work that cannot wait for a turn (a group's collective
-graphs, which wait on their other ranks) and the loop's inline work (under
-``INLINE_BUDGET``) run outside.
+is not a free turn for the others. The loop's inline work (a step under ``INLINE_BUDGET``)
+may not wait, so it takes a turn only if one is free now (``try_ask``) and otherwise goes to
+a worker and waits like any other: run beside another turn on the CPU, its products waited
+inside OpenBLAS for the other turn's, with the loop and every session on it stalled (89 ms
+measured beside a 1024² matmul flood). Work that cannot wait for a turn (a group's
+collective graphs, which wait on their other ranks) runs outside.
 
 A turn also gives way *inside* a message, between two steps of a graph
 (``engine/preempt``'s checkpoints, ``HeldTurn``): once it has run ``YIELD_AFTER`` and a
@@ -146,16 +149,29 @@ class FairShare:
         """A turn for flow ``key``: granted at once when a slot is free and nobody waits,
         else queued; ``wake`` is called (from whichever thread grants it) once it is."""
         with self._lock:
-            flow = self._flows.get(key)
-            if flow is None:
-                flow = self._flows[key] = _Flow(key, kind, weight)
-            ticket = Ticket(flow, wake)
+            ticket = Ticket(self._flow(key, kind, weight), wake)
             if self.busy < self.slots and not self._queued:
-                self._wakes_up(flow)
+                self._wakes_up(ticket.flow)
                 self._start(ticket)
             else:
                 self._queue(ticket)
         return ticket
+
+    def try_ask(self, key: str, kind: str, weight: float) -> Ticket | None:
+        """A turn granted now, or None (nothing queued) when no slot is free or somebody
+        waits: for work that may not wait (the network loop's inline steps)."""
+        with self._lock:
+            if self.busy >= self.slots or self._queued:
+                return None
+            ticket = Ticket(self._flow(key, kind, weight), None)
+            self._wakes_up(ticket.flow)
+            self._start(ticket)
+        return ticket
+
+    def free(self) -> bool:
+        """Whether a turn asked now would be granted at once (read without the lock: a hint
+        that ``try_ask`` confirms)."""
+        return self.busy < self.slots and not self._queued
 
     def finish(self, ticket: Ticket, seconds: float, more: bool = False) -> Ticket | None:
         """End a granted turn that used ``seconds`` of engine time; with ``more`` the flow
@@ -286,6 +302,12 @@ class FairShare:
             }
 
     # --- under the lock ---------------------------------------------------------------------
+    def _flow(self, key: str, kind: str, weight: float) -> _Flow:
+        flow = self._flows.get(key)
+        if flow is None:
+            flow = self._flows[key] = _Flow(key, kind, weight)
+        return flow
+
     def _wakes_up(self, flow: _Flow) -> None:
         """A flow with nothing waiting or running comes back no further than SLICE (per
         weight) behind the virtual time of the busy flows (where their running turns

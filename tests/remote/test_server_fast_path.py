@@ -253,3 +253,35 @@ def test_a_scalar_reads_back_as_a_scalar() -> None:
     reply, _ = state.serve_fetch(m.encode(m.Fetch(0, "x", "", token)), "other")
     (data,) = m.decode(reply)
     assert data.shape == () and data.bulk_id == 1
+
+
+def test_engine_work_runs_on_the_loop_only_under_a_turn_that_is_free_now() -> None:
+    """The loop never runs a step beside another engine turn (its products would wait
+    inside OpenBLAS for the other turn's, the loop and every session on it stalled): with
+    the one CPU turn held elsewhere, a small timed step is left for a worker (where it asks
+    in fair order); with the turn free, it runs on the loop under a turn of its own, charged
+    to its peer. A small Upload, a copy, runs on the loop either way."""
+    state = ServerState("cpu")
+    assert state.fair.slots == 1
+    dev, session = loopback_device(state)
+    frame = _replay_frame(dev, session)
+    session.feed_control(frame)
+    session.step(1.0, Place.LOOP)  # timed now: it fits the loop's budget
+    assert not session.queue
+
+    other = state.fair.ask("another peer", "session", 1.0)  # a worker's turn, running
+    assert other.granted and not state.fair.free()
+    session.feed_control(m.encode(m.Upload(0, 10**6, "float32", (3,), b"\0" * 12, 0)))
+    session.feed_control(frame)
+    assert session.step(2.0, Place.LOOP) == []
+    assert [type(msg) for msg in session.queue] == [m.ExecuteGraph]  # the upload ran
+    assert session.next_place() is Place.ENGINE
+    state.fair.finish(other, 0.001)
+
+    turns = {f["flow"]: f["turns"] for f in state.fair.shares()["flows"]}
+    assert session.next_place() is Place.LOOP
+    session.step(3.0, Place.LOOP)
+    assert not session.queue
+    after = {f["flow"]: f["turns"] for f in state.fair.shares()["flows"]}
+    assert after[session.peer_id] == turns.get(session.peer_id, 0) + 1
+    assert state.fair.busy == 0  # the loop's turn ended with its step
