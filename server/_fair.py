@@ -16,11 +16,13 @@ a message boundary, so a peer that queued seconds of work waits its turn again b
 slices instead of holding the engine. A flow that still has work when its turn ends asks
 for the next in the same breath (``finish(more=True)``), so the gap before its next request
 is not a free turn for the others. The loop's inline work (a step under ``INLINE_BUDGET``)
-may not wait, so it takes a turn only if one is free now (``try_ask``) and otherwise goes to
-a worker and waits like any other: run beside another turn on the CPU, its products waited
-inside OpenBLAS for the other turn's, with the loop and every session on it stalled (89 ms
-measured beside a 1024² matmul flood). Work that cannot wait for a turn (a group's
-collective graphs, which wait on their other ranks) runs outside.
+runs outside the turns, except while a *heavy* turn runs (``heavy``: one whose flow's last
+turn took over HEAVY_TURN): then it goes to a worker and waits in fair order. Beside such a
+turn on the CPU, its products waited inside OpenBLAS for the turn's, with the loop and every
+session on it stalled (89 ms measured beside a 1024² matmul flood); beside light turns it
+keeps the loop's throughput (taking a turn for every inline step cut bench/load.py's 50
+sessions from ~380 to ~255 steps/s). Work that cannot wait for a turn (a group's collective
+graphs, which wait on their other ranks) runs outside.
 
 A turn also gives way *inside* a message, between two steps of a graph
 (``engine/preempt``'s checkpoints, ``HeldTurn``): once it has run ``YIELD_AFTER`` and a
@@ -79,6 +81,10 @@ SESSION_WEIGHT = 1.0
 JOB_WEIGHT = 0.25
 """Weight of a job: a job backlogged beside one busy peer gets a fifth of the engine."""
 
+HEAVY_TURN = 0.002
+"""A running turn whose flow's last turn took longer than this keeps the network loop's
+inline steps off the engine (``FairShare.heavy``)."""
+
 YIELD_AFTER = 0.001
 """Engine seconds a turn runs before it gives way at a step boundary to a flow behind it
 (``HeldTurn.checkpoint``): each hand-over costs a thread switch (100-150 us here), so two
@@ -93,11 +99,13 @@ Wake = Callable[[], None]
 class Ticket:
     """One turn asked for: granted (then running) or waiting in its flow's queue."""
 
-    __slots__ = ("flow", "granted", "done", "_wake")
+    __slots__ = ("flow", "granted", "done", "heavy", "_wake")
 
     def __init__(self, flow: _Flow, wake: Wake | None) -> None:
         self.flow = flow
         self.granted = False
+        self.heavy = False
+        """Granted as a heavy turn (counted in ``FairShare.heavy`` while it runs)."""
         self.done = False
         """Finished or cancelled: a second finish or cancel does nothing."""
         self._wake = wake
@@ -136,6 +144,9 @@ class FairShare:
             raise ValueError(f"FairShare needs slots >= 1, got {slots}")
         self.slots, self._clock = slots, clock
         self.busy = 0
+        self.heavy = 0
+        """Running turns whose flow's last turn took over HEAVY_TURN (read without the lock:
+        the network loop keeps its inline steps off the engine while it is not 0)."""
         self._lock = threading.Lock()
         self._flows: dict[str, _Flow] = {}
         self._queued: set[_Flow] = set()
@@ -157,22 +168,6 @@ class FairShare:
                 self._queue(ticket)
         return ticket
 
-    def try_ask(self, key: str, kind: str, weight: float) -> Ticket | None:
-        """A turn granted now, or None (nothing queued) when no slot is free or somebody
-        waits: for work that may not wait (the network loop's inline steps)."""
-        with self._lock:
-            if self.busy >= self.slots or self._queued:
-                return None
-            ticket = Ticket(self._flow(key, kind, weight), None)
-            self._wakes_up(ticket.flow)
-            self._start(ticket)
-        return ticket
-
-    def free(self) -> bool:
-        """Whether a turn asked now would be granted at once (read without the lock: a hint
-        that ``try_ask`` confirms)."""
-        return self.busy < self.slots and not self._queued
-
     def finish(self, ticket: Ticket, seconds: float, more: bool = False) -> Ticket | None:
         """End a granted turn that used ``seconds`` of engine time; with ``more`` the flow
         asks for its next turn in the same step (returned, maybe already granted), so it
@@ -185,6 +180,7 @@ class FairShare:
             self._charge(flow, seconds)
             flow.running -= 1
             self.busy -= 1
+            self.heavy -= ticket.heavy
             again = None
             if more:
                 again = Ticket(flow, None)
@@ -330,6 +326,8 @@ class FairShare:
     def _start(self, ticket: Ticket) -> None:
         flow = ticket.flow
         ticket.granted = True
+        ticket.heavy = flow.estimate > HEAVY_TURN
+        self.heavy += ticket.heavy
         flow.running += 1
         self._vnow = max(self._vnow, flow.vtime)
         flow.vtime += flow.estimate / flow.weight
@@ -414,5 +412,5 @@ def _rank(flow: _Flow) -> tuple[float, int]:
     return flow.vtime, flow.order
 
 
-__all__ = ["CPU_SLOTS", "DEVICE_SLOTS", "ENGINE_SLOTS", "JOB_WEIGHT", "SESSION_WEIGHT", "SLICE",
+__all__ = ["CPU_SLOTS", "DEVICE_SLOTS", "ENGINE_SLOTS", "HEAVY_TURN", "JOB_WEIGHT", "SESSION_WEIGHT", "SLICE",
            "YIELD_AFTER", "FairShare", "HeldTurn", "Ticket", "engine_slots"]  # fmt: skip

@@ -27,7 +27,6 @@ from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkReceive, BulkSend
 from ._batch import replay_run
-from ._fair import SESSION_WEIGHT, Ticket
 from ._handlers import HANDLERS, read_alone
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._state import LimitExceeded, ServerState, nbytes_of, pop_all, replacement_cost
@@ -148,10 +147,7 @@ class Session:
         self.planned: tuple[Any, Any] | None = None
         """(ExecuteGraph, its plan) as the handler table's ``inline`` found it deciding
         where the message runs, so its handler does not look the plan up again."""
-        self._loop_turn: Ticket | None = None
-        """The engine turn a ``step`` on the loop holds while it runs engine work inline
-        (``_take_loop_turn``), finished when the step returns."""
-        self._loop_turn_start = 0.0
+
         self.run_reserved = 0
         """Bytes a run of replays reserved and has not used yet (``_batch.replay_run``):
         the peer's and this session's other checks count them as held."""
@@ -310,23 +306,9 @@ class Session:
             return Place.LOOP, 0.0
         if handler.inline is not None and handler.place is Place.ENGINE:
             cost = handler.inline(self, msg)
-            if cost is not None and cost <= budget and (not cost or self._engine_free()):
+            if cost is not None and cost <= budget and (not cost or not self.state.fair.heavy):
                 return Place.LOOP, cost
         return handler.place, 0.0
-
-    def _engine_free(self) -> bool:
-        """Whether engine work may run on the loop now: this step holds a turn, or one is
-        free (``_fair.FairShare.try_ask``; the loop never waits for one)."""
-        return self._loop_turn is not None or self.state.fair.free()
-
-    def _take_loop_turn(self) -> bool:
-        """A turn for engine work on the loop, taken once per ``step`` and only if free."""
-        if self._loop_turn is None:
-            turn = self.state.fair.try_ask(self.peer_id, "session", SESSION_WEIGHT)
-            if turn is None:
-                return False
-            self._loop_turn, self._loop_turn_start = turn, _perf()
-        return True
 
     def next_place(self) -> Place:
         """Where the next ``step`` should run: the place of the message at the head."""
@@ -353,16 +335,8 @@ class Session:
         goes through ``_batch.replay_run`` in one go. Hello, undecodable messages and a
         stalled session go through ``_dispatch``.
 
-        On the loop, engine work (a timed step under INLINE_BUDGET, a run of replays) runs
-        only under an engine turn that is free now; without one it is left for a worker."""
-        try:
-            return self._step(now, place, slice_s)
-        finally:
-            if self._loop_turn is not None:
-                turn, self._loop_turn = self._loop_turn, None
-                self.state.fair.finish(turn, _perf() - self._loop_turn_start)
-
-    def _step(self, now: float, place: Place | None, slice_s: float | None) -> list[Output]:
+        On the loop, engine work (a timed step under INLINE_BUDGET, a run of replays) is
+        left for a worker while a heavy engine turn runs (``_fair.FairShare.heavy``)."""
         if self.opened is None:
             self.opened = now
         self.last_active = now
@@ -382,8 +356,8 @@ class Session:
                 break
             if runs and not self.run_skip and not self.stalled and type(msg) in _RUN_STARTS:
                 left: float | None
-                if place is Place.LOOP:  # replays on the loop: only under a free turn
-                    left = budget if self._take_loop_turn() else 0.0
+                if place is Place.LOOP:  # replays on the loop: not beside a heavy turn
+                    left = 0.0 if self.state.fair.heavy else budget
                 else:
                     left = None if ends is None else max(0.0, ends - _perf())
                 done, spent, failed, exc = replay_run(self, left)
@@ -400,9 +374,7 @@ class Session:
                 where, cost = self._where(handler, msg, budget)
                 if where not in allowed:
                     break
-                if place is Place.LOOP and cost:
-                    if not self._take_loop_turn():  # taken since ``_where`` looked
-                        break
+                if place is Place.LOOP:
                     budget -= cost
             queue.popleft()
             self.messages += 1

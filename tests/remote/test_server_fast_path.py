@@ -255,33 +255,38 @@ def test_a_scalar_reads_back_as_a_scalar() -> None:
     assert data.shape == () and data.bulk_id == 1
 
 
-def test_engine_work_runs_on_the_loop_only_under_a_turn_that_is_free_now() -> None:
-    """The loop never runs a step beside another engine turn (its products would wait
-    inside OpenBLAS for the other turn's, the loop and every session on it stalled): with
-    the one CPU turn held elsewhere, a small timed step is left for a worker (where it asks
-    in fair order); with the turn free, it runs on the loop under a turn of its own, charged
-    to its peer. A small Upload, a copy, runs on the loop either way."""
+def test_engine_work_stays_off_the_loop_while_a_heavy_turn_runs() -> None:
+    """The loop never runs a step beside a heavy engine turn (its products would wait
+    inside OpenBLAS for the turn's, the loop and every session on it stalled): the small
+    timed step is left for a worker, which asks in fair order. Beside a light turn (another
+    peer's small step on a worker) it runs on the loop as before. A small Upload, a copy,
+    runs on the loop either way."""
+    from burn_remote.server._fair import HEAVY_TURN
+
     state = ServerState("cpu")
-    assert state.fair.slots == 1
     dev, session = loopback_device(state)
     frame = _replay_frame(dev, session)
     session.feed_control(frame)
     session.step(1.0, Place.LOOP)  # timed now: it fits the loop's budget
     assert not session.queue
 
-    other = state.fair.ask("another peer", "session", 1.0)  # a worker's turn, running
-    assert other.granted and not state.fair.free()
+    fair = state.fair
+    flood = fair.ask("flood", "session", 1.0)
+    fair.finish(flood, 2 * HEAVY_TURN)  # its last turn was heavy
+    flood = fair.ask("flood", "session", 1.0)  # and it runs again, on a worker
+    assert flood.granted and fair.heavy == 1
     session.feed_control(m.encode(m.Upload(0, 10**6, "float32", (3,), b"\0" * 12, 0)))
     session.feed_control(frame)
     assert session.step(2.0, Place.LOOP) == []
     assert [type(msg) for msg in session.queue] == [m.ExecuteGraph]  # the upload ran
     assert session.next_place() is Place.ENGINE
-    state.fair.finish(other, 0.001)
+    fair.finish(flood, HEAVY_TURN / 4)
+    assert fair.heavy == 0
 
-    turns = {f["flow"]: f["turns"] for f in state.fair.shares()["flows"]}
+    light = fair.ask("flood", "session", 1.0)  # its last turn was light now
+    assert light.granted and fair.heavy == 0
     assert session.next_place() is Place.LOOP
     session.step(3.0, Place.LOOP)
     assert not session.queue
-    after = {f["flow"]: f["turns"] for f in state.fair.shares()["flows"]}
-    assert after[session.peer_id] == turns.get(session.peer_id, 0) + 1
-    assert state.fair.busy == 0  # the loop's turn ended with its step
+    fair.finish(light, 0.0)
+    assert fair.busy == 0 and fair.heavy == 0
