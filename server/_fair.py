@@ -160,9 +160,12 @@ class FairShare:
         """A turn for flow ``key``: granted at once when a slot is free and nobody waits,
         else queued; ``wake`` is called (from whichever thread grants it) once it is."""
         with self._lock:
-            ticket = Ticket(self._flow(key, kind, weight), wake)
+            flow = self._flows.get(key)
+            if flow is None:
+                flow = self._flows[key] = _Flow(key, kind, weight)
+            ticket = Ticket(flow, wake)
             if self.busy < self.slots and not self._queued:
-                self._wakes_up(ticket.flow)
+                self._wakes_up(flow)
                 self._start(ticket)
             else:
                 self._queue(ticket)
@@ -298,12 +301,6 @@ class FairShare:
             }
 
     # --- under the lock ---------------------------------------------------------------------
-    def _flow(self, key: str, kind: str, weight: float) -> _Flow:
-        flow = self._flows.get(key)
-        if flow is None:
-            flow = self._flows[key] = _Flow(key, kind, weight)
-        return flow
-
     def _wakes_up(self, flow: _Flow) -> None:
         """A flow with nothing waiting or running comes back no further than SLICE (per
         weight) behind the virtual time of the busy flows (where their running turns
@@ -377,13 +374,11 @@ class HeldTurn:
     finished there with its next one asked in the same breath (``finish(more=True)``) and
     the thread waits for it. ``ticket`` is the turn held now; ``end`` finishes it."""
 
-    __slots__ = ("fair", "ticket", "start", "yields")
+    __slots__ = ("fair", "ticket", "start")
 
     def __init__(self, fair: FairShare, ticket: Ticket) -> None:
         self.fair, self.ticket = fair, ticket
         self.start = time.perf_counter()
-        self.yields = 0
-        """Times this turn gave way."""
 
     def checkpoint(self) -> None:
         fair = self.fair
@@ -400,7 +395,6 @@ class HeldTurn:
             if fair.set_wake(again, event.set):
                 event.wait()
         self.ticket, self.start = again, time.perf_counter()
-        self.yields += 1
 
     def end(self, more: bool = False) -> Ticket | None:
         """Finish the turn held now, charged its time since it was granted (``more``: as
@@ -412,5 +406,6 @@ def _rank(flow: _Flow) -> tuple[float, int]:
     return flow.vtime, flow.order
 
 
-__all__ = ["CPU_SLOTS", "DEVICE_SLOTS", "ENGINE_SLOTS", "HEAVY_TURN", "JOB_WEIGHT", "SESSION_WEIGHT", "SLICE",
-           "YIELD_AFTER", "FairShare", "HeldTurn", "Ticket", "engine_slots"]  # fmt: skip
+__all__ = ["CPU_SLOTS", "DEVICE_SLOTS", "ENGINE_SLOTS", "HEAVY_TURN", "JOB_WEIGHT",
+           "SESSION_WEIGHT", "SLICE", "YIELD_AFTER", "FairShare", "HeldTurn", "Ticket",
+           "engine_slots"]  # fmt: skip

@@ -373,7 +373,7 @@ def status(s: Session, msg: m.ServerStatus, now: float) -> Reply:
 
 HANDLERS: dict[type, Handler] = {
     m.Upload: Handler(upload, Place.ENGINE, _inline_upload),
-    m.RegisterGraph: Handler(register, Place.ENGINE),
+    m.RegisterGraph: Handler(register, Place.COMPILE),
     m.ExecuteGraph: Handler(execute, Place.ENGINE, _inline_execute),
     m.Read: Handler(read, Place.ENGINE, _inline_read),
     m.Drop: Handler(drop, Place.LOOP),

@@ -24,7 +24,12 @@ class Place(enum.Enum):
     LOOP = "loop"
     """On the network loop, at once: reads, syncs, drops, small timed plans."""
     ENGINE = "engine"
-    """On an engine worker thread: compiling and running plans, uploads to the device."""
+    """On an engine worker thread, in a fair turn: running plans, uploads to the device."""
+    COMPILE = "compile"
+    """On an engine worker thread outside the engine's fair turns: decoding, validating and
+    compiling a registered graph. That is host Python, no BLAS, so it shares the interpreter
+    with the steps of others instead of holding the engine's one CPU turn (a maximal graph's
+    registration takes seconds, and no step of a compile can give way)."""
     JOBS = "jobs"
     """On a job worker thread (its own thread limit): the job store, long polls, artifact
     files. A session waiting here holds no engine worker and never the loop."""

@@ -72,6 +72,7 @@ _RUNS_AT = {
     None: tuple(Place),
     Place.LOOP: (Place.LOOP,),
     Place.ENGINE: (Place.LOOP, Place.ENGINE),
+    Place.COMPILE: (Place.LOOP, Place.COMPILE),
     Place.JOBS: (Place.LOOP, Place.JOBS),
 }
 """Which handlers a step running at a place may run (None: in-process callers, anything).
@@ -147,7 +148,6 @@ class Session:
         self.planned: tuple[Any, Any] | None = None
         """(ExecuteGraph, its plan) as the handler table's ``inline`` found it deciding
         where the message runs, so its handler does not look the plan up again."""
-
         self.run_reserved = 0
         """Bytes a run of replays reserved and has not used yet (``_batch.replay_run``):
         the peer's and this session's other checks count them as held."""
@@ -343,7 +343,7 @@ class Session:
         allowed = _RUNS_AT[place] if place is not Place.LOOP else _LOOP_ONLY
         budget = INLINE_BUDGET
         queue, handlers = self.queue, HANDLERS
-        runs = place is not Place.JOBS and self.greeted
+        runs = place is not Place.JOBS and place is not Place.COMPILE and self.greeted
         ends = None if slice_s is None else _perf() + slice_s
         first = True
         while queue and not self.closed:

@@ -52,8 +52,8 @@ _JOB_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
 
 
 def _limiter(place: Place) -> trio.CapacityLimiter:
-    """Engine work shares trio's default thread limit; job work has its own."""
-    if place is Place.ENGINE:
+    """Engine work (and compiles) shares trio's default thread limit; job work has its own."""
+    if place is Place.ENGINE or place is Place.COMPILE:
         return trio.to_thread.current_default_thread_limiter()
     try:
         return _JOB_LIMITER.get()
@@ -206,7 +206,7 @@ class SessionPump:
                         self._engine_turn, turn, now, limiter=_limiter(place)
                     )
                 else:
-                    if turn is not None:  # a job's long poll holds no engine turn
+                    if turn is not None:  # a compile or a job's long poll holds no turn
                         fair.cancel(turn)
                         turn = None
                     outs = await trio.to_thread.run_sync(
