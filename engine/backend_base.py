@@ -71,6 +71,11 @@ class Backend:
     it), so an optimizer step updates parameters and moments where they lie and an
     elementwise op reuses a dying operand. Empty: kernels always make new arrays."""
 
+    array_type: ClassVar[type | None] = None
+    """The type of this backend's arrays when ``conform`` returns such an array of the
+    declared dtype unchanged: the executor then skips the call for results that already
+    conform (most of them). None: every result goes through ``conform``."""
+
     reports_memory: ClassVar[bool] = False
     """True when `memory_stats` reports the backend's own pools; otherwise callers keep
     their own count of the bytes they hold."""

@@ -580,3 +580,24 @@ def test_a_gpt_step_runs_its_loss_as_one_fused_step() -> None:
     capture, _ = _gpt_step_graph(batch=2)
     ops = [s.op for s in compile_graph(capture.graph, NumpyBackend()).steps]
     assert ops.count("cross_entropy") == 1 and "cross_entropy_backward" not in ops
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int32, np.bool_])
+@pytest.mark.parametrize("shape", [(7,), (64, 10), (3, 5, 7), (2, 128, 576)])
+def test_the_sum_kernel_gives_numpys_sum_in_the_input_dtype(dtype, shape) -> None:
+    """float32/64 take ``ndarray.sum`` (no np.sum wrapper); every dtype keeps np.sum's bits
+    with the accumulator the op declares (the input's float, int64 for ints and bools)."""
+    import itertools
+
+    from burn_remote.engine.backends.numpy_kernels import KERNELS
+
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 100).astype(dtype)
+    acc = np.int64 if np.dtype(dtype).kind in "biu" else dtype
+    axes = [None, *((a,) for a in range(len(shape))), *itertools.combinations(range(len(shape)), 2)]
+    for ax in axes:
+        for keepdims in (False, True):
+            got = KERNELS["sum"](x, ax, keepdims)
+            want = np.asarray(np.sum(x, axis=ax, keepdims=keepdims, dtype=acc))
+            assert type(got) is np.ndarray and got.dtype == want.dtype, (ax, keepdims)
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), (ax, keepdims)

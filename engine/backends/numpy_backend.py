@@ -19,6 +19,7 @@ class NumpyBackend(Backend):
     name = "cpu"
     kernels = KERNELS
     writes_into = WRITES_INTO
+    array_type = np.ndarray
 
     def __init__(self) -> None:
         threads()  # BLAS and the engine's own pool: one thread count, set once (cpu_threads)
