@@ -229,3 +229,47 @@ def test_the_advertised_datagram_size_keeps_every_other_parameter() -> None:
     others = [f for f in fields(encoded) if f[0] != 0x03]
     assert [f for f in fields(rewritten) if f[0] != 0x03] == others  # grease and order kept
     assert any(f[0] == 0x1A2A3A4A for f in others)
+
+
+def test_a_ping_on_a_connection_qh3_closed_is_no_error() -> None:
+    """qh3 raises on a PING once its idle timer has closed the connection; aioquic does
+    not. The server's keep-alive loop pinged in that window (the close's event not taken
+    yet) and the raise ended the whole server (CI, tests/remote/test_qh3_server.py). Both
+    adapters now send nothing there; the close still comes as the connection's event."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import pull_quic_header
+
+    config = EndpointConfig()
+    server_id, client_id = Identity.generate(), Identity.generate()
+    client = qh3_client_connection(client_id, config, "127.0.0.1", SecretSink())
+    now, server = 1.0, None
+    client.connect(SERVER_ADDR, now)
+    for _ in range(200):
+        now += 0.0002
+        for data, _addr in client.datagrams_to_send(now):
+            if server is None:
+                odcid = pull_quic_header(Buffer(data=data), host_cid_length=8).destination_cid
+                server = qh3_server_connection(
+                    server_id,
+                    config,
+                    config.datagram_size_for("127.0.0.1"),
+                    original_destination_connection_id=odcid,
+                    retry_source_connection_id=None,
+                    secrets=SecretSink(),
+                )
+            server.receive_datagram(data, CLIENT_ADDR, now)
+        for data, _addr in server.datagrams_to_send(now):
+            client.receive_datagram(data, SERVER_ADDR, now)
+        while server.next_event() is not None or client.next_event() is not None:
+            pass
+        if client.handshake_confirmed:
+            break
+    assert client.handshake_confirmed and server is not None
+    now += 10 * config.idle_timeout  # nothing heard: both idle timers close their ends
+    for conn in (server, client):
+        conn.handle_timer(now)
+        conn.send_ping(7)  # raised QuicConnectionError("connection is closed")
+        closed = []
+        while (event := conn.next_event()) is not None:
+            closed.append(type(event).__name__)
+        assert "ConnectionTerminated" in closed, closed
