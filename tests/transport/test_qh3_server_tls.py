@@ -138,13 +138,28 @@ def test_a_reply_paced_for_a_slot_within_the_lead_goes_when_qh3_is_a_hair_short(
     assert conn._clock - 10.0 <= PACING_LEAD
 
 
+def _server_for(first: bytes, server_id: Identity, config: EndpointConfig):  # type: ignore[no-untyped-def]
+    """The qh3 server connection a client's first datagram opens (its original destination
+    connection id read from the packet, no Retry), sized for loopback."""
+    from aioquic.buffer import Buffer
+    from aioquic.quic.packet import pull_quic_header
+
+    odcid = pull_quic_header(Buffer(data=first), host_cid_length=8).destination_cid
+    return qh3_server_connection(
+        server_id,
+        config,
+        config.datagram_size_for("127.0.0.1"),
+        original_destination_connection_id=odcid,
+        retry_source_connection_id=None,
+        secrets=SecretSink(),
+    )
+
+
 def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None:
     """qh3's client advertises max_udp_payload_size = 1472 whatever its size, and a qh3
     server honours it: 4 MiB read back took ~2,900 datagrams of 1443 bytes on loopback
     (where every other pair moves to LOOPBACK_DATAGRAM_SIZE). The client now advertises
     its own size up to MAX_UDP_PAYLOAD; the handshake's datagrams keep QUIC's sizes."""
-    from aioquic.buffer import Buffer
-    from aioquic.quic.packet import pull_quic_header
     from burn_remote.protocol.transport._qh3 import MAX_UDP_PAYLOAD
 
     config = EndpointConfig()
@@ -158,15 +173,7 @@ def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None
         now += 0.0002
         for data, _addr in client.datagrams_to_send(now):
             if server is None:
-                odcid = pull_quic_header(Buffer(data=data), host_cid_length=8).destination_cid
-                server = qh3_server_connection(
-                    server_id,
-                    config,
-                    size,
-                    original_destination_connection_id=odcid,
-                    retry_source_connection_id=None,
-                    secrets=SecretSink(),
-                )
+                server = _server_for(data, server_id, config)
             server.receive_datagram(data, CLIENT_ADDR, now)
         for data, _addr in server.datagrams_to_send(now):
             sizes.append(len(data))
@@ -236,9 +243,6 @@ def test_a_ping_on_a_connection_qh3_closed_is_no_error() -> None:
     not. The server's keep-alive loop pinged in that window (the close's event not taken
     yet) and the raise ended the whole server (CI, tests/remote/test_qh3_server.py). Both
     adapters now send nothing there; the close still comes as the connection's event."""
-    from aioquic.buffer import Buffer
-    from aioquic.quic.packet import pull_quic_header
-
     config = EndpointConfig()
     server_id, client_id = Identity.generate(), Identity.generate()
     client = qh3_client_connection(client_id, config, "127.0.0.1", SecretSink())
@@ -248,15 +252,7 @@ def test_a_ping_on_a_connection_qh3_closed_is_no_error() -> None:
         now += 0.0002
         for data, _addr in client.datagrams_to_send(now):
             if server is None:
-                odcid = pull_quic_header(Buffer(data=data), host_cid_length=8).destination_cid
-                server = qh3_server_connection(
-                    server_id,
-                    config,
-                    config.datagram_size_for("127.0.0.1"),
-                    original_destination_connection_id=odcid,
-                    retry_source_connection_id=None,
-                    secrets=SecretSink(),
-                )
+                server = _server_for(data, server_id, config)
             server.receive_datagram(data, CLIENT_ADDR, now)
         for data, _addr in server.datagrams_to_send(now):
             client.receive_datagram(data, SERVER_ADDR, now)
