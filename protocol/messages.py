@@ -453,7 +453,7 @@ def decode_message(raw: Any, where: str = "message") -> Message:
     cls = MESSAGES.get(tag) if type(tag) is int else None
     if cls is None:
         raise DecodeError(f"{where}: unknown message tag {_show(tag)}")
-    n, build = _BUILDERS[cls]
+    n, build = _BUILDERS[tag]
     if len(raw) != n + 1:
         raise DecodeError(f"{where} ({cls.__name__}): expected {n} fields, got {len(raw) - 1}")
     try:
@@ -500,8 +500,17 @@ def _builder(cls: type) -> tuple[int, Callable[[list[Any]], Any]]:
     return len(schema), env["build"]
 
 
-_BUILDERS = {cls: _builder(cls) for cls in MESSAGES.values()}
-_BUILDERS_BY_TAG = {tag: _BUILDERS[cls] for tag, cls in MESSAGES.items()}
+class _Builders(dict[int, tuple[int, Callable[[list[Any]], Any]]]):
+    """Tag -> ``_builder(cls)``, each generated when its first message is decoded: a
+    client decodes a handful of the 45 message classes, and generating them all took about
+    5 ms of every process's first connection (issue 35's first contact)."""
+
+    def __missing__(self, tag: int) -> tuple[int, Callable[[list[Any]], Any]]:
+        entry = self[tag] = _builder(MESSAGES[tag])  # (two threads may both make it: same)
+        return entry
+
+
+_BUILDERS = _Builders()
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,10 +531,10 @@ def decode_each(frame: bytes | bytearray | memoryview) -> list[Message | Undecod
         DecodeError: the frame itself is not a msgpack array of 1..MAX_BATCH messages.
     """
     out: list[Message | Undecodable] = []
-    builders = _BUILDERS_BY_TAG
+    builders = _BUILDERS
     for i, raw in enumerate(_unpack_frame(frame)):
         if type(raw) is list and raw and type(raw[0]) is int:  # the common case, at once
-            entry = builders.get(raw[0])
+            entry = builders.get(raw[0]) or (builders[raw[0]] if raw[0] in MESSAGES else None)
             if entry is not None and len(raw) == entry[0] + 1:
                 try:
                     out.append(entry[1](raw))
