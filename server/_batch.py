@@ -1,33 +1,32 @@
-"""A run of replays of one cached graph, handled in one loop (issue 15).
+"""A run of replays of one cached graph, charged to the ledger once (issue 15).
 
 A captured training loop sends, per step, its inputs' inline Uploads and one ExecuteGraph of
 the same cached graph, and several steps arrive in one frame. Message by message each step
-costs the session a handler lookup and a placement question per message, a plan lookup, two
-ledger updates per Upload and ExecuteGraph (four locks a step) and the checks around them.
-``replay_run`` takes the longest run ``[Upload(inline)* ExecuteGraph(D)]+`` at the head of a
-session's queue (one digest D, at least ``MIN_RUN_STEPS`` steps) and runs it with one plan
-lookup, one ledger reservation before and one settlement after, the messages in their order.
+costs the session two ledger updates per Upload and ExecuteGraph (four locks a step) and a
+placement question per message. ``start_run`` finds the longest run
+``[Upload(inline)* ExecuteGraph(D)]+`` at the head of a session's queue (one digest D, at
+least ``MIN_RUN_STEPS`` steps), reserves what it may add in one ledger update and installs a
+:class:`RunLedger` on the session. The messages then go through the handler table as any
+other (``Session.step``; one execution path): only where their charges go changes. The
+session's ``put``, ``put_many``, ``drop`` and ``run_plan`` charge the run's reservation
+without the ledger's lock, and the run settles in one update when its last message is
+handled, when one fails, or when a charge passes the reservation (that charge, and what
+follows, is then made as the message path makes it).
 
-Nothing a client sees changes: every message has the effect, reply, request id and counters
-it has on the message path. The reservation (the uploads' bytes, each step's declared growth
-net of the state it writes in place, the plan's arena once) is checked as every message would
-be (the peer's cap, the session's quota, the server's limit); a run that does not fit is not
-taken. Each step's actual growth and tensor count are checked as they are stored: past the
-reservation the run settles and that step is charged as the message path charges it. A
-missing or mismatched input ends the run before that message, which the message path then
-answers; an engine failure or a bad upload is answered as ``_handlers`` answers it alone.
+The reservation (the uploads' bytes, each step's declared growth net of the state it writes
+in place, the plan's arena once) is checked as every message would be (the peer's cap, the
+session's quota, the server's limit); a run that does not fit is not started.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..engine.executor import Plan, input_check
 from ..protocol import messages as m
-from ._handlers import donation, engine_failure, plan_matches
+from ._handlers import plan_matches
 from ._state import LimitExceeded, pop_all
 
 if TYPE_CHECKING:
@@ -42,8 +41,6 @@ MAX_RUN_SCAN = 1024
 message: ``Session.run_skip``)."""
 
 _perf = time.perf_counter
-_shape = operator.attrgetter("shape")
-_dtype = operator.attrgetter("dtype")
 
 
 def find_run(s: Session, budget: float | None) -> tuple[int, int, Any, int, Any, float] | None:
@@ -130,28 +127,23 @@ def _plan_for(s: Session, msg: m.ExecuteGraph) -> Plan | None:
     return plan
 
 
-def replay_run(s: Session, budget: float | None) -> tuple[int, float, Any, Exception | None]:
-    """Run the run at the head of the queue: (messages handled, loop seconds spent, the
-    message that failed, its exception); (0, 0.0, None, None) when there is none or it does
+def start_run(s: Session, budget: float | None) -> tuple[int, float]:
+    """Reserve the run at the head of the queue and install its ledger (``s.run``):
+    (messages it covers, loop seconds they spend); (0, 0.0) when there is none or it does
     not fit the quotas (the message path then takes the queue as it is). The seconds are
     infinite when the loop's budget ended the run: its next step is not the loop's."""
     found = find_run(s, budget)
     if found is None:
-        return 0, 0.0, None, None
+        return 0, 0.0
     count, steps, plan, up_bytes, first, spent = found
     arena = plan.peak_bytes if steps else 0
     reserve = up_bytes + steps * growth(plan, first) + arena
     try:
         s.state.reserve_run(s, reserve)
     except LimitExceeded:
-        return 0, 0.0, None, None
-    s.planned = None
-    run = _Run(s, reserve, arena)
-    try:
-        done, failed, exc = run.go(plan, count)
-    finally:
-        run.settle()
-    return done, spent, failed, exc
+        return 0, 0.0
+    s.run = RunLedger(s, plan, reserve, arena)
+    return count, spent
 
 
 def growth(plan: Plan, msg: Any) -> int:
@@ -172,12 +164,13 @@ def growth(plan: Plan, msg: Any) -> int:
     return max(0, plan.output_bytes - sum(replaced.values()))
 
 
-class _Run:
-    """One run's bookkeeping: what it stored and dropped, settled in one ledger update."""
+class RunLedger:
+    """One run's charges: what it stored and dropped, against its reservation, settled in
+    one ledger update (``settle``). The session routes its charges here while it is
+    ``s.run``."""
 
-    def __init__(self, s: Session, reserve: int, arena: int) -> None:
-        self.s, self.reserve = s, reserve
-        self.settled = False
+    def __init__(self, s: Session, plan: Plan, reserve: int, arena: int) -> None:
+        self.s, self.plan, self.reserve = s, plan, reserve
         self.room = reserve - arena
         """What the store may grow by: the rest stays for each step's arena."""
         self.base = s.nbytes
@@ -186,85 +179,17 @@ class _Run:
         bytes it held at once (the server's peak)."""
         self.limit = s.state.limits.max_tensors
 
-    def go(self, plan: Plan, count: int) -> tuple[int, Any, Exception | None]:
-        """Handle the run's ``count`` messages in order: (how many were handled, the one
-        that failed and why; None)."""
-        s = self.s
-        store, queue, traffic = s.store, s.queue, s.traffic
-        get, popleft, make = store.get, queue.popleft, s.array
-        run_plan = s.state.executor.run
-        shapes, np_dtypes = input_check(plan)
-        done = 0
-        try:
-            while done < count:
-                msg = queue[0]
-                if type(msg) is m.Upload:
-                    popleft()
-                    done += 1
-                    tid = msg.tensor_id
-                    try:
-                        array = make(msg.dtype, msg.shape, msg.data)
-                        old = get(tid)
-                        grow = array.nbytes - (0 if old is None else old.nbytes)
-                        if self.delta + grow > self.room or (
-                            old is None and len(store) >= self.limit
-                        ):  # past the reservation: charged as the message path charges it
-                            self.settle()
-                            s.put(tid, array)
-                            traffic[1] += len(msg.data)
-                            return done, None, None
-                    except Exception as exc:  # answered as the message path answers it
-                        return done, msg, exc
-                    store[tid] = array
-                    traffic[1] += len(msg.data)
-                    self.grew(old is None, grow)
-                    continue
-                # ExecuteGraph: anything odd before it runs is the message path's to answer
-                msg = cast(m.ExecuteGraph, msg)
-                ids = msg.input_ids
-                try:
-                    inputs = list(map(store.__getitem__, ids))
-                except KeyError:
-                    break
-                if list(map(_shape, inputs)) != shapes or list(map(_dtype, inputs)) != np_dtypes:
-                    break
-                popleft()
-                done += 1
-                donated, in_place, dropped = donation(s, msg, inputs)
-                if dropped:
-                    self.drop(dropped)
-                try:
-                    start = _perf()
-                    outs = run_plan(plan, inputs, msg.values, donated)
-                    plan.seconds = _perf() - start
-                except BaseException as exc:
-                    self.drop(in_place)
-                    self.drop(msg.drops)
-                    s.note_failed(msg.output_ids)
-                    if not isinstance(exc, Exception):
-                        raise
-                    return done, msg, engine_failure(exc)
-                new = dict(zip(msg.output_ids, outs))
-                if not self.store(new):  # past the reservation: charged as the message
-                    try:  # path charges it, and the run ends here
-                        s.put_many(new.items())
-                    except LimitExceeded as exc:
-                        s.drop(msg.output_ids)
-                        return done, msg, exc
-                    finally:
-                        s.drop(msg.drops)
-                    traffic[0] += 1
-                    return done, None, None
-                traffic[0] += 1
-                if msg.drops:
-                    self.drop(msg.drops)
-            return done, None, None
-        finally:
-            s.messages += done
+    def run_plan(self, plan: Plan, inputs: list[Any], values: Any, donated: list[int]) -> list:
+        """``ServerState.run`` without holding the arena: the reservation holds it."""
+        start = _perf()
+        outs = self.s.state.executor.run(plan, inputs, values, donated)
+        plan.seconds = _perf() - start
+        return outs
 
     def store(self, new: dict[int, Any]) -> bool:
-        """Store a step's outputs within the reservation and the tensor count; False
-        (nothing stored, the reservation settled) when they do not fit it."""
+        """Store tensors within the reservation and the tensor count; False (nothing
+        stored, the run settled: the caller charges them as the message path does) when
+        they do not fit it."""
         store = self.s.store
         get = store.get
         added = delta = 0
@@ -304,11 +229,9 @@ class _Run:
 
     def settle(self) -> None:
         """One ledger update for the whole run: the reservation returned, what it stored
-        and dropped charged (once; a second call does nothing)."""
+        and dropped charged; the session charges the ledger itself again."""
         s, reserve = self.s, self.reserve
-        if self.settled:
-            return
-        self.settled = True
+        s.run = None
         s.nbytes = self.base + self.delta
         s.run_reserved = 0
         s.state.settle_run(reserve, self.added, self.delta, self.top)

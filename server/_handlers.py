@@ -179,11 +179,10 @@ def _execute(
 ) -> list[Any]:
     """Run the plan; an engine failure becomes the Failure that names the node."""
     try:
-        owner = f"session {s.id}"
         if s.groups or plan.collective:  # the groups its collectives may name
             with scope(s.groups, s.state.backend):
-                return s.state.run(plan, inputs, msg.values, donated, owner_bytes, owner, False)
-        return s.state.run(plan, inputs, msg.values, donated, owner_bytes, owner, False)
+                return s.run_plan(plan, inputs, msg.values, donated, owner_bytes)
+        return s.run_plan(plan, inputs, msg.values, donated, owner_bytes)
     except (ExecutionError, TypeError, ValueError, OverflowError) as exc:
         raise engine_failure(exc) from None
 

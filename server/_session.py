@@ -23,10 +23,11 @@ import msgpack
 import numpy as np
 
 from ..engine.backends.cpu_memory import release_freed_memory
+from ..engine.executor import Plan
 from ..protocol import dtypes
 from ..protocol import messages as m
 from ..protocol.bulk import BulkReceive, BulkSend
-from ._batch import replay_run
+from ._batch import RunLedger, start_run
 from ._handlers import HANDLERS, read_alone
 from ._replies import Failure, Place, SendBulk, StartFetch, Wait
 from ._state import LimitExceeded, ServerState, nbytes_of, pop_all, replacement_cost
@@ -79,9 +80,9 @@ _RUNS_AT = {
 Tuples: membership compares identity first, where a set would hash an Enum in Python."""
 _LOOP_ONLY = _RUNS_AT[Place.LOOP]
 _RUN_STARTS = (m.Upload, m.ExecuteGraph)
+"""Messages a run of replays (``_batch.start_run``) may start with."""
 Queued = m.Message | m.Undecodable
 """A queued message: one that decoded, or one that did not (answered MALFORMED in its place)."""
-"""Messages a run of replays (``_batch.replay_run``) may start with."""
 
 
 MAX_FAILED_OUTPUTS = 65_536
@@ -148,9 +149,12 @@ class Session:
         self.planned: tuple[Any, Any] | None = None
         """(ExecuteGraph, its plan) as the handler table's ``inline`` found it deciding
         where the message runs, so its handler does not look the plan up again."""
+        self.run: RunLedger | None = None
+        """The ledger of the run of replays being handled (``_batch.start_run``): while
+        set, ``put``, ``put_many``, ``drop`` and ``run_plan`` charge its reservation."""
         self.run_reserved = 0
-        """Bytes a run of replays reserved and has not used yet (``_batch.replay_run``):
-        the peer's and this session's other checks count them as held."""
+        """Bytes a run of replays reserved and has not used yet: the peer's and this
+        session's other checks count them as held."""
         self.run_skip = 0
         """Queued messages that cannot start a run of replays (the last scan's finding):
         the message path takes them without scanning the queue again."""
@@ -332,8 +336,9 @@ class Session:
         Per message: one handler lookup, one ``inline`` question (only with ``place``), the
         handler; a message answered with nothing (Upload, ExecuteGraph, Drop) costs no
         more. A run of replays of one cached graph at the head (a captured loop's steps)
-        goes through ``_batch.replay_run`` in one go. Hello, undecodable messages and a
-        stalled session go through ``_dispatch``.
+        is reserved in one go (``_batch.start_run``): its messages skip the ``inline``
+        question and go through their handlers with their charges on the run's ledger.
+        Hello, undecodable messages and a stalled session go through ``_dispatch``.
 
         On the loop, engine work (a timed step under INLINE_BUDGET, a run of replays) is
         left for a worker while a heavy engine turn runs (``_fair.FairShare.heavy``)."""
@@ -346,67 +351,82 @@ class Session:
         runs = place is not Place.JOBS and place is not Place.COMPILE and self.greeted
         ends = None if slice_s is None else _perf() + slice_s
         first = True
-        while queue and not self.closed:
-            if ends is not None:
-                if not first and _perf() >= ends:
+        run_left = 0  # messages of the run under way still to handle
+        try:
+            while queue and not self.closed:
+                if budget < 0 and not run_left:  # the loop's budget ended a run: the rest
+                    break  # is not the loop's
+                if ends is not None and not run_left:
+                    if not first and _perf() >= ends:
+                        break
+                    first = False
+                msg = queue[0]
+                if self.waiting is not None and not self.ready():
                     break
-                first = False
-            msg = queue[0]
-            if self.waiting is not None and not self.ready():
-                break
-            if runs and not self.run_skip and not self.stalled and type(msg) in _RUN_STARTS:
-                left: float | None
-                if place is Place.LOOP:  # replays on the loop: not beside a heavy turn
-                    left = 0.0 if self.state.fair.heavy else budget
-                else:
-                    left = None if ends is None else max(0.0, ends - _perf())
-                done, spent, failed, exc = replay_run(self, left)
-                if done:
+                if (
+                    runs
+                    and not run_left
+                    and not self.run_skip
+                    and not self.stalled
+                    and type(msg) in _RUN_STARTS
+                ):
+                    left: float | None
+                    if place is Place.LOOP:  # replays on the loop: not beside a heavy turn
+                        left = 0.0 if self.state.fair.heavy else budget
+                    else:
+                        left = None if ends is None else max(0.0, ends - _perf())
+                    run_left, spent = start_run(self, left)
                     budget -= spent
+                handler = handlers.get(type(msg)) if self.greeted else None
+                if run_left:  # placed with the run
+                    run_left -= 1
+                    if type(msg) is m.ExecuteGraph and self.run is not None:
+                        self.planned = (msg, self.run.plan)
+                elif place is not None:
+                    where, cost = self._where(handler, msg, budget)
+                    if where not in allowed:
+                        break
+                    if place is Place.LOOP:
+                        budget -= cost
+                queue.popleft()
+                self.messages += 1
+                if self.run_skip:
+                    self.run_skip -= 1
+                try:
+                    if handler is None or self.stalled:
+                        reply = self._dispatch(msg, now)
+                    else:
+                        reply = handler.run(self, msg, now)
+                except Exception as exc:
+                    if self.run is not None:  # the rest goes message by message
+                        self.run.settle()
+                        run_left = 0
+                    self._fail(msg, exc)
+                    continue
+                if not run_left and self.run is not None:
+                    self.run.settle()
+                if reply is None:
                     self.waiting = None
-                    if exc is not None:
-                        self._fail(failed, exc)
-                    if budget < 0:  # the loop's budget ended the run: the rest is not its
+                    continue
+                if type(reply) is Wait:
+                    queue.appendleft(msg)
+                    if self.waiting != (reply.kind, reply.key) and reply.action is not None:
+                        self._out.append(reply.action)
+                    self.waiting = (reply.kind, reply.key)
+                    if not self.ready():
                         break
                     continue
-            handler = handlers.get(type(msg)) if self.greeted else None
-            if place is not None:
-                where, cost = self._where(handler, msg, budget)
-                if where not in allowed:
-                    break
-                if place is Place.LOOP:
-                    budget -= cost
-            queue.popleft()
-            self.messages += 1
-            if self.run_skip:
-                self.run_skip -= 1
-            try:
-                if handler is None or self.stalled:
-                    reply = self._dispatch(msg, now)
-                else:
-                    reply = handler.run(self, msg, now)
-            except Exception as exc:
-                self._fail(msg, exc)
-                continue
-            if reply is None:
                 self.waiting = None
-                continue
-            if type(reply) is Wait:
-                queue.appendleft(msg)
-                if self.waiting != (reply.kind, reply.key) and reply.action is not None:
-                    self._out.append(reply.action)
-                self.waiting = (reply.kind, reply.key)
-                if not self.ready():
-                    break
-                continue
-            self.waiting = None
-            for out in reply:
-                if type(out) is SendBulk:
-                    self._out.append(out)
-                else:
-                    if type(out) is m.Error:
-                        self._count(out)
-                    self._replies.append(out)
+                for out in reply:
+                    if type(out) is SendBulk:
+                        self._out.append(out)
+                    else:
+                        if type(out) is m.Error:
+                            self._count(out)
+                        self._replies.append(out)
+        finally:
+            if self.run is not None:  # (a BaseException through a handler)
+                self.run.settle()
         return self._flush()
 
     def _fail(self, msg: Any, exc: Exception) -> None:
@@ -494,6 +514,8 @@ class Session:
     # --- tensor store -----------------------------------------------------------------------
     def put(self, tensor_id: int, array: Any) -> None:
         """Store one tensor (an Upload): ``put_many`` without the batch around it."""
+        if self.run is not None and self.run.store({tensor_id: array}):
+            return
         old = self.store.get(tensor_id)
         delta = int(getattr(array, "nbytes", 0)) - (0 if old is None else nbytes_of(old))
         self._charge(0 if old is not None else 1, delta, 0)
@@ -506,8 +528,14 @@ class Session:
         """Store tensors (replacing any with the same id), charging the quotas once: all are
         stored or, past a limit, none. ``release``: bytes held for the run that made them
         (``ServerState.run(release=False)``), returned in the same ledger update, stored or
-        not."""
+        not. Inside a run of replays there is no arena held (the run's reservation holds
+        it): ``release`` is then ignored."""
         new_items = dict(items)
+        run = self.run
+        if run is not None:
+            if run.store(new_items):
+                return
+            release = 0  # the run has settled: its reservation held the arena
         store = self.store
         added, delta = replacement_cost(store, new_items.items())
         self._charge(added, delta, release)
@@ -543,10 +571,25 @@ class Session:
             handle.member.buffers.shed()
 
     def drop(self, ids: Iterable[int]) -> None:
+        if self.run is not None:
+            self.run.drop(ids)
+            return
         count, freed = pop_all(self.store, ids)
         if count:
             self.nbytes -= freed
             self.state.account(-count, -freed, self.nbytes)
+
+    def run_plan(
+        self, plan: Plan, inputs: list[Any], values: Any, donated: list[int], owner_bytes: int
+    ) -> list[Any]:
+        """Run a plan for this session: ``ServerState.run`` holding its arena until the
+        outputs' charge returns it (``put_many(release=...)``), or, inside a run of replays,
+        on the run's reservation."""
+        if self.run is not None:
+            return self.run.run_plan(plan, inputs, values, donated)
+        return self.state.run(
+            plan, inputs, values, donated, owner_bytes, f"session {self.id}", False
+        )
 
     def get(self, tensor_id: int) -> Any:
         try:

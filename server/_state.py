@@ -340,7 +340,7 @@ class ServerState:
                 self.peak_bytes = self.bytes
 
     def reserve_run(self, session: Any, nbytes: int) -> None:
-        """Reserve what a run of replays may add (``_batch.replay_run``): checked as every
+        """Reserve what a run of replays may add (``_batch.start_run``): checked as every
         message of it would be (the peer's cap, the session's quota, the server's limit),
         held until ``settle_run``; the session shows its unused part (``run_reserved``) to
         the peer's other sessions' checks. LimitExceeded: it does not fit, nothing held."""

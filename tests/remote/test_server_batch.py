@@ -1,10 +1,11 @@
-"""A run of replays of one cached graph handled in one loop (``server/_batch.py``, issue 15):
-whatever the frames hold, the session ends in the state, with the replies, counters and
-ledger the message-by-message path gives; a run asks the plan cache once and the ledger
-twice; its reservation counts against the peer's cap while it runs."""
+"""A run of replays of one cached graph charged to the ledger once (``server/_batch.py``,
+issue 15): whatever the frames hold, the session ends in the state, with the replies,
+counters and ledger the message-by-message path gives; a run asks the plan cache once and
+the ledger twice; its reservation counts against the peer's cap while it runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -15,6 +16,7 @@ from burn_remote.engine import executor as executor_mod
 from burn_remote.engine.executor import ExecutionError
 from burn_remote.protocol import messages as m
 from burn_remote.server import _session
+from burn_remote.server._handlers import HANDLERS
 from burn_remote.server._loopback import loopback_device
 from burn_remote.server._replies import Place
 from burn_remote.server._session import Session
@@ -45,8 +47,8 @@ def frames() -> list[bytes]:
     return FRAMES
 
 
-def _no_runs(s: Any, budget: Any) -> tuple[int, float, Any, Any]:
-    return 0, 0.0, None, None
+def _no_runs(s: Any, budget: Any) -> tuple[int, float]:
+    return 0, 0.0
 
 
 def _serve(
@@ -60,16 +62,16 @@ def _serve(
     """Feed the frames to a fresh server's session: its replies and everything it holds."""
     with monkeypatch.context() as mp:
         if not batched:
-            mp.setattr(_session, "replay_run", _no_runs)
+            mp.setattr(_session, "start_run", _no_runs)
         runs: list[int] = []
-        real = _session.replay_run
+        real = _session.start_run
 
         def counted(s: Any, budget: Any) -> Any:
             out = real(s, budget)
             runs.append(out[0])
             return out
 
-        mp.setattr(_session, "replay_run", counted)
+        mp.setattr(_session, "start_run", counted)
         state = ServerState("cpu", limits)
         s = Session(state, "peer")
         if tweak is not None:
@@ -329,3 +331,23 @@ def test_inline_upload_bytes_become_the_tensor_without_a_copy(buffer) -> None:
     assert scalar.shape == () and scalar == 7
     with pytest.raises(Exception, match="needs 24 bytes"):
         s.array("float32", (2, 3), raw[:-4])
+
+
+def test_every_message_of_a_run_goes_through_the_handler_table(monkeypatch) -> None:
+    """A run changes where its charges go, not how its messages run: each Upload and
+    ExecuteGraph of a run is answered by its entry in the handler table (issue 35: one
+    execution path)."""
+    calls: dict[type, int] = {m.Upload: 0, m.ExecuteGraph: 0}
+    for kind in calls:
+        entry = HANDLERS[kind]
+
+        def counted(s: Any, msg: Any, now: float, run: Any = entry.run, kind: type = kind) -> Any:
+            calls[kind] += 1
+            return run(s, msg, now)
+
+        monkeypatch.setitem(HANDLERS, kind, dataclasses.replace(entry, run=counted))
+    fs = frames()
+    served = _serve(fs, True, monkeypatch)
+    sent = [type(msg) for f in fs for msg in m.decode(f)]
+    assert served["taken"] > 0
+    assert calls == {m.Upload: sent.count(m.Upload), m.ExecuteGraph: sent.count(m.ExecuteGraph)}
