@@ -232,7 +232,8 @@ def test_a_cut_link_fails_every_rank_naming_the_cut_pair(servers):
         devs = _devices(daemons)
         g = C.Group(devs, timeout=600)
         outs = [C.all_reduce(d.tensor(np.ones(1000, np.float32)), g, "sum") for d in devs]
-        np.testing.assert_array_equal(_bounded(outs[0].numpy), np.full(1000, 3.0))
+        for o in outs:  # every rank done before the cut: only the next collective meets it
+            np.testing.assert_array_equal(_bounded(o.numpy), np.full(1000, 3.0))
         assert proxy.stats.forwarded > 0  # the 0 -> 1 link really crosses the proxy
         proxy.cut(120)
         outs = [C.all_reduce(d.tensor(np.ones(1000, np.float32)), g, "sum") for d in devs]
