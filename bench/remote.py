@@ -1,7 +1,8 @@
 """Remote vs local on loopback, in one run: digits-MLP and small-transformer step time (loss
 read every 10 steps, parameters kept on the device), messages and bytes per step,
-graph replay vs re-sending the graph every step, and one item() round trip beside a bare
-64-byte echo over the same QUIC transport (aioquic driven by trio).
+graph replay vs re-sending the graph every step, and one item() round trip (a resident
+read) and one execute + read (`x.sum().item()`) beside a bare 64-byte echo over the same QUIC
+transport (aioquic driven by trio) and over stock aioquic.
 
 Run: .venv/bin/python bench/remote.py [--steps N]
 """
@@ -143,6 +144,18 @@ def item_round_trip(dev, n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
+def execute_read_round_trip(dev, n: int) -> float:
+    """Seconds per ``x.sum().item()`` on a resident ``x``: one frame with an ExecuteGraph
+    of a cached one-op graph and a Read, and its reply (issue 35's round trip)."""
+    x = dev.tensor(np.ones(4, np.float32))
+    for _ in range(WARM_UP):
+        x.sum().item()
+    start = time.perf_counter()
+    for _ in range(n):
+        x.sum().item()
+    return (time.perf_counter() - start) / n
+
+
 def transport_echo(n: int) -> float:
     """Seconds per 64-byte echo round trip over the bare transport (no session, no engine)."""
     import trio
@@ -238,17 +251,22 @@ def main() -> None:
             f"B/step; re-sending the graph every step: {resend * 1e6:.0f} us and "
             f"{(a2['bytes_sent'] - b2['bytes_sent']) / n:.0f} B/step"
         )
-        trips, echoes, stock = [], [], []
+        trips, executes, echoes, stock = [], [], [], []
         for _ in range(5):  # interleaved, medians: this machine is noisy
             trips.append(item_round_trip(dev, 200))
+            executes.append(execute_read_round_trip(dev, 200))
             echoes.append(transport_echo(200))
             stock.append(aioquic_echo(200))
-        rt, echo, bare = (statistics.median(x) for x in (trips, echoes, stock))
+        rt, ex, echo, bare = (statistics.median(x) for x in (trips, executes, echoes, stock))
         print(
             f"item() round trip {rt * 1e6:.0f} us; 64-byte echo over stock aioquic (asyncio "
             f"API) {bare * 1e6:.0f} us, ratio {rt / bare:.2f}; over our transport (trio driver, "
             f"delayed ACKs) {echo * 1e6:.0f} us, ratio {rt / echo:.2f} "
             f"(medians of 5 interleaved runs)"
+        )
+        print(
+            f"execute + read (x.sum().item()) {ex * 1e6:.0f} us: {ex / bare:.2f}x the stock "
+            f"aioquic echo, {ex / echo:.2f}x our transport's (target <= 1.2x)"
         )
         dev.close()
         dev2.close()
