@@ -142,6 +142,7 @@ def start_run(s: Session, budget: float | None) -> tuple[int, float]:
         s.state.reserve_run(s, reserve)
     except LimitExceeded:
         return 0, 0.0
+    s.state.note_arena(arena)
     s.run = RunLedger(s, plan, reserve, arena)
     return count, spent
 

@@ -131,6 +131,9 @@ class ServerState:
         """Bytes charged that are not tensors (``hold``): bulk in flight, capabilities,
         plan constants, arenas."""
         self.peak_bytes = 0
+        self.arenas = [0, 0]
+        """The largest plan arena run since the last ``take_arena_need`` and before it: what
+        the engine's next steps will allocate again (``_daemon._release_kept_memory``)."""
         self.extensions: dict[str, str] = installed_extensions()
         """Op extensions this server runs (entry points loaded by `serve`), name -> version."""
         self.started = time.monotonic()
@@ -493,6 +496,7 @@ class ServerState:
         one ledger update); a failed run always returns them."""
         peak = getattr(plan, "peak_bytes", 0)
         self.hold(peak, owner_bytes, owner)
+        self.note_arena(peak)
         try:
             start = time.perf_counter()
             outs = self.executor.run(plan, inputs, values, donated)
@@ -503,6 +507,19 @@ class ServerState:
         if release:
             self.hold(-peak)
         return outs
+
+    def note_arena(self, nbytes: int) -> None:
+        """A plan with an arena of ``nbytes`` runs (no lock: a lost update between two
+        engine threads only delays a trim by one check)."""
+        if nbytes > self.arenas[0]:
+            self.arenas[0] = nbytes
+
+    def take_arena_need(self) -> int:
+        """The largest arena run in this check's window and the one before (a step that
+        ran just before the last check still counts once more); starts a new window."""
+        need = max(self.arenas)
+        self.arenas = [0, self.arenas[0]]
+        return need
 
     def count_error(self, kind: str) -> None:
         """An error worth an operator's attention (metrics count them by kind)."""

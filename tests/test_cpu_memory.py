@@ -88,3 +88,55 @@ def test_the_setting_can_be_turned_off() -> None:
         pytest.skip("transparent huge pages [always]: faults do not count 4 KiB pages")
     pages = 3 * 2**20 // 4096
     assert got["faults"] > 100 * pages  # glibc's defaults: a new array faults its pages in
+
+
+KEPT_SCRIPT = r"""
+import json, numpy as np
+import burn_remote as br
+br.Device.cpu()
+from burn_remote.engine.backends import cpu_memory
+
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+held = [np.full(3 * 2**20 // 4, i, np.float32) for i in range(100)]  # 300 MiB, then dropped
+del held
+kept, free = rss(), cpu_memory.kept_free_bytes()
+above = cpu_memory.release_kept_above(2**40)  # more than it keeps: nothing happens
+same = rss()
+freed = cpu_memory.release_kept_above(64 * 2**20)
+print(json.dumps({"kept": kept, "free": free, "above": above, "same": same, "freed": freed,
+                  "after": rss(), "free_after": cpu_memory.kept_free_bytes()}))
+"""
+
+
+def test_kept_memory_is_released_only_above_the_bound() -> None:
+    """``release_kept_above``: the free heap memory malloc reports (mallinfo2) is what a
+    dropped 300 MiB left, nothing is released below the bound, and above it the RSS falls."""
+    env = dict(os.environ, BURN_REMOTE_KEEP_FREED="1")
+    out = subprocess.run(
+        [sys.executable, "-c", KEPT_SCRIPT], env=env, capture_output=True, text=True, check=True
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["free"] >= 250 * 2**20
+    assert got["above"] == 0 and got["same"] > got["kept"] - 50 * 2**20
+    assert got["freed"] == got["free"] or got["freed"] >= 250 * 2**20
+    assert got["after"] < got["kept"] - 200 * 2**20
+    assert got["free_after"] < got["free"]
+
+
+def test_the_server_keeps_what_its_recent_plans_need() -> None:
+    """The arena a server lets malloc keep counts the largest plan arena of this check's
+    window and the one before, then forgets it."""
+    from burn_remote.server._state import ServerState
+
+    state = ServerState("cpu")
+    state.note_arena(100)
+    state.note_arena(40)
+    assert state.take_arena_need() == 100
+    state.note_arena(10)
+    assert state.take_arena_need() == 100  # the step just before the check still counts
+    assert state.take_arena_need() == 10
+    assert state.take_arena_need() == 0

@@ -49,3 +49,38 @@ def test_soak_every_kind_progresses_without_errors_or_leaks(spawn, tmp_path: Pat
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     assert dev.tensor(x).sum().item() == float(x.sum())
     dev.close()
+
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(120)
+def test_a_running_server_hands_back_the_heap_its_dropped_tensors_left(spawn) -> None:
+    """Tensors of many sizes uploaded and dropped by a session that stays open: the free
+    heap memory malloc kept for them goes back to the kernel within a few checks
+    (``_daemon.TRIM_EVERY``), not only when the session closes."""
+    import time
+
+    from burn_remote.server import _daemon
+
+    server = spawn()
+    pid = server.proc.pid
+    dev = RemoteDevice(server.target)
+    rng = np.random.default_rng(0)
+    base = _rss(pid)
+    kept = [dev.tensor(np.ones(int(n), np.float32)) for n in rng.integers(1, 7, 40) * 2**20]
+    dev.sync()
+    loaded = _rss(pid)
+    assert loaded > base + 300 * 2**20  # 40 tensors of 4-24 MiB (from malloc's heap)
+    del kept
+    dev.sync()
+    deadline = time.monotonic() + 6 * _daemon.TRIM_EVERY
+    while _rss(pid) > base + 150 * 2**20 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _rss(pid) <= base + 150 * 2**20, (base >> 20, loaded >> 20, _rss(pid) >> 20)
+    assert dev.tensor(np.arange(4, dtype=np.float32)).sum().item() == 6.0  # still serving
+    dev.close()
