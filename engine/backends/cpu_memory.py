@@ -13,8 +13,8 @@ is kept up to ``TRIM_THRESHOLD``. The cost is that a process keeps the memory it
 step used; ``release_freed_memory`` (``malloc_trim``) hands it back, and the server calls it
 when a session closes and, while sessions run, whenever malloc keeps more free memory than
 its recent steps need (``release_kept_above``: a long-running server's heap otherwise keeps
-every hole its tensors of many sizes left, and its RSS climbs). ``BURN_REMOTE_KEEP_FREED=0`` leaves malloc as it was. On a C library
-other than glibc both calls do nothing.
+every hole its tensors of many sizes left, and its RSS climbs). ``BURN_REMOTE_KEEP_FREED=0``
+leaves malloc as it was. On a C library other than glibc these calls do nothing.
 """
 
 from __future__ import annotations
