@@ -181,9 +181,9 @@ async def _release_kept_memory(state: ServerState) -> None:
         await trio.sleep(TRIM_EVERY)
         keep = KEEP_FREE_FLOOR + 2 * state.take_arena_need()
         freed = await trio.to_thread.run_sync(release_kept_above, keep)
-        if freed:
+        if freed >= 2**20:  # (a trim of holes already released gives back next to nothing)
             log.debug(
-                "released %d MiB malloc kept free (keeps %d MiB)",
+                "released %d MiB of the heap malloc kept free (it keeps %d MiB)",
                 freed >> 20,
                 keep >> 20,
                 extra={"event": "heap_trim"},

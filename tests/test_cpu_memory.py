@@ -122,7 +122,7 @@ def test_kept_memory_is_released_only_above_the_bound() -> None:
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["free"] >= 250 * 2**20
     assert got["above"] == 0 and got["same"] > got["kept"] - 50 * 2**20
-    assert got["freed"] == got["free"] or got["freed"] >= 250 * 2**20
+    assert got["freed"] >= 200 * 2**20  # what the resident set shrank by
     assert got["after"] < got["kept"] - 200 * 2**20
     assert got["free_after"] < got["free"]
 

@@ -105,12 +105,23 @@ def kept_free_bytes() -> int | None:
 
 def release_kept_above(keep: int) -> int:
     """Hand the kept memory back when malloc holds more than ``keep`` bytes free; the bytes
-    it held free before (0: nothing was done). ``malloc_trim`` releases the free pages of
-    every arena, its holes included (about 17 ms for 300 MiB here; another thread's malloc
-    waits while its arena is trimmed); it runs without the GIL (a ctypes call), so call it
-    from a worker thread, not an event loop."""
+    the process's resident set shrank by (0: nothing was done, or the free chunks' pages had
+    gone back already: malloc still counts a released hole as free until it is reused).
+    ``malloc_trim`` releases the free pages of every arena, its holes included (about 17 ms
+    for 300 MiB here; another thread's malloc waits while its arena is trimmed); it runs
+    without the GIL (a ctypes call), so call it from a worker thread, not an event loop."""
     free = kept_free_bytes()
     if free is None or free <= keep:
         return 0
+    before = _resident_bytes()
     _glibc().malloc_trim(0)
-    return free
+    return max(0, before - _resident_bytes())
+
+
+def _resident_bytes() -> int:
+    """This process's resident set (Linux: /proc/self/statm, in pages)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
