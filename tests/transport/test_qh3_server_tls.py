@@ -155,6 +155,20 @@ def _server_for(first: bytes, server_id: Identity, config: EndpointConfig):  # t
     )
 
 
+def _exchange(client, server, server_id, config, now, sizes=None):  # type: ignore[no-untyped-def]
+    """One round of datagrams each way between the in-memory ends (the server opened from
+    the client's first datagram); the server, and the sizes of its datagrams in ``sizes``."""
+    for data, _addr in client.datagrams_to_send(now):
+        if server is None:
+            server = _server_for(data, server_id, config)
+        server.receive_datagram(data, CLIENT_ADDR, now)
+    for data, _addr in server.datagrams_to_send(now):
+        if sizes is not None:
+            sizes.append(len(data))
+        client.receive_datagram(data, SERVER_ADDR, now)
+    return server
+
+
 def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None:
     """qh3's client advertises max_udp_payload_size = 1472 whatever its size, and a qh3
     server honours it: 4 MiB read back took ~2,900 datagrams of 1443 bytes on loopback
@@ -171,13 +185,7 @@ def test_a_bulk_read_between_qh3_ends_on_loopback_uses_large_datagrams() -> None
     stream, got, asked = None, 0, False
     for _ in range(5000):
         now += 0.0002
-        for data, _addr in client.datagrams_to_send(now):
-            if server is None:
-                server = _server_for(data, server_id, config)
-            server.receive_datagram(data, CLIENT_ADDR, now)
-        for data, _addr in server.datagrams_to_send(now):
-            sizes.append(len(data))
-            client.receive_datagram(data, SERVER_ADDR, now)
+        server = _exchange(client, server, server_id, config, now, sizes)
         while (event := server.next_event()) is not None:
             if getattr(event, "end_stream", False):
                 server.send_stream_data(event.stream_id, b"r" * total, end_stream=True)
@@ -250,12 +258,7 @@ def test_a_ping_on_a_connection_qh3_closed_is_no_error() -> None:
     client.connect(SERVER_ADDR, now)
     for _ in range(200):
         now += 0.0002
-        for data, _addr in client.datagrams_to_send(now):
-            if server is None:
-                server = _server_for(data, server_id, config)
-            server.receive_datagram(data, CLIENT_ADDR, now)
-        for data, _addr in server.datagrams_to_send(now):
-            client.receive_datagram(data, SERVER_ADDR, now)
+        server = _exchange(client, server, server_id, config, now)
         while server.next_event() is not None or client.next_event() is not None:
             pass
         if client.handshake_confirmed:
